@@ -1,0 +1,141 @@
+"""Wan2.1 (text/image-to-video) over diffusers' WanPipeline / WanImageToVideoPipeline.
+
+Variants are the published configs, one line each (gpt-fast's flavour table); the
+numbers are those of the Wan-AI/*-Diffusers repositories' config.json files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from .base import Adapter, Variant, init_on, keep_fp32_modules
+
+# -- published configs ---------------------------------------------------------------------
+# UMT5-XXL encoder (google/umt5-xxl, as shipped in Wan-AI/*-Diffusers/text_encoder).
+_UMT5_XXL = dict(vocab_size=256384, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64,
+                 relative_attention_num_buckets=32, relative_attention_max_distance=128,
+                 feed_forward_proj="gated-gelu", layer_norm_epsilon=1e-6, tie_word_embeddings=False)
+_VAE = dict(base_dim=96, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[],
+            temperal_downsample=[False, True, True], dropout=0.0)
+# UniPC with flow sigmas, shift 3.0 for 480p (5.0 for 720p), as in the published scheduler_config.
+_SCHEDULER = dict(prediction_type="flow_prediction", use_flow_sigmas=True, num_train_timesteps=1000,
+                  flow_shift=3.0, solver_order=2, solver_type="bh2", timestep_spacing="linspace")
+_T2V_1_3B = dict(patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16,
+                 out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=30,
+                 cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)
+_T2V_14B = dict(_T2V_1_3B, num_attention_heads=40, ffn_dim=13824, num_layers=40)
+_I2V_14B = dict(_T2V_14B, in_channels=36, image_dim=1280, added_kv_proj_dim=5120)
+# CLIP ViT-H/14 image encoder of the I2V model.
+_CLIP_H = dict(hidden_size=1280, intermediate_size=5120, num_hidden_layers=32, num_attention_heads=16,
+               image_size=224, patch_size=14, projection_dim=1024, hidden_act="gelu")
+
+# Tiny: a few layers, small dims; 4 blocks so "N blocks, one compile" is visible.
+_TINY = dict(
+    transformer=dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=16,
+                     out_channels=16, text_dim=32, freq_dim=32, ffn_dim=64, num_layers=4,
+                     cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=32),
+    text_encoder=dict(vocab_size=512, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+                      relative_attention_num_buckets=8, relative_attention_max_distance=16,
+                      feed_forward_proj="gated-gelu", layer_norm_epsilon=1e-6, tie_word_embeddings=False),
+    vae=dict(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1, attn_scales=[],
+             temperal_downsample=[False, True, True], dropout=0.0),
+    scheduler=_SCHEDULER, tokenizer_vocab=512,
+)
+
+
+def _variant(name, transformer, hub_id, desc, **extra):
+    cfg = dict(transformer=transformer, text_encoder=_UMT5_XXL, vae=_VAE, scheduler=_SCHEDULER,
+               tokenizer_vocab=4096, **extra)
+    return Variant(name=name, family="wan", config=cfg, hub_id=hub_id, description=desc,
+                   call_defaults=dict(height=480, width=832, num_frames=81, num_inference_steps=50,
+                                      guidance_scale=5.0))
+
+
+VARIANTS = {
+    v.name: v
+    for v in [
+        _variant("wan2.1-t2v-1.3b", _T2V_1_3B, "Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "text-to-video, 1.3B"),
+        _variant("wan2.1-t2v-14b", _T2V_14B, "Wan-AI/Wan2.1-T2V-14B-Diffusers", "text-to-video, 14B"),
+        _variant("wan2.1-i2v-14b-480p", _I2V_14B, "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers",
+                 "image-to-video, 14B, 480p", image_encoder=_CLIP_H),
+        Variant(name="wan2.1-tiny", family="wan", config=_TINY, tiny=True,
+                description="4 blocks, dim 32; random, offline, for CPU tests and the demo",
+                call_defaults=dict(height=32, width=32, num_frames=9, num_inference_steps=2,
+                                   guidance_scale=5.0, max_sequence_length=16)),
+    ]
+}
+
+
+def _random_pipeline(variant: Variant, dtype: torch.dtype, device: torch.device):
+    """Random init at the variant's config. Weights are created on `device` directly
+    (a 14B model initialised on the host would take minutes)."""
+    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    from ._tokenizers import byte_bpe_tokenizer
+
+    cfg = variant.config
+    te_cfg = UMT5Config(**cfg["text_encoder"])
+    with init_on(device, dtype):
+        transformer = keep_fp32_modules(WanTransformer3DModel(**cfg["transformer"]))
+        text_encoder = UMT5EncoderModel(te_cfg)
+    with init_on(device, torch.float32):
+        vae = AutoencoderKLWan(**cfg["vae"])  # the Wan VAE runs in fp32, as published
+    tokenizer = byte_bpe_tokenizer(vocab_size=cfg["tokenizer_vocab"], specials=["<pad>", "</s>", "<unk>"],
+                                   eos="</s>", pad="<pad>", unk="<unk>", append_eos=True)
+    scheduler = UniPCMultistepScheduler(**cfg["scheduler"])
+    parts = dict(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=scheduler,
+                 transformer=transformer)
+    if "image_encoder" in cfg:
+        from diffusers import WanImageToVideoPipeline
+        from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel
+
+        with init_on(device, dtype):
+            image_encoder = CLIPVisionModel(CLIPVisionConfig(**cfg["image_encoder"]))
+        proc = CLIPImageProcessor(size={"shortest_edge": 224}, crop_size={"height": 224, "width": 224})
+        return WanImageToVideoPipeline(image_encoder=image_encoder, image_processor=proc, **parts)
+    return WanPipeline(**parts)
+
+
+class WanAdapter(Adapter):
+    family = "wan"
+    spec_file = "wan.toml"
+    variants = VARIANTS
+    aliases = {"wan2.1": "wan2.1-t2v-1.3b", "wan": "wan2.1-t2v-1.3b"}
+
+    def build(self, variant: Variant, *, weights: Any, dtype: torch.dtype, device: torch.device):
+        source = self.weights_source(variant, weights)
+        if source == "random":
+            torch.manual_seed(0)  # random weights are reproducible run to run
+            pipe = _random_pipeline(variant, dtype, device)
+        else:
+            from diffusers import DiffusionPipeline
+
+            local = Path(source).is_dir()
+            # A path loads strictly offline; anything else is a hub id, fetched by diffusers.
+            pipe = DiffusionPipeline.from_pretrained(source, torch_dtype=dtype, local_files_only=local)
+            if getattr(pipe, "vae", None) is not None:
+                pipe.vae.to(torch.float32)
+            pipe.to(device)
+        pipe.set_progress_bar_config(disable=True)
+        return pipe
+
+    def components(self, pipe) -> dict[str, nn.Module]:
+        names = ["transformer", "text_encoder", "vae", "image_encoder"]
+        return {n: getattr(pipe, n) for n in names if isinstance(getattr(pipe, n, None), nn.Module)}
+
+    def run(self, handle, *, prompt: str, out: Path, progress: bool = True, **kwargs) -> Path:
+        from diffusers.utils import export_to_video
+
+        call = dict(handle.variant.call_defaults)
+        call.update({k: v for k, v in kwargs.items() if v is not None})
+        handle.pipe.set_progress_bar_config(disable=not progress)
+        frames = handle(prompt=prompt, output_type="np", **call).frames[0]
+        out = Path(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        export_to_video(list(frames), str(out), fps=16)
+        return out

@@ -1,0 +1,18 @@
+"""Specs: HOW to run a model per GPU, as validated data (TOML files + pydantic models)."""
+
+from pathlib import Path
+
+from .compile_spec import VALID_MODES, TorchCompileSpec
+from .gpu_profiles import GPU_CHOICES, PROFILES, GpuProfile, get_profile
+from .plan import LAYER_ORDER, PlanLayer, SpecFile, as_layers
+
+SPEC_DIR = Path(__file__).parent
+
+
+def spec_path(name: str) -> Path:
+    """Path of a spec file shipped with the package (e.g. 'wan.toml')."""
+    return SPEC_DIR / name
+
+
+__all__ = ["TorchCompileSpec", "VALID_MODES", "GpuProfile", "PROFILES", "GPU_CHOICES", "get_profile",
+           "PlanLayer", "SpecFile", "LAYER_ORDER", "as_layers", "spec_path", "SPEC_DIR"]

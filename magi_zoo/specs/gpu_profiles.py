@@ -1,0 +1,89 @@
+"""GPU profiles: the facts about a card that a spec section and the engine choose by.
+
+`gpu="auto"` detects the card from `torch.cuda.get_device_name()`; without CUDA it is
+the "cpu" profile. Detection happens only when asked (never at import).
+"""
+
+from __future__ import annotations
+
+import difflib
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class GpuProfile(BaseModel):
+    """What the engine needs to know about one kind of device."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(description="profile key, e.g. 'h100'")
+    device: str = Field(description="torch device type: 'cuda' or 'cpu'")
+    memory_gib: float = Field(description="device memory in GiB (host RAM budget for cpu)")
+    bf16: bool = Field(description="native bf16 matmul")
+    fp8: bool = Field(description="native fp8 matmul (Hopper, Ada, Blackwell)")
+    attention_backend: str = Field(
+        description="preferred SDPA backend: 'cudnn', 'flash', 'efficient' or 'math'"
+    )
+    bf16_tflops: float | None = Field(None, description="dense bf16 matmul peak, TFLOP/s (spec sheet)")
+    match: tuple[str, ...] = Field((), description="substrings of the CUDA device name")
+
+    @property
+    def default_dtype(self) -> str:
+        """bf16 where the card has it, float32 on CPU (CPU bf16 is slow and inexact)."""
+        return "bfloat16" if self.device == "cuda" and self.bf16 else "float32"
+
+
+# Spec-sheet numbers (dense, no sparsity). DESIGN.md measured ~800 TFLOP/s bf16 on H100/H200;
+# the spec sheet's 989 is the ceiling a %-of-peak column is taken against.
+PROFILES: dict[str, GpuProfile] = {
+    p.name: p
+    for p in [
+        GpuProfile(name="cpu", device="cpu", memory_gib=16, bf16=False, fp8=False,
+                   attention_backend="math"),
+        # cuDNN SDPA measured fastest at the Wan shape on H100 (575 vs 359 TFLOP/s flash).
+        GpuProfile(name="h100", device="cuda", memory_gib=80, bf16=True, fp8=True,
+                   attention_backend="cudnn", bf16_tflops=989.0, match=("H100",)),
+        GpuProfile(name="h200", device="cuda", memory_gib=141, bf16=True, fp8=True,
+                   attention_backend="cudnn", bf16_tflops=989.0, match=("H200",)),
+        GpuProfile(name="a100", device="cuda", memory_gib=80, bf16=True, fp8=False,
+                   attention_backend="flash", bf16_tflops=312.0, match=("A100",)),
+        GpuProfile(name="l40s", device="cuda", memory_gib=48, bf16=True, fp8=True,
+                   attention_backend="flash", bf16_tflops=362.0, match=("L40S",)),
+        GpuProfile(name="rtx4090", device="cuda", memory_gib=24, bf16=True, fp8=True,
+                   attention_backend="flash", bf16_tflops=165.0, match=("4090",)),
+        GpuProfile(name="rtx5090", device="cuda", memory_gib=32, bf16=True, fp8=True,
+                   attention_backend="flash", bf16_tflops=209.0, match=("5090",)),
+    ]
+}
+
+GPU_CHOICES = ("auto", *PROFILES)
+
+
+def detect_profile_name() -> str:
+    """The profile of the current CUDA device, or 'cpu' when there is none."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "cpu"
+    name = torch.cuda.get_device_name()
+    for p in PROFILES.values():
+        if any(m in name for m in p.match):
+            return p.name
+    raise ValueError(
+        f"gpu='auto' found {name!r}, which matches no profile; pass gpu= one of "
+        f"{', '.join(PROFILES)} (the closest card), e.g. magi_zoo.load(..., gpu='a100')"
+    )
+
+
+def get_profile(gpu: str) -> GpuProfile:
+    """Resolve a `gpu=` argument to a profile; unknown names list the choices."""
+    if not isinstance(gpu, str):
+        raise TypeError(f"gpu must be a string, one of {', '.join(GPU_CHOICES)}")
+    key = gpu.lower()
+    if key == "auto":
+        key = detect_profile_name()
+    if key not in PROFILES:
+        close = difflib.get_close_matches(key, GPU_CHOICES, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"unknown gpu {gpu!r}; choices: {', '.join(GPU_CHOICES)}.{hint}")
+    return PROFILES[key]

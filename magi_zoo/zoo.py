@@ -1,0 +1,112 @@
+"""`magi_zoo.load`: registry -> adapter.build -> spec layers -> engine.apply -> handle."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+import torch.nn as nn
+
+from . import adapters
+from .engine import apply
+from .engine.report import Report
+from .specs import PlanLayer, SpecFile, get_profile, spec_path
+from .specs.gpu_profiles import GpuProfile
+
+
+def _dtype(dtype: str | torch.dtype | None, profile: GpuProfile) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    name = dtype or profile.default_dtype
+    aliases = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
+    name = aliases.get(name, name)
+    value = getattr(torch, name, None)
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r}; use bfloat16, float16 or float32 (or a torch.dtype)")
+    return value
+
+
+class ZooPipeline:
+    """What `load` returns: call it like the native pipeline.
+
+    `.pipe` is the native object, `.modules` the named component roots the plan is keyed
+    on, `.plan` the resolved plan, and `.report()` what was compiled and what torch did.
+    """
+
+    def __init__(self, native: Any, modules: nn.ModuleDict, report: Report | None, *,
+                 adapter: adapters.Adapter, variant: adapters.Variant, profile: GpuProfile,
+                 dtype: torch.dtype, device: torch.device, layers: list[tuple[str, PlanLayer]]):
+        self.pipe = native
+        self.modules = modules
+        self._report = report
+        self.adapter = adapter
+        self.variant = variant
+        self.profile = profile
+        self.dtype = dtype
+        self.device = device
+        self.layers = layers
+
+    @property
+    def plan(self):
+        """The resolved plan (None when compile=False)."""
+        return self._report.plan if self._report else None
+
+    def __call__(self, *args, **kwargs):
+        return self.pipe(*args, **kwargs)
+
+    def report(self) -> Report | None:
+        """The live report: regions, specs, compile seconds, graphs, breaks, recompiles."""
+        return self._report
+
+    def __repr__(self) -> str:
+        n = len(self._report.regions) if self._report else 0
+        return f"ZooPipeline({self.variant.name}, gpu={self.profile.name}, dtype={self.dtype}, regions={n})"
+
+
+def list_models() -> list[str]:
+    """The registered model variants (aliases such as 'wan2.1' resolve too)."""
+    return adapters.list_models()
+
+
+def spec_layers(adapter: adapters.Adapter, profile: GpuProfile, *, compile: Any = None,
+                spec_file: str | Path | None = None) -> list[tuple[str, PlanLayer]]:
+    """Stack model default, GPU section and user override for one load."""
+    spec = SpecFile.from_toml(spec_file if spec_file is not None else spec_path(adapter.spec_file))
+    layers = spec.layers_for(profile.name)
+    if isinstance(compile, (Mapping, PlanLayer)):
+        layers.append(("user", PlanLayer.coerce(compile)))
+    elif compile not in (None, True):
+        raise TypeError(
+            "compile= takes None/True (use the spec), False (run eager), or a plan override "
+            f"{{submodule key: spec}}; got {type(compile).__name__}"
+        )
+    return layers
+
+
+def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
+         dtype: str | torch.dtype | None = None, device: str | torch.device | None = None,
+         compile: Any = None, spec_file: str | Path | None = None) -> ZooPipeline:
+    """Build a model with its compile spec for a GPU applied.
+
+    name: a model variant or alias (`magi_zoo.list_models()`).
+    gpu: a profile ("auto", "cpu", "h100", "h200", "a100", "l40s", "rtx4090", "rtx5090");
+        picks the spec's [gpu.<name>] section and the default dtype/device.
+    weights: None (tiny: random; published: its hub id), "random" (published config,
+        random init, no download), a local directory, or a hub id.
+    compile: None/True (the shipped spec), False (eager, nothing applied), or a dict of
+        user overrides {key: spec or {method: spec}}, the highest-precedence layer.
+    spec_file: a TOML file replacing the shipped spec.
+    """
+    adapter, variant = adapters.lookup(name)
+    profile = get_profile(gpu)
+    dt = _dtype(dtype, profile)
+    dev = torch.device(device if device is not None else profile.device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"gpu={gpu!r} needs CUDA, which is not available here; use gpu='cpu'")
+    layers = spec_layers(adapter, profile, compile=compile, spec_file=spec_file)
+    native = adapter.build(variant, weights=weights, dtype=dt, device=dev)
+    modules = nn.ModuleDict(adapter.components(native))
+    report = None if compile is False else apply(modules, layers=layers)
+    return ZooPipeline(native, modules, report, adapter=adapter, variant=variant, profile=profile,
+                       dtype=dt, device=dev, layers=layers)
