@@ -50,6 +50,17 @@ class Adapter:
         """The named module roots the spec's keys are relative to."""
         raise NotImplementedError
 
+    def denoiser(self, native: Any) -> nn.Module:
+        """The module that runs once per denoising step (benchmarks time one forward of it)."""
+        raise NotImplementedError(f"{self.family}: no denoiser to benchmark")
+
+    def denoiser_inputs(self, native: Any, variant: Variant, *, height: int | None = None,
+                        width: int | None = None, frames: int | None = None,
+                        batch: int = 1, seed: int = 0) -> dict[str, Any]:
+        """Keyword arguments for one denoiser forward at a resolution (None = the variant's
+        call defaults), random but seeded, on the denoiser's device and dtype."""
+        raise NotImplementedError(f"{self.family}: no denoiser inputs")
+
     def run(self, handle: Any, *, prompt: str, out: Path, progress: bool = True, **kwargs) -> Path:
         """Generate from the CLI (`magi-zoo run`) and write the result to `out`."""
         raise NotImplementedError(f"{self.family}: `magi-zoo run` is not supported for this family")

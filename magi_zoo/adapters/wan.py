@@ -128,6 +128,28 @@ class WanAdapter(Adapter):
         names = ["transformer", "text_encoder", "vae", "image_encoder"]
         return {n: getattr(pipe, n) for n in names if isinstance(getattr(pipe, n, None), nn.Module)}
 
+    def denoiser(self, pipe) -> nn.Module:
+        return pipe.transformer
+
+    def denoiser_inputs(self, pipe, variant: Variant, *, height=None, width=None, frames=None,
+                        batch: int = 1, seed: int = 0) -> dict[str, Any]:
+        d = variant.call_defaults
+        height, width, frames = height or d["height"], width or d["width"], frames or d["num_frames"]
+        t = pipe.transformer
+        cfg = t.config
+        p = next(t.parameters())
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        rnd = lambda *shape: torch.randn(*shape, generator=g).to(device=p.device, dtype=p.dtype)
+        # Latent grid: VAE 4x temporal (causal: 1 + (F-1)/4 latent frames), 8x spatial.
+        lat_f, lat_h, lat_w = (frames - 1) // 4 + 1, height // 8, width // 8
+        text_len = d.get("max_sequence_length", 512)
+        kw = dict(hidden_states=rnd(batch, cfg.in_channels, lat_f, lat_h, lat_w),
+                  timestep=torch.full((batch,), 500, device=p.device, dtype=torch.long),
+                  encoder_hidden_states=rnd(batch, text_len, cfg.text_dim), return_dict=False)
+        if cfg.image_dim is not None:  # I2V: 257 CLIP tokens (256 patches + class token)
+            kw["encoder_hidden_states_image"] = rnd(batch, 257, cfg.image_dim)
+        return kw
+
     def run(self, handle, *, prompt: str, out: Path, progress: bool = True, **kwargs) -> Path:
         from diffusers.utils import export_to_video
 
