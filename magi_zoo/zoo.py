@@ -76,7 +76,7 @@ def spec_layers(adapter: adapters.Adapter, profile: GpuProfile, *, compile: Any 
     layers = spec.layers_for(profile.name)
     if isinstance(compile, (Mapping, PlanLayer)):
         layers.append(("user", PlanLayer.coerce(compile)))
-    elif compile not in (None, True):
+    elif compile not in (None, True, False):
         raise TypeError(
             "compile= takes None/True (use the spec), False (run eager), or a plan override "
             f"{{submodule key: spec}}; got {type(compile).__name__}"
