@@ -55,6 +55,12 @@ class ZooPipeline:
     def __call__(self, *args, **kwargs):
         return self.pipe(*args, **kwargs)
 
+    def apply_plan(self) -> Report:
+        """Apply the resolved spec layers now (after a `compile=False` load, e.g. to time
+        eager first); replaces any plan applied before."""
+        self._report = apply(self.modules, layers=self.layers)
+        return self._report
+
     def report(self) -> Report | None:
         """The live report: regions, specs, compile seconds, graphs, breaks, recompiles."""
         return self._report

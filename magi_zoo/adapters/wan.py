@@ -88,6 +88,8 @@ def _random_pipeline(variant: Variant, dtype: torch.dtype, device: torch.device)
     tokenizer = byte_bpe_tokenizer(vocab_size=cfg["tokenizer_vocab"], specials=["<pad>", "</s>", "<unk>"],
                                    eos="</s>", pad="<pad>", unk="<unk>", append_eos=True)
     scheduler = UniPCMultistepScheduler(**cfg["scheduler"])
+    for m in (transformer, text_encoder, vae):
+        m.eval()  # freshly built modules are in training mode (dropout on); from_pretrained evals
     parts = dict(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=scheduler,
                  transformer=transformer)
     if "image_encoder" in cfg:
@@ -95,7 +97,7 @@ def _random_pipeline(variant: Variant, dtype: torch.dtype, device: torch.device)
         from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel
 
         with init_on(device, dtype):
-            image_encoder = CLIPVisionModel(CLIPVisionConfig(**cfg["image_encoder"]))
+            image_encoder = CLIPVisionModel(CLIPVisionConfig(**cfg["image_encoder"])).eval()
         proc = CLIPImageProcessor(size={"shortest_edge": 224}, crop_size={"height": 224, "width": 224})
         return WanImageToVideoPipeline(image_encoder=image_encoder, image_processor=proc, **parts)
     return WanPipeline(**parts)

@@ -126,17 +126,23 @@ def delta(before: CounterSnapshot, after: CounterSnapshot | None = None) -> Coun
         graphs=after.graphs - before.graphs,
         graph_breaks=breaks,
     )
+    ok_records = 0
     for m in _metrics_since(before.last_metric):
         # Runtime and backward records are not frame compiles.
         if getattr(m, "is_runtime", False) or getattr(m, "is_forward", True) is False:
             continue
         if getattr(m, "co_name", None) is None:
             continue
+        ok_records += getattr(m, "fail_type", None) is None
         out.frame_names.append(m.co_name)
         out.compile_s += float(getattr(m, "entire_frame_compile_time_s", None) or 0.0)
         reason = getattr(m, "recompile_reason", None)
         if reason:
             out.recompiles.append(f"{m.co_name}: {reason.strip()}")
+    if out.frames == 0:
+        # torch 2.13 no longer bumps counters["frames"] for fullgraph=True compiles; the
+        # compile records still say how many frames compiled successfully.
+        out.frames = ok_records
     return out
 
 

@@ -56,10 +56,13 @@ class ResolvedPlan:
         groups: dict[tuple[str, str, TorchCompileSpec], list[Target]] = {}
         for t in self.targets:
             groups.setdefault((t.key, t.method, t.spec), []).append(t)
+        largest: dict[tuple[str, str], int] = {}
+        for (key, method, _), ts in groups.items():
+            largest[(key, method)] = max(largest.get((key, method), 0), len(ts))
         out: dict[tuple[str, str], list[Target]] = {}
         for (key, method, _), ts in groups.items():
-            name = key if (key, method) not in out else f"{key}@{ts[0].path}"
-            out[(name, method)] = ts
+            plain = (key, method) not in out and len(ts) == largest[(key, method)]
+            out[(key if plain else f"{key}@{ts[0].path}", method)] = ts
         return out
 
     def table(self) -> list[dict[str, str]]:

@@ -41,15 +41,16 @@ def _coerce_entry(key: str, value: Any) -> Entry:
         # `"vae": False` is shorthand for enabled=False; True for the default spec.
         return TorchCompileSpec(enabled=value)
     if not isinstance(value, Mapping):
-        raise TypeError(
+        raise ValueError(
             f"plan key {key!r}: expected a TorchCompileSpec, a dict of its fields, or "
             f"{{method_name: spec}}; got {type(value).__name__}"
         )
     keys = set(value)
     if keys <= _SPEC_FIELDS:
         return TorchCompileSpec(**value)
-    spec_like = keys & _SPEC_FIELDS
-    if spec_like and not all(isinstance(value[k], (Mapping, TorchCompileSpec, bool)) for k in keys):
+    # A dict mixing spec fields with other names is a typo'd spec, never a method table
+    # (methods named like spec fields are not supported).
+    if keys & _SPEC_FIELDS:
         unknown = sorted(keys - _SPEC_FIELDS)
         raise ValueError(
             f"plan key {key!r}: {unknown} are not TorchCompileSpec fields "
@@ -63,7 +64,7 @@ def _coerce_entry(key: str, value: Any) -> Entry:
         elif isinstance(spec, Mapping):
             spec = TorchCompileSpec(**spec)
         elif not isinstance(spec, TorchCompileSpec):
-            raise TypeError(
+            raise ValueError(
                 f"plan key {key!r}, method {method!r}: expected a spec or dict of its fields, "
                 f"got {type(spec).__name__}"
             )
@@ -87,7 +88,7 @@ class PlanLayer(BaseModel):
         if v is None:
             return {}
         if not isinstance(v, Mapping):
-            raise TypeError(f"a plan is a mapping of submodule key -> spec, got {type(v).__name__}")
+            raise ValueError(f"a plan is a mapping of submodule key -> spec, got {type(v).__name__}")
         return {str(k): _coerce_entry(str(k), val) for k, val in v.items()}
 
     @classmethod

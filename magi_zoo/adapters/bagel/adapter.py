@@ -1,0 +1,149 @@
+"""The BAGEL adapter: variants, build (random / official checkpoint dir / hub id),
+components, denoiser and `run` for the CLI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from ..base import Adapter, Variant, init_on
+from .config import BAGEL_7B_MOT, T2I_DEFAULTS, TINY, config_from_dir
+
+VARIANTS = {
+    v.name: v
+    for v in [
+        Variant(name="bagel-7b-mot", family="bagel", config=BAGEL_7B_MOT, hub_id="ByteDance-Seed/BAGEL-7B-MoT",
+                description="BAGEL-7B-MoT: Qwen2.5-7B MoT (28 layers, 3584) + SigLIP so400m (26 layers) + FLUX AE",
+                call_defaults=dict(T2I_DEFAULTS)),
+        Variant(name="bagel-tiny", family="bagel", config=TINY, tiny=True,
+                description="3 MoT layers, width 64; 2 ViT layers; small FLUX-style AE; random, offline",
+                call_defaults=dict(T2I_DEFAULTS, num_inference_steps=3, height=64, width=64, max_new_tokens=8)),
+    ]
+}
+
+
+def build_modules(cfg: dict[str, Any], dtype: torch.dtype, device: torch.device):
+    """Bagel module + FLUX AE at `cfg`, created directly on device/dtype (random init)."""
+    from diffusers import AutoencoderKL
+    from transformers import Qwen2Config, SiglipVisionConfig
+
+    from .model import Bagel
+
+    llm_cfg = Qwen2Config(**cfg["llm"])
+    vit_cfg = SiglipVisionConfig(**cfg["vit"])
+    with init_on(device, dtype):
+        model = Bagel(llm_cfg, vit_cfg, latent_patch_size=cfg["latent_patch_size"],
+                      max_latent_size=cfg["max_latent_size"],
+                      vit_max_num_patch_per_side=cfg["vit_max_num_patch_per_side"],
+                      latent_channels=cfg["vae"]["latent_channels"])
+        vae = AutoencoderKL(**cfg["vae"])
+    return model.eval().requires_grad_(False), vae.eval().requires_grad_(False)
+
+
+def _tokenizer_factory(cfg: dict[str, Any], local_dir: Path | None):
+    def make():
+        if local_dir is not None and (local_dir / "tokenizer.json").is_file():
+            from transformers import AutoTokenizer
+
+            return AutoTokenizer.from_pretrained(str(local_dir), local_files_only=True)
+        from .._tokenizers import byte_bpe_tokenizer
+
+        # In-process byte BPE with the Qwen-style specials pinned at the model's ids.
+        return byte_bpe_tokenizer(vocab_size=cfg["tokenizer_vocab"], specials=[], eos="<|im_end|>",
+                                  bos="<|im_start|>", extra_ids=cfg["special_ids"])
+    return make
+
+
+class BagelAdapter(Adapter):
+    family = "bagel"
+    spec_file = "bagel.toml"
+    variants = VARIANTS
+    aliases = {"bagel": "bagel-7b-mot", "bagel-7b": "bagel-7b-mot"}
+
+    def build(self, variant: Variant, *, weights: Any, dtype: torch.dtype, device: torch.device):
+        from .checkpoint import load_bagel_checkpoint
+        from .pipeline import BagelPipeline
+
+        source = self.weights_source(variant, weights)
+        cfg = dict(variant.config)
+        local: Path | None = None
+        if source != "random":
+            local = Path(source)
+            if not local.is_dir():
+                from huggingface_hub import snapshot_download
+
+                local = Path(snapshot_download(source))
+            cfg = config_from_dir(local, cfg)
+        torch.manual_seed(0)  # random weights are reproducible run to run
+        model, vae = build_modules(cfg, dtype, device)
+        if local is not None:
+            load_bagel_checkpoint(model, vae, local)
+        return BagelPipeline(model, vae, _tokenizer_factory(cfg, local), cfg, variant.call_defaults)
+
+    def components(self, pipe) -> dict[str, nn.Module]:
+        return {"model": pipe.model, "vae": pipe.vae}
+
+    def denoiser(self, pipe) -> nn.Module:
+        """`Bagel.forward` is one guided denoising step (up to three `denoise_step` calls)."""
+        return pipe.model
+
+    def denoiser_inputs(self, pipe, variant: Variant, *, height=None, width=None, frames=None,
+                        batch: int = 1, seed: int = 0, text_len: int = 32, cfg_img_scale: float = 1.5) -> dict[str, Any]:
+        """One text-to-image step with CFG over three contexts: full (a `text_len`-token
+        prompt), no-text (empty) and no-image (= full for text-to-image). cfg_img_scale 1.5
+        (the inferencer's default) makes all three branches run; t = 0.9 is inside the
+        interval. K/V caches are random at the right shapes."""
+        if frames is not None or batch != 1:
+            raise ValueError("BAGEL generates one image per call: frames must be None and batch 1")
+        d = variant.call_defaults
+        m = pipe.model
+        h, w = pipe.latent_grid(height or d["height"], width or d["width"])
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        p = m.vae2llm.weight
+        cfg = m.language_model.config
+        rnd = lambda *s: torch.randn(*s, generator=g).to(device=p.device, dtype=p.dtype)
+        kv = lambda n: [rnd(n, cfg.num_key_value_heads, m.head_dim) for _ in m.layers]
+        from .model import KVContext
+
+        full = KVContext(kv(text_len), kv(text_len), text_len)
+        sid = pipe.special_ids
+        return dict(
+            x_t=torch.randn(h * w, m.latent_patch_size ** 2 * m.latent_channels, generator=g).to(p.device),
+            t=0.9, latent_pos_ids=torch.arange(h * w, device=p.device) % (m.max_latent_size ** 2),
+            marker_ids=torch.tensor([sid["<|vision_start|>"], sid["<|vision_end|>"]], device=p.device),
+            full=full, no_text=m.empty_context(), no_image=full.copy(),
+            cfg_text_scale=d["cfg_text_scale"], cfg_img_scale=cfg_img_scale, cfg_interval=d["cfg_interval"],
+            cfg_renorm_type=d["cfg_renorm_type"], cfg_renorm_min=d["cfg_renorm_min"])
+
+    def run(self, handle, *, prompt: str, out: Path, progress: bool = True, **kwargs) -> Path:
+        """Text-to-image (image=None; writes an image file) or understanding (image= a path
+        or PIL image; writes the answer as text)."""
+        image = kwargs.pop("image", None)
+        for opt in ("audio_out", "num_frames"):
+            if kwargs.pop(opt, None) is not None:
+                raise ValueError(f"{handle.variant.name}: --{opt.replace('_', '-')} is not supported "
+                                 "(BAGEL does image understanding and text-to-image)")
+        given = {k: v for k, v in kwargs.items() if v is not None}
+        out = Path(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        pipe = handle.pipe
+        if image is not None:
+            bad = sorted(set(given) - {"max_new_tokens", "seed"})
+            if bad:
+                raise ValueError(f"{handle.variant.name}: {bad} apply to text-to-image, not to understanding "
+                                 "(--image given); only --max-new-tokens is used")
+            from PIL import Image
+
+            img = Image.open(image) if isinstance(image, (str, Path)) else image
+            answer = pipe(prompt, image=img, max_new_tokens=given.get("max_new_tokens"))
+            out.write_text(answer + "\n")
+            return out
+        if "max_new_tokens" in given:
+            raise ValueError(f"{handle.variant.name}: --max-new-tokens applies to understanding (--image), "
+                             "not to text-to-image")
+        img = pipe(prompt, progress=progress, **given)
+        img.save(out)
+        return out

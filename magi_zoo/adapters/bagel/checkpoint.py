@@ -1,0 +1,87 @@
+"""Loading the official BAGEL checkpoint layout with safetensors.
+
+`ema.safetensors` uses our module names as is (the modules mirror the official tree).
+`ae.safetensors` holds the FLUX autoencoder under its original (BFL) names; they are
+mapped to diffusers' `AutoencoderKL` names here, as diffusers' own LDM converter does.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+_AE_RULES: list[tuple[re.Pattern, str]] = [(re.compile(p), r) for p, r in [
+    (r"^encoder\.down\.(\d+)\.block\.(\d+)\.", r"encoder.down_blocks.\1.resnets.\2."),
+    (r"^encoder\.down\.(\d+)\.downsample\.conv\.", r"encoder.down_blocks.\1.downsamplers.0.conv."),
+    (r"^(encoder|decoder)\.mid\.block_1\.", r"\1.mid_block.resnets.0."),
+    (r"^(encoder|decoder)\.mid\.block_2\.", r"\1.mid_block.resnets.1."),
+    (r"^(encoder|decoder)\.mid\.attn_1\.norm\.", r"\1.mid_block.attentions.0.group_norm."),
+    (r"^(encoder|decoder)\.mid\.attn_1\.(q|k|v)\.", r"\1.mid_block.attentions.0.to_\2."),
+    (r"^(encoder|decoder)\.mid\.attn_1\.proj_out\.", r"\1.mid_block.attentions.0.to_out.0."),
+    (r"^(encoder|decoder)\.norm_out\.", r"\1.conv_norm_out."),
+]]
+_DEC_UP = re.compile(r"^decoder\.up\.(\d+)\.(block\.(\d+)|upsample\.conv)\.")
+
+
+def flux_ae_key(key: str, num_up_blocks: int) -> str:
+    """One BFL FLUX AE key -> the diffusers AutoencoderKL key (decoder up-block index reversed:
+    the original counts from the highest resolution, diffusers from the lowest)."""
+    m = _DEC_UP.match(key)
+    if m:
+        i = num_up_blocks - 1 - int(m.group(1))
+        inner = f"resnets.{m.group(3)}." if m.group(3) is not None else "upsamplers.0.conv."
+        key = f"decoder.up_blocks.{i}.{inner}" + key[m.end():]
+    for rx, rep in _AE_RULES:
+        key = rx.sub(rep, key)
+    return key.replace(".nin_shortcut.", ".conv_shortcut.")
+
+
+def convert_flux_ae(state: dict[str, torch.Tensor], num_up_blocks: int) -> dict[str, torch.Tensor]:
+    """Map a whole FLUX AE state dict; the mid-attention 1x1 conv weights become Linear."""
+    out = {}
+    for k, v in state.items():
+        nk = flux_ae_key(k, num_up_blocks)
+        if ".mid_block.attentions.0." in nk and nk.endswith(".weight") and v.ndim == 4:
+            v = v[:, :, 0, 0]
+        out[nk] = v
+    return out
+
+
+def _load_exact(module: nn.Module, state: dict[str, torch.Tensor], what: str, *, optional: tuple[str, ...] = ()) -> int:
+    """Copy `state` into `module`, requiring an exact match of names and shapes (entries in
+    `optional` may be absent). Returns how many tensors were copied."""
+    own = module.state_dict()
+    missing = sorted(set(own) - set(state) - set(optional))
+    unexpected = sorted(set(state) - set(own))
+    if missing or unexpected:
+        raise ValueError(f"{what}: {len(missing)} missing keys {missing[:5]}, {len(unexpected)} unexpected keys "
+                         f"{unexpected[:5]} -- is this the checkpoint of this variant?")
+    bad = [(k, tuple(v.shape), tuple(own[k].shape)) for k, v in state.items() if v.shape != own[k].shape]
+    if bad:
+        raise ValueError(f"{what}: shape mismatches (key, file, model): {bad[:5]}")
+    with torch.no_grad():
+        for k, v in state.items():
+            own[k].copy_(v)
+    return len(state)
+
+
+def load_bagel_checkpoint(model: nn.Module, vae: nn.Module, path: str | Path) -> dict[str, int]:
+    """Load `ema.safetensors` into the Bagel module and `ae.safetensors` into the diffusers
+    AutoencoderKL. Every tensor of both modules must be in the files (the frozen sin-cos
+    position tables may be absent: the official resume code regenerates them too)."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    for f in ("ema.safetensors", "ae.safetensors"):
+        if not (path / f).is_file():
+            raise FileNotFoundError(f"{path / f} is missing: a BAGEL checkpoint directory holds ema.safetensors "
+                                    "and ae.safetensors")
+    ema = load_file(str(path / "ema.safetensors"))
+    n_model = _load_exact(model, ema, "ema.safetensors",
+                          optional=("vit_pos_embed.pos_embed", "latent_pos_embed.pos_embed"))
+    ae = convert_flux_ae(load_file(str(path / "ae.safetensors")), len(vae.decoder.up_blocks))
+    n_vae = _load_exact(vae, ae, "ae.safetensors")
+    return {"model": n_model, "vae": n_vae}

@@ -1,0 +1,90 @@
+"""Rectified-flow sampling for BAGEL: time schedule with shift, 3-way CFG, Euler loop.
+
+Convention: x_t = (1 - t) x0 + t eps, the model predicts v = eps - x0, t = 1 is noise.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+import torch
+import torch.nn as nn
+
+
+def flow_timesteps(num_timesteps: int, shift: float) -> torch.Tensor:
+    """linspace(1, 0, num_timesteps) warped by t' = s t / (1 + (s - 1) t); the sampler
+    makes num_timesteps - 1 model evaluations."""
+    if num_timesteps < 2:
+        raise ValueError(f"num_inference_steps must be >= 2 (got {num_timesteps}): BAGEL evaluates the model "
+                         "between consecutive times of linspace(1, 0, steps)")
+    t = torch.linspace(1.0, 0.0, num_timesteps, dtype=torch.float64)
+    return (shift * t / (1 + (shift - 1) * t)).float()
+
+
+def cfg_active(t: float, interval: Sequence[float]) -> bool:
+    """Guidance applies iff interval[0] < t <= interval[1] (t = shifted time)."""
+    return interval[0] < t <= interval[1]
+
+
+def _norm(v: torch.Tensor, per_token: bool) -> torch.Tensor:
+    return v.norm(dim=-1, keepdim=True) if per_token else v.norm()
+
+
+def cfg_combine(v_c: torch.Tensor, v_t: torch.Tensor | None, v_i: torch.Tensor | None, *,
+                text_scale: float, img_scale: float, renorm_type: str = "global",
+                renorm_min: float = 0.0) -> torch.Tensor:
+    """Combine the conditional (v_c), no-text (v_t) and no-image (v_i) velocities.
+
+    Text guidance first, then image guidance (only if img_scale > 1), then rescale so the
+    norm never exceeds the conditional one: 'global' (one norm over all tokens),
+    'channel' (per token), or 'text_channel' (per-token renorm of the text-guided velocity
+    before image guidance). text_scale <= 1 means no guidance at all."""
+    if renorm_type not in ("global", "channel", "text_channel"):
+        raise ValueError(f"cfg_renorm_type {renorm_type!r}: choose 'global', 'channel' or 'text_channel'")
+    if text_scale <= 1.0:
+        return v_c
+    v_t = v_t.to(torch.float32)
+    v_c32 = v_c.to(torch.float32)
+    v1 = v_t + text_scale * (v_c32 - v_t)
+    if renorm_type == "text_channel":
+        scale = (_norm(v_c32, True) / (_norm(v1, True) + 1e-8)).clamp(min=renorm_min, max=1.0)
+        v1 = v1 * scale
+        out = v_i.float() + img_scale * (v1 - v_i.float()) if img_scale > 1.0 else v1
+        return out.to(v_c.dtype)
+    v2 = v_i.float() + img_scale * (v1 - v_i.float()) if img_scale > 1.0 else v1
+    per_token = renorm_type == "channel"
+    scale = (_norm(v_c32, per_token) / (_norm(v2, per_token) + 1e-8)).clamp(min=renorm_min, max=1.0)
+    return (v2 * scale).to(v_c.dtype)
+
+
+def euler_sample(x: torch.Tensor, timesteps: torch.Tensor, velocity: Callable[[torch.Tensor, float], torch.Tensor],
+                 progress: bool = False) -> torch.Tensor:
+    """x <- x - v(x, t) * (t_i - t_{i+1}) from t = 1 down to 0."""
+    ts = timesteps.tolist()
+    it = range(len(ts) - 1)
+    if progress:
+        from tqdm.auto import tqdm
+
+        it = tqdm(it, desc="denoise")
+    for i in it:
+        v = velocity(x, ts[i])
+        x = x - v.to(x.dtype) * (ts[i] - ts[i + 1])
+    return x
+
+
+class TimestepEmbedder(nn.Module):
+    """Raw flow time t in [0, 1] -> [cos, sin] of 256 frequencies -> MLP (Linear, SiLU, Linear).
+    Key names `mlp.0` / `mlp.2` match the checkpoint."""
+
+    def __init__(self, hidden: int, freq_dim: int = 256):
+        super().__init__()
+        self.freq_dim = freq_dim
+        self.mlp = nn.Sequential(nn.Linear(freq_dim, hidden), nn.SiLU(), nn.Linear(hidden, hidden))
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        half = self.freq_dim // 2
+        freqs = torch.exp(-math.log(10000.0) * torch.arange(half, device=t.device, dtype=torch.float32) / half)
+        args = t.float()[:, None] * freqs[None]
+        emb = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+        return self.mlp(emb.to(self.mlp[0].weight.dtype))

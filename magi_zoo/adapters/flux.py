@@ -1,0 +1,259 @@
+"""Flux.1 (text-to-image) over diffusers' FluxPipeline / FluxTransformer2DModel.
+
+Variants are the published configs, one line each; the numbers are those of the
+black-forest-labs/FLUX.1-{dev,schnell} repositories' config.json files (the diffusers
+layout: transformer/, text_encoder/ = CLIP ViT-L/14 text model, text_encoder_2/ = T5 v1.1
+XXL encoder, vae/, scheduler/), cross-checked with BFL's reference `flux` package
+(hidden 3072 = 24 heads x 128, depth 19 + 38, axes_dim (16, 56, 56), AE ch 128,
+ch_mult (1, 2, 4, 4), z 16, scale 0.3611, shift 0.1159).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from .base import Adapter, Variant, init_on
+
+# -- published configs ---------------------------------------------------------------------
+_DEV = dict(patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128,
+            num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768,
+            guidance_embeds=True, axes_dims_rope=(16, 56, 56))
+_SCHNELL = dict(_DEV, guidance_embeds=False)  # timestep-distilled: no guidance embedder
+# openai/clip-vit-large-patch14 text tower (what FLUX.1-*/text_encoder ships).
+_CLIP_L = dict(vocab_size=49408, hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
+               num_attention_heads=12, max_position_embeddings=77, hidden_act="quick_gelu",
+               projection_dim=768, layer_norm_eps=1e-5)
+# google/t5-v1_1-xxl encoder (FLUX.1-*/text_encoder_2).
+_T5_XXL = dict(vocab_size=32128, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64,
+               relative_attention_num_buckets=32, relative_attention_max_distance=128,
+               feed_forward_proj="gated-gelu", layer_norm_epsilon=1e-6, tie_word_embeddings=False)
+_VAE = dict(in_channels=3, out_channels=3, latent_channels=16, block_out_channels=(128, 256, 512, 512),
+            down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
+            layers_per_block=2, norm_num_groups=32, act_fn="silu", sample_size=1024,
+            scaling_factor=0.3611, shift_factor=0.1159, use_quant_conv=False, use_post_quant_conv=False,
+            force_upcast=True)
+# FLUX.1-dev: resolution-dependent shift mu, interpolated between 0.5 (256 image tokens)
+# and 1.15 (4096 tokens = 1024^2), as in BFL's get_schedule(shift=True).
+_SCHED_DEV = dict(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=True, base_shift=0.5,
+                  max_shift=1.15, base_image_seq_len=256, max_image_seq_len=4096)
+# FLUX.1-schnell's published scheduler_config has shift 1.0 and no dynamic shifting: the
+# reference sampler calls get_schedule(..., shift=(name != "flux-schnell")), i.e. plain
+# linear sigmas for the 4-step distilled model.
+_SCHED_SCHNELL = dict(_SCHED_DEV, shift=1.0, use_dynamic_shifting=False)
+
+# Tiny (CPU tests, demo): 2 double + 2 single blocks, inner dim 32 (2 heads x 16), RoPE
+# axes (4, 4, 8) summing to the head dim -- diffusers' own tiny Flux test sizes. A 2-level
+# VAE (8x fewer pixels per latent than 3 levels would give) with 4 latent channels, so
+# transformer in_channels = 4 x 2x2 packing = 16. 32x32 images -> 16x16 latents -> 64 tokens.
+_TINY = dict(
+    transformer=dict(patch_size=1, in_channels=16, num_layers=2, num_single_layers=2, attention_head_dim=16,
+                     num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32,
+                     guidance_embeds=True, axes_dims_rope=(4, 4, 8)),
+    clip=dict(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+              max_position_embeddings=77, hidden_act="quick_gelu", projection_dim=32, layer_norm_eps=1e-5),
+    t5=dict(vocab_size=512, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+            relative_attention_num_buckets=8, relative_attention_max_distance=16,
+            feed_forward_proj="gated-gelu", layer_norm_epsilon=1e-6, tie_word_embeddings=False),
+    vae=dict(in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(16, 32),
+             down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
+             layers_per_block=1, norm_num_groups=8, act_fn="silu", sample_size=32,
+             scaling_factor=0.3611, shift_factor=0.1159, use_quant_conv=False, use_post_quant_conv=False),
+    scheduler=_SCHED_DEV, clip_vocab=512, t5_vocab=512,
+)
+
+
+def _variant(name, transformer, scheduler, hub_id, desc, **call):
+    cfg = dict(transformer=transformer, clip=_CLIP_L, t5=_T5_XXL, vae=_VAE, scheduler=scheduler,
+               clip_vocab=_CLIP_L["vocab_size"], t5_vocab=_T5_XXL["vocab_size"])
+    return Variant(name=name, family="flux", config=cfg, hub_id=hub_id, description=desc,
+                   call_defaults=dict(height=1024, width=1024, **call))
+
+
+VARIANTS = {
+    v.name: v
+    for v in [
+        _variant("flux.1-dev", _DEV, _SCHED_DEV, "black-forest-labs/FLUX.1-dev",
+                 "text-to-image, 12B, guidance-distilled", num_inference_steps=28, guidance_scale=3.5,
+                 max_sequence_length=512),
+        _variant("flux.1-schnell", _SCHNELL, _SCHED_SCHNELL, "black-forest-labs/FLUX.1-schnell",
+                 "text-to-image, 12B, 4-step timestep-distilled", num_inference_steps=4, guidance_scale=0.0,
+                 max_sequence_length=256),
+        Variant(name="flux-tiny", family="flux", config=_TINY, tiny=True,
+                description="2 double + 2 single blocks, dim 32; random, offline, for CPU tests and the demo",
+                call_defaults=dict(height=32, width=32, num_inference_steps=2, guidance_scale=3.5,
+                                   max_sequence_length=16)),
+    ]
+}
+
+
+def _clip_tokenizer(vocab: int):
+    """CLIP-style tokenizer built in-process: <|startoftext|> text <|endoftext|>, padded with
+    <|endoftext|> to 77 (CLIP pads with its end token)."""
+    from tokenizers import processors
+
+    from ._tokenizers import byte_bpe_tokenizer
+
+    bos, eos = "<|startoftext|>", "<|endoftext|>"
+    tok = byte_bpe_tokenizer(vocab_size=min(vocab, 4096), specials=[bos, eos], bos=bos, eos=eos, pad=eos,
+                             unk=eos, model_max_length=77)
+    backend = tok.backend_tokenizer
+    backend.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A {eos}", pair=f"{bos} $A {eos} $B {eos}",
+        special_tokens=[(bos, backend.token_to_id(bos)), (eos, backend.token_to_id(eos))])
+    return tok
+
+
+def _random_pipeline(variant: Variant, dtype: torch.dtype, device: torch.device):
+    """Random init at the variant's config, created on `device` in `dtype` directly (a
+    12B transformer + 4.7B T5 built on the host would take minutes)."""
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+    from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
+
+    from ._tokenizers import byte_bpe_tokenizer
+
+    cfg = variant.config
+    tokenizer = _clip_tokenizer(cfg["clip_vocab"])
+    # CLIP pools the hidden state at the first end token. The published config keeps the
+    # legacy eos_token_id=2 (pool at argmax id, which is <|endoftext|>=49407 in the real
+    # vocabulary); the in-process tokenizer puts its end token at id 1, so say so.
+    clip_cfg = CLIPTextConfig(**cfg["clip"], bos_token_id=0, eos_token_id=1, pad_token_id=1)
+    # T5 vocabulary is trained small and padded to the model's vocab by placeholders only if
+    # needed; ids stay < vocab_size, which is all the embedding needs.
+    tokenizer_2 = byte_bpe_tokenizer(vocab_size=min(cfg["t5_vocab"], 4096), specials=["<pad>", "</s>", "<unk>"],
+                                     eos="</s>", pad="<pad>", unk="<unk>", append_eos=True, model_max_length=512)
+    with init_on(device, dtype):
+        transformer = FluxTransformer2DModel(**cfg["transformer"])
+        text_encoder = CLIPTextModel(clip_cfg)
+        text_encoder_2 = T5EncoderModel(T5Config(**cfg["t5"]))
+        # Flux's VAE runs in the pipeline dtype (bf16 on GPU), as diffusers' published usage
+        # `FluxPipeline.from_pretrained(..., torch_dtype=torch.bfloat16)` does.
+        vae = AutoencoderKL(**cfg["vae"])
+    scheduler = FlowMatchEulerDiscreteScheduler(**cfg["scheduler"])
+    return FluxPipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
+                        text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2, transformer=transformer)
+
+
+def _single_stream_views(module: nn.Module, args: tuple, kwargs: dict):
+    """Forward pre-hook on the FIRST FluxSingleTransformerBlock: hand it its two streams as
+    views of one (B, text + image, D) tensor, exactly as every later single block receives
+    them (each returns `hidden[:, :T], hidden[:, T:]` of its concatenated state).
+
+    Without it, block 0 sees two contiguous tensors and blocks 1..37 see strided views, so a
+    compiled block class guards on strides and compiles twice. The cat is the one the block
+    does first anyway; the copy is one (B, 4608, 3072) tensor per forward (~28 MB in bf16, ~10
+    us on an H100), values unchanged bit for bit.
+    """
+    enc, hid = kwargs.get("encoder_hidden_states"), kwargs.get("hidden_states")
+    if enc is None or hid is None or not (enc.is_contiguous() and hid.is_contiguous()):
+        return None
+    joint = torch.cat([enc, hid], dim=1)
+    t = enc.shape[1]
+    return args, dict(kwargs, encoder_hidden_states=joint[:, :t], hidden_states=joint[:, t:])
+
+
+def _prepare_transformer(transformer: nn.Module) -> nn.Module:
+    """Give the repeated single-stream blocks identical input layouts (see `_single_stream_views`)."""
+    blocks = getattr(transformer, "single_transformer_blocks", None)
+    if blocks is not None and len(blocks) and not getattr(blocks[0], "_magi_zoo_views_hook", None):
+        blocks[0]._magi_zoo_views_hook = blocks[0].register_forward_pre_hook(_single_stream_views, with_kwargs=True)
+    return transformer
+
+
+def _latent_grid(pipe, height: int, width: int) -> tuple[int, int]:
+    """Packed-token grid for an image: VAE downsample, then 2x2 patches (FluxPipeline.prepare_latents)."""
+    f = pipe.vae_scale_factor * 2
+    if height % f or width % f:
+        raise ValueError(f"Flux needs height and width divisible by {f} (VAE x{pipe.vae_scale_factor} "
+                         f"times 2x2 packing); got {height}x{width}")
+    return height // f, width // f
+
+
+class FluxAdapter(Adapter):
+    family = "flux"
+    spec_file = "flux.toml"
+    variants = VARIANTS
+    aliases = {"flux": "flux.1-dev", "flux.1": "flux.1-dev", "flux-dev": "flux.1-dev",
+               "flux-schnell": "flux.1-schnell"}
+
+    def build(self, variant: Variant, *, weights: Any, dtype: torch.dtype, device: torch.device):
+        source = self.weights_source(variant, weights)
+        if source == "random":
+            torch.manual_seed(0)  # random weights are reproducible run to run
+            pipe = _random_pipeline(variant, dtype, device)
+            _prepare_transformer(pipe.transformer)
+        else:
+            from diffusers import FluxPipeline
+
+            local = Path(source).is_dir()
+            # A path loads strictly offline; anything else is a hub id, fetched by diffusers.
+            pipe = FluxPipeline.from_pretrained(source, torch_dtype=dtype, local_files_only=local)
+            pipe.to(device)
+        _prepare_transformer(pipe.transformer)
+        pipe.set_progress_bar_config(disable=True)
+        return pipe
+
+    def components(self, pipe) -> dict[str, nn.Module]:
+        names = ["transformer", "text_encoder", "text_encoder_2", "vae"]
+        return {n: getattr(pipe, n) for n in names if isinstance(getattr(pipe, n, None), nn.Module)}
+
+    def denoiser(self, pipe) -> nn.Module:
+        return pipe.transformer
+
+    def denoiser_inputs(self, pipe, variant: Variant, *, height=None, width=None, frames=None,
+                        batch: int = 1, seed: int = 0) -> dict[str, Any]:
+        """One FluxTransformer2DModel forward as FluxPipeline makes it: packed latents
+        (B, (H/16)(W/16), 64), T5 states (B, max_sequence_length, 4096), CLIP pooled (B, 768),
+        timestep in [0, 1], 2-D position ids, and guidance for guidance-distilled models."""
+        if frames not in (None, 1):
+            raise ValueError(f"{variant.name} makes images; frames={frames} has no meaning")
+        d = variant.call_defaults
+        height, width = height or d["height"], width or d["width"]
+        t = pipe.transformer
+        cfg = t.config
+        p = next(t.parameters())
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        rnd = lambda *shape: torch.randn(*shape, generator=g).to(device=p.device, dtype=p.dtype)
+        gh, gw = _latent_grid(pipe, height, width)
+        text_len = d.get("max_sequence_length", 512)
+        img_ids = pipe._prepare_latent_image_ids(batch, gh, gw, p.device, p.dtype)  # (gh*gw, 3): [0, row, col]
+        kw = dict(hidden_states=rnd(batch, gh * gw, cfg.in_channels),
+                  encoder_hidden_states=rnd(batch, text_len, cfg.joint_attention_dim),
+                  pooled_projections=rnd(batch, cfg.pooled_projection_dim),
+                  # the pipeline passes scheduler timesteps / 1000, so a mid-schedule step is 0.5
+                  timestep=torch.full((batch,), 0.5, device=p.device, dtype=p.dtype),
+                  img_ids=img_ids, txt_ids=torch.zeros(text_len, 3, device=p.device, dtype=p.dtype),
+                  # FluxPipeline always passes a dict here; None would be a different guard
+                  # (and a second compiled variant) for every block.
+                  joint_attention_kwargs={}, return_dict=False)
+        if cfg.guidance_embeds:
+            kw["guidance"] = torch.full((batch,), d.get("guidance_scale", 3.5), device=p.device,
+                                        dtype=torch.float32)
+        return kw
+
+    def run(self, handle, *, prompt: str, out: Path, progress: bool = True, **kwargs) -> Path:
+        unsupported = {"image": "image-to-image", "audio_out": "audio output", "num_frames": "--frames",
+                       "max_new_tokens": "--max-new-tokens"}
+        for key, what in unsupported.items():
+            if kwargs.get(key) is not None:
+                raise ValueError(f"{handle.variant.name} is text-to-image; {what} ({key}) is not supported")
+        extra = set(kwargs) - set(unsupported) - {"num_inference_steps", "height", "width", "seed"}
+        if extra:
+            raise ValueError(f"{handle.variant.name}: unknown option(s) {sorted(extra)}")
+        call = dict(handle.variant.call_defaults)
+        call.update({k: v for k, v in kwargs.items() if v is not None and k in ("num_inference_steps", "height",
+                                                                                  "width")})
+        _latent_grid(handle.pipe, call["height"], call["width"])  # clear error before any work
+        seed = kwargs.get("seed")
+        if seed is not None:
+            call["generator"] = torch.Generator(device="cpu").manual_seed(int(seed))
+        handle.pipe.set_progress_bar_config(disable=not progress)
+        image = handle(prompt=prompt, output_type="pil", **call).images[0]
+        out = Path(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        # PIL picks the format from the suffix; no suffix means PNG.
+        image.save(out, format=None if out.suffix else "PNG")
+        return out

@@ -1,0 +1,33 @@
+"""Shared test setup: offline, CPU, quiet, and helpers to read compile counters."""
+
+import os
+
+# Nothing in the suite may reach a hub: fail loudly instead of downloading.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest
+import torch
+
+torch.manual_seed(0)
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """A clean dynamo cache and zeroed counters, so counts start from nothing."""
+    from magi_zoo.engine import _torch_compat as compat
+
+    torch.compiler.reset()
+    compat.reset_counters()
+    yield
+    torch.compiler.reset()
