@@ -129,6 +129,9 @@ def run_strategy(name: str, args) -> dict:
     adapter, variant = adapters.lookup(args.model)
     gpu = magi_zoo.get_profile("auto" if device.type == "cuda" else "cpu").name
     row: dict = {"strategy": name, "status": "ok"}
+    # In-process runs (CPU smoke, --no-isolate) must not reuse the previous strategy's
+    # compiled code: start each strategy from an empty dynamo cache.
+    torch.compiler.reset()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     t_build = time.perf_counter()

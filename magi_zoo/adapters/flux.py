@@ -132,6 +132,8 @@ def _random_pipeline(variant: Variant, dtype: torch.dtype, device: torch.device)
         # Flux's VAE runs in the pipeline dtype (bf16 on GPU), as diffusers' published usage
         # `FluxPipeline.from_pretrained(..., torch_dtype=torch.bfloat16)` does.
         vae = AutoencoderKL(**cfg["vae"])
+    for m in (transformer, text_encoder, text_encoder_2, vae):
+        m.eval()  # freshly built modules are in training mode (T5 dropout 0.1 on); from_pretrained evals
     scheduler = FlowMatchEulerDiscreteScheduler(**cfg["scheduler"])
     return FluxPipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
                         text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2, transformer=transformer)

@@ -1,0 +1,246 @@
+"""Flux.1 adapter + spec on CPU with flux-tiny (2 double + 2 single blocks, offline).
+
+Counters are the oracle. One inductor compile (the shipped CPU spec); every other
+compile uses backend="eager" through a user override, which keeps the spec's other fields.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import magi_zoo
+from magi_zoo import PlanError
+from magi_zoo.adapters import lookup
+
+ROOT = Path(__file__).resolve().parent.parent
+BLOCKS = ("FluxTransformerBlock", "FluxSingleTransformerBlock")
+EAGER = {k: {"backend": "eager"} for k in BLOCKS}  # plumbing/counter tests: no inductor
+
+
+def _forward(handle, inputs):
+    with torch.no_grad():
+        return handle.pipe.transformer(**inputs)[0]
+
+
+@pytest.fixture(scope="module")
+def eager():
+    """flux-tiny with nothing compiled: the reference output."""
+    return magi_zoo.load("flux-tiny", gpu="cpu", compile=False)
+
+
+@pytest.fixture(scope="module")
+def inputs(eager):
+    return eager.adapter.denoiser_inputs(eager.pipe, eager.variant)
+
+
+@pytest.fixture(scope="module")
+def reference(eager, inputs):
+    return _forward(eager, inputs)
+
+
+# -- variants -------------------------------------------------------------------------------
+def test_published_variants_and_aliases():
+    from diffusers import AutoencoderKL, FluxTransformer2DModel
+    from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
+
+    from magi_zoo.adapters.base import init_on
+
+    adapter, dev = lookup("flux")
+    assert dev.name == "flux.1-dev" and dev.hub_id == "black-forest-labs/FLUX.1-dev"
+    _, schnell = lookup("flux.1-schnell")
+    assert schnell.hub_id == "black-forest-labs/FLUX.1-schnell"
+    assert dev.config["transformer"]["guidance_embeds"] and not schnell.config["transformer"]["guidance_embeds"]
+    assert dev.call_defaults == dict(height=1024, width=1024, num_inference_steps=28, guidance_scale=3.5,
+                                     max_sequence_length=512)
+    assert schnell.call_defaults == dict(height=1024, width=1024, num_inference_steps=4, guidance_scale=0.0,
+                                         max_sequence_length=256)
+    assert dev.config["scheduler"]["use_dynamic_shifting"] and not schnell.config["scheduler"]["use_dynamic_shifting"]
+    # Parameter counts at the published configs, built on the meta device (no memory):
+    # they equal the published checkpoints' tensor counts (FLUX.1-dev 11.90B, schnell lacks
+    # the guidance embedder's 10.2M, CLIP-L text 123.1M, T5-XXL encoder 4.76B, AE 83.8M).
+    n = lambda m: sum(p.numel() for p in m.parameters())
+    with init_on("meta", torch.bfloat16):
+        assert n(FluxTransformer2DModel(**dev.config["transformer"])) == 11_901_408_320
+        assert n(FluxTransformer2DModel(**schnell.config["transformer"])) == 11_891_178_560
+        assert n(CLIPTextModel(CLIPTextConfig(**dev.config["clip"]))) == 123_060_480
+        assert n(T5EncoderModel(T5Config(**dev.config["t5"]))) == 4_762_310_656
+        assert n(AutoencoderKL(**dev.config["vae"])) == 83_819_683
+
+
+def _bench():
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    return importlib.import_module("benchmarks.flux_gpu")
+
+
+@pytest.mark.parametrize("name", ["flux.1-dev", "flux.1-schnell"])
+def test_denoiser_inputs_at_reference_shape(name):
+    """DESIGN.md's reference: 1024^2 -> 128^2 latents -> 64^2 packed = 4,096 image tokens,
+    plus max_sequence_length text tokens (512 dev, 256 schnell). Built on meta: shapes only."""
+    from magi_zoo.adapters.base import init_on
+
+    adapter, variant = lookup(name)
+    bench = _bench()
+    pipe = bench._shim_pipe(bench._bare_transformer(variant, torch.bfloat16, torch.device("meta")), variant)
+    kw = adapter.denoiser_inputs(pipe, variant)
+    text = variant.call_defaults["max_sequence_length"]
+    assert kw["hidden_states"].shape == (1, 4096, 64)
+    assert kw["encoder_hidden_states"].shape == (1, text, 4096)
+    assert kw["pooled_projections"].shape == (1, 768)
+    assert kw["img_ids"].shape == (4096, 3) and kw["txt_ids"].shape == (text, 3)
+    assert ("guidance" in kw) == (name == "flux.1-dev")  # only the guidance-distilled model embeds it
+    with pytest.raises(ValueError, match="divisible by 16"):
+        adapter.denoiser_inputs(pipe, variant, height=1000, width=1024)
+
+
+# -- compile: numerics and counters --------------------------------------------------------
+def test_shipped_cpu_spec_inductor_matches_eager(fresh_dynamo, inputs, reference):
+    """The one inductor compile of this file: the shipped [gpu.cpu] spec as is."""
+    h = magi_zoo.load("flux-tiny", gpu="cpu")
+    rep = h.report()
+    assert all(rep.region(k).spec.backend == "inductor" for k in BLOCKS)
+    out = _forward(h, inputs)
+    # fp32 on both sides; inductor may fuse/reorder reductions: ~1e-6 in practice.
+    torch.testing.assert_close(out, reference, rtol=1e-4, atol=1e-4)
+    # 2 double + 2 single blocks under no_grad: 1 frame per block class, 2 in all.
+    assert [rep.region(k).counters.frames for k in BLOCKS] == [1, 1]
+    assert rep.frames == 2 and rep.recompiles == 0 and rep.graph_breaks == 0
+
+
+def test_n_blocks_cost_one_compile_per_class(fresh_dynamo, inputs, reference):
+    h = magi_zoo.load("flux-tiny", gpu="cpu", compile=EAGER)
+    rep = h.report()
+    out = _forward(h, inputs)
+    torch.testing.assert_close(out, reference, rtol=0, atol=0)  # backend=eager runs the same ops
+    for k in BLOCKS:
+        r = rep.region(k)
+        # 2 instances called once each; block 0 compiles, block 1 hits its cache (same class,
+        # same shapes/strides -- single block 0 gets views like block 1, see the adapter).
+        assert (r.calls, r.counters.frames, r.counters.graphs, len(r.counters.recompiles)) == (2, 1, 1, 0), r
+    assert rep.frames == 2 and rep.graph_breaks == 0
+
+
+def test_pipeline_repeats_without_recompiles(fresh_dynamo, eager):
+    h = magi_zoo.load("flux-tiny", gpu="cpu", compile=EAGER)
+    rep = h.report()
+    call = dict(prompt="a corgi", num_inference_steps=2, output_type="np",
+                generator=torch.Generator().manual_seed(0))
+    img1 = h(**call).images
+    assert rep.frames == 2  # one frame per block class on the first pipeline call
+    call["generator"] = torch.Generator().manual_seed(0)
+    img2 = h(**call).images
+    # 2 calls x 2 steps x 2 instances = 8 calls per class; still 2 frames, 0 recompiles.
+    assert [rep.region(k).calls for k in BLOCKS] == [8, 8]
+    assert (rep.frames, rep.recompiles) == (2, 0), rep.details()
+    np.testing.assert_array_equal(img1, img2)
+    call["generator"] = torch.Generator().manual_seed(0)
+    np.testing.assert_allclose(img1, eager(**call).images, atol=1e-5)  # compiled pipeline == eager pipeline
+    # Text encoders and VAE decode are fenced off (enabled=False): called, never compiled.
+    for label in ("text_encoder", "text_encoder_2", "vae.decode"):
+        r = rep.region(label)
+        assert (r.spec.enabled, r.calls, r.counters.frames) == (False, 2, 0)
+    # The CPU spec is static: a new resolution is exactly one recompile per block class.
+    h(prompt="a corgi", num_inference_steps=1, height=48, width=32, output_type="latent")
+    assert (rep.frames, rep.recompiles) == (4, 2)
+
+
+def test_report_shows_every_region_spec():
+    h = magi_zoo.load("flux-tiny", gpu="cpu", compile=EAGER)
+    rows = {r["region"]: r for r in h.report().rows()}
+    assert set(rows) == {*BLOCKS, "text_encoder", "text_encoder_2", "vae.decode", "vae.encode"}
+    for k in BLOCKS:
+        assert rows[k]["modules"] == f"2 x {k}"
+        assert rows[k]["spec"] == "dynamic=False, fullgraph=True, backend=eager"
+    for k in ("text_encoder", "text_encoder_2", "vae.decode", "vae.encode"):
+        assert rows[k]["spec"] == "disabled"
+    text = str(h.report())
+    assert all(k in text for k in rows)
+
+
+@pytest.mark.parametrize("gpu", ["h100", "h200", "a100", "cpu"])
+def test_spec_sections_resolve_on_the_real_tree(eager, gpu):
+    """Every section's keys match the real module tree; GPU sections are static, fullgraph."""
+    from magi_zoo.engine.resolve import resolve
+    from magi_zoo.zoo import spec_layers
+
+    plan = resolve(eager.modules, spec_layers(eager.adapter, magi_zoo.get_profile(gpu)))
+    blocks = [t for t in plan.targets if t.cls_name in BLOCKS]
+    assert len(blocks) == 4 and all(t.spec.fullgraph for t in blocks)
+    # h100/h200/cpu pin dynamic=False; a100 has no section and gets the default (torch's automatic dynamic).
+    assert {t.spec.dynamic for t in blocks} == ({None} if gpu == "a100" else {False})
+
+
+# -- errors ----------------------------------------------------------------------------------
+def test_bad_overrides_give_clear_errors():
+    with pytest.raises(PlanError, match="FluxTransformerBlock"):
+        magi_zoo.load("flux-tiny", gpu="cpu", compile={"FluxTransformerBlok": {"backend": "eager"}})
+    with pytest.raises(PlanError, match="single_transformer_blocks"):
+        magi_zoo.load("flux-tiny", gpu="cpu", compile={"transformer.single_blocks.*": {"backend": "eager"}})
+    with pytest.raises(PlanError, match="decode"):
+        magi_zoo.load("flux-tiny", gpu="cpu", compile={"vae": {"decod": {"enabled": True}}})
+    with pytest.raises(ValueError, match="fulgraph"):
+        magi_zoo.load("flux-tiny", gpu="cpu", compile={"FluxTransformerBlock": {"fulgraph": True}})
+    with pytest.raises(ValueError, match="tiny random variant"):
+        magi_zoo.load("flux-tiny", gpu="cpu", weights="black-forest-labs/FLUX.1-dev")
+
+
+# -- loading and running -------------------------------------------------------------------
+def test_save_pretrained_round_trip(tmp_path, eager, inputs, reference):
+    eager.pipe.save_pretrained(tmp_path / "flux-tiny")
+    assert (tmp_path / "flux-tiny" / "model_index.json").is_file()
+    back = magi_zoo.load("flux-tiny", gpu="cpu", weights=str(tmp_path / "flux-tiny"), compile=False)
+    torch.testing.assert_close(_forward(back, inputs), reference, rtol=0, atol=0)
+    call = dict(prompt="a corgi surfing", num_inference_steps=2, output_type="np")
+    a = eager(**call, generator=torch.Generator().manual_seed(1)).images
+    b = back(**call, generator=torch.Generator().manual_seed(1)).images  # tokenizers round-trip too
+    np.testing.assert_array_equal(a, b)
+
+
+def test_run_writes_png(tmp_path, eager):
+    from PIL import Image
+
+    out = eager.adapter.run(eager, prompt="a red fox in snow", out=tmp_path / "img.png", progress=False,
+                            image=None, audio_out=None, num_inference_steps=None, height=None, width=64,
+                            num_frames=None, max_new_tokens=None, seed=3)
+    with Image.open(out) as im:
+        assert (im.format, im.size) == ("PNG", (64, 32))
+    with pytest.raises(ValueError, match="frames"):
+        eager.adapter.run(eager, prompt="x", out=tmp_path / "v.png", num_frames=9)
+    with pytest.raises(ValueError, match="divisible"):
+        eager.adapter.run(eager, prompt="x", out=tmp_path / "v.png", height=30)
+
+
+def test_cli_run_offline(tmp_path, fresh_dynamo):
+    """`magi-zoo run flux-tiny --prompt ... --out image.png`, with the shipped spec compiled
+    (inductor; the graphs are the ones the inductor test above built, so its on-disk cache
+    answers)."""
+    from PIL import Image
+
+    from magi_zoo import cli
+
+    out = tmp_path / "cli.png"
+    assert cli.main(["run", "flux-tiny", "--prompt", "a corgi", "--out", str(out), "--gpu", "cpu", "--seed", "0"]) == 0
+    with Image.open(out) as im:
+        assert (im.format, im.size) == ("PNG", (32, 32))
+
+
+# -- benchmark script --------------------------------------------------------------------
+def test_benchmark_script_on_cpu(tmp_path):
+    bench = _bench()
+    res = bench.main(["--device", "cpu", "--model", "flux-tiny", "--backend", "eager", "--warmup", "2",
+                      "--iters", "5", "--out", str(tmp_path)])
+    rows = {r["strategy"]: r for r in res["rows"]}
+    assert set(rows) == set(bench.STRATEGIES) and all(r["status"] == "ok" for r in rows.values()), rows
+    assert rows["magi_zoo"]["frames_compiled"] == 2 and rows["magi_zoo"]["recompiles"] == 0
+    assert rows["eager"]["frames_compiled"] == 0
+    # diffusers' own regional compile gives single block 0 contiguous inputs and blocks 1+
+    # strided views: its single-block class compiles twice (3 frames for 2 classes).
+    assert rows["diffusers_regional"]["frames_compiled"] == 3
+    assert rows["magi_zoo"]["image_tokens"] == 64 and len(rows["magi_zoo"]["times_ms"]) == 5
+    assert (tmp_path / "flux_flux-tiny_cpu.json").is_file() and (tmp_path / "flux_flux-tiny_cpu.md").is_file()

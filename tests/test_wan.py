@@ -1,0 +1,125 @@
+"""Wan2.1 adapter on the tiny variant: load, specs end to end, counters, real loading."""
+
+import numpy as np
+import pytest
+import torch
+
+import magi_zoo
+from magi_zoo import PlanError
+
+TINY = "wan2.1-tiny"
+
+
+def _run(handle, seed=0, **over):
+    call = dict(handle.variant.call_defaults, prompt="a corgi surfing")
+    call.update(over)
+    gen = torch.Generator().manual_seed(seed)
+    return handle(generator=gen, output_type="np", **call).frames
+
+
+@pytest.fixture(scope="module")
+def eager_handle():
+    return magi_zoo.load(TINY, gpu="cpu", compile=False)
+
+
+@pytest.fixture(scope="module")
+def eager_frames(eager_handle):
+    return _run(eager_handle)
+
+
+def test_handle_surface(eager_handle):
+    h = eager_handle
+    assert type(h.pipe).__name__ == "WanPipeline"
+    assert set(h.modules) == {"transformer", "text_encoder", "vae"}
+    assert h.report() is None and h.plan is None  # compile=False applies nothing
+    assert h.dtype == torch.float32 and h.device.type == "cpu"
+    assert len(h.pipe.transformer.blocks) == 4
+
+
+def test_published_variants_are_exact_configs():
+    from magi_zoo.adapters.wan import VARIANTS
+
+    t = VARIANTS["wan2.1-t2v-1.3b"].config["transformer"]
+    # 12 heads x 128 = 1536 hidden, 30 layers, FFN 8960 (Wan2.1-T2V-1.3B config.json)
+    assert (t["num_attention_heads"] * t["attention_head_dim"], t["num_layers"], t["ffn_dim"]) == (1536, 30, 8960)
+    t14 = VARIANTS["wan2.1-i2v-14b-480p"].config["transformer"]
+    assert (t14["num_attention_heads"] * t14["attention_head_dim"], t14["num_layers"], t14["in_channels"]) == (5120, 40, 36)
+    assert magi_zoo.list_models()[:4] == ["wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "wan2.1-i2v-14b-480p", TINY]
+
+
+def test_unknown_model_did_you_mean():
+    with pytest.raises(ValueError, match=r"unknown model 'wan2.1-tinny'\. Did you mean 'wan2.1-tiny'"):
+        magi_zoo.load("wan2.1-tinny", gpu="cpu")
+
+
+def test_tiny_rejects_foreign_weights():
+    with pytest.raises(ValueError, match="tiny random variant"):
+        magi_zoo.load(TINY, gpu="cpu", weights="Wan-AI/Wan2.1-T2V-1.3B-Diffusers")
+
+
+def test_bad_override_names_real_submodules():
+    with pytest.raises(PlanError, match=r"'WanTransformerBlok'.*Closest.*WanTransformerBlock"):
+        magi_zoo.load(TINY, gpu="cpu", compile={"WanTransformerBlok": {"dynamic": True}})
+    with pytest.raises(PlanError, match=r"has no method 'decod'.*decode"):
+        magi_zoo.load(TINY, gpu="cpu", compile={"vae": {"decod": {"enabled": False}}})
+    with pytest.raises(TypeError, match="compile= takes"):
+        magi_zoo.load(TINY, gpu="cpu", compile="yes")
+
+
+@pytest.mark.parametrize("dynamic, frames, recompiles", [
+    # symbolic shapes from the first call: 9 and 5 frames share one compiled block
+    (True, 1, 0),
+    # static shapes: 5 frames (2 latent frames) fail the 9-frame (3 latent) size guard
+    (False, 2, 1),
+])
+def test_dynamic_setting_end_to_end(fresh_dynamo, dynamic, frames, recompiles):
+    # Acceptance 2: a non-default setting on one region, end to end through the pipeline.
+    h = magi_zoo.load(TINY, gpu="cpu", compile={"WanTransformerBlock": {"dynamic": dynamic, "backend": "aot_eager"}})
+    _run(h, num_frames=9)
+    _run(h, num_frames=5)
+    r = h.report().region("WanTransformerBlock")
+    assert r.spec.dynamic is dynamic and r.spec.fullgraph is True  # fullgraph kept from the spec file
+    assert r.layers == ["model default", "gpu", "user"]
+    # 2 runs x 2 steps x 2 (CFG) x 4 blocks = 32 block calls, under the pipeline's no_grad
+    assert r.calls == 32
+    assert (r.counters.frames, len(r.counters.recompiles), r.counters.n_graph_breaks) == (frames, recompiles, 0)
+
+
+def test_compiled_plan_equals_eager(fresh_dynamo, eager_frames):
+    # The shipped spec, [gpu.cpu] section: inductor, fullgraph, dynamic blocks.
+    h = magi_zoo.load(TINY, gpu="cpu")
+    frames = _run(h)
+    np.testing.assert_allclose(frames, eager_frames, atol=1e-4, rtol=0)
+    rep = h.report()
+    labels = {r.label: r for r in rep.regions}
+    assert set(labels) == {"WanTransformerBlock", "text_encoder", "vae.decode", "vae.encode"}
+    blocks = labels["WanTransformerBlock"]
+    assert blocks.spec.backend == "inductor" and blocks.spec.dynamic is True
+    assert (blocks.counters.frames, blocks.counters.graphs, len(blocks.counters.recompiles)) == (1, 1, 0)
+    assert labels["text_encoder"].spec.enabled is False and labels["text_encoder"].calls == 2  # prompt + negative
+    table = rep.table()
+    for label in labels:
+        assert label in table
+
+
+def test_save_pretrained_roundtrip(tmp_path, eager_handle, eager_frames):
+    eager_handle.pipe.save_pretrained(tmp_path)
+    h = magi_zoo.load(TINY, gpu="cpu", weights=str(tmp_path), compile=False)
+    text = "a corgi surfing"
+    assert h.pipe.tokenizer(text)["input_ids"] == eager_handle.pipe.tokenizer(text)["input_ids"]
+    np.testing.assert_array_equal(_run(h), eager_frames)
+
+
+def test_spec_file_override(tmp_path, fresh_dynamo):
+    p = tmp_path / "mine.toml"
+    p.write_text('[default.regions]\n"transformer.blocks.*" = { backend = "eager", fullgraph = true }\n')
+    h = magi_zoo.load(TINY, gpu="cpu", spec_file=p)
+    assert [(r.label, r.spec.backend) for r in h.report().regions] == [("transformer.blocks.*", "eager")]
+
+
+def test_denoiser_inputs_shapes(eager_handle):
+    a = eager_handle.adapter
+    kw = a.denoiser_inputs(eager_handle.pipe, eager_handle.variant, frames=5)
+    assert kw["hidden_states"].shape == (1, 16, 2, 4, 4)  # (5-1)/4+1 latent frames, 32/8 spatial
+    with torch.no_grad():
+        assert a.denoiser(eager_handle.pipe)(**kw)[0].shape == kw["hidden_states"].shape
