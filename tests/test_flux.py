@@ -195,11 +195,17 @@ def test_save_pretrained_round_trip(tmp_path, eager, inputs, reference):
     eager.pipe.save_pretrained(tmp_path / "flux-tiny")
     assert (tmp_path / "flux-tiny" / "model_index.json").is_file()
     back = magi_zoo.load("flux-tiny", gpu="cpu", weights=str(tmp_path / "flux-tiny"), compile=False)
-    torch.testing.assert_close(_forward(back, inputs), reference, rtol=0, atol=0)
+    for name in ("transformer", "text_encoder", "text_encoder_2", "vae"):
+        sa, sb = eager.modules[name].state_dict(), back.modules[name].state_dict()
+        assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa), name  # bit for bit
+    # Same weights, but safetensors maps them at addresses 24 bytes off a 64-byte boundary,
+    # which sends CPU matmuls down another SIMD path: ~1 ulp (measured 3.6e-7) apart; cloning
+    # the loaded weights makes the outputs bit-identical.
+    torch.testing.assert_close(_forward(back, inputs), reference, rtol=0, atol=2e-6)
     call = dict(prompt="a corgi surfing", num_inference_steps=2, output_type="np")
     a = eager(**call, generator=torch.Generator().manual_seed(1)).images
     b = back(**call, generator=torch.Generator().manual_seed(1)).images  # tokenizers round-trip too
-    np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
 
 
 def test_run_writes_png(tmp_path, eager):
