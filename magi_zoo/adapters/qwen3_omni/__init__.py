@@ -46,7 +46,24 @@ def finish(model: nn.Module) -> nn.Module:
     model.eval()  # a freshly built model is in training mode (dropout on); from_pretrained evals
     register_experts_impl()
     install_prefill_decode(thinker_text_model(model.thinker))
+    _install_output_hooks(model)
     return model
+
+
+def _install_output_hooks(model: nn.Module) -> None:
+    """Install transformers' output-capturing hooks now rather than on the first forward.
+
+    transformers 5.24 installs them lazily, under a `threading.Lock`, inside the decorated
+    forward; dynamo cannot enter a lock, so a compiled region that is a model's *first*
+    call would break there (a hard error under fullgraph=True). Installed at build time,
+    the first-call branch is never taken. Older versions have no lazy install: nothing to do."""
+    try:
+        from transformers.utils.output_capturing import maybe_install_capturing_hooks
+    except ImportError:
+        return
+    for mod in model.modules():
+        if getattr(mod, "_can_record_outputs", None):
+            maybe_install_capturing_hooks(mod)
 
 
 class Qwen3OmniAdapter(Adapter):

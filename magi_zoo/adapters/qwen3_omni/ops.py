@@ -123,8 +123,15 @@ class PrefillDecodeMixin:
         return super().forward(*args, **kwargs)
 
     def forward(self, *args, **kwargs):
-        step = self.decode_step if _seq_len(args, kwargs) == 1 else self.prefill
-        return step(*args, **kwargs)
+        if _seq_len(args, kwargs) != 1:
+            return self.prefill(*args, **kwargs)
+        out = self.decode_step(*args, **kwargs)
+        # Under CUDA graphs (the decode spec on GPU) the next replay overwrites this step's
+        # output buffers; generate() keeps per-step hidden states (the talker reads them),
+        # so those are copied out. last_hidden_state is consumed at once by the LM head.
+        if getattr(out, "hidden_states", None) is not None:
+            out.hidden_states = tuple(h.clone() for h in out.hidden_states)
+        return out
 
 
 _SPLIT_CLASSES: dict[type, type] = {}

@@ -39,7 +39,10 @@ def _cache_kwarg(thinker: nn.Module) -> str:
     """The name generate() takes a Cache under: `cache` (5.24) or `past_key_values` (5.17)."""
     import inspect
 
-    params = inspect.signature(type(thinker_text_model(thinker)).forward).parameters
+    from .ops import PrefillDecodeMixin
+
+    lib_cls = next(c for c in type(thinker_text_model(thinker)).__mro__ if not issubclass(c, PrefillDecodeMixin))
+    params = inspect.signature(lib_cls.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 
 
