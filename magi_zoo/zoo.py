@@ -10,6 +10,7 @@ import torch.nn as nn
 
 from . import adapters
 from .engine import apply
+from .engine.cache import CompileCache, resolve_cache_dir
 from .engine.report import Report
 from .specs import PlanLayer, SpecFile, get_profile, spec_path
 from .specs.gpu_profiles import GpuProfile
@@ -36,7 +37,8 @@ class ZooPipeline:
 
     def __init__(self, native: Any, modules: nn.ModuleDict, report: Report | None, *,
                  adapter: adapters.Adapter, variant: adapters.Variant, profile: GpuProfile,
-                 dtype: torch.dtype, device: torch.device, layers: list[tuple[str, PlanLayer]]):
+                 dtype: torch.dtype, device: torch.device, layers: list[tuple[str, PlanLayer]],
+                 cache: CompileCache | None = None):
         self.pipe = native
         self.modules = modules
         self._report = report
@@ -46,6 +48,7 @@ class ZooPipeline:
         self.dtype = dtype
         self.device = device
         self.layers = layers
+        self.cache = cache
 
     @property
     def plan(self):
@@ -53,7 +56,23 @@ class ZooPipeline:
         return self._report.plan if self._report else None
 
     def __call__(self, *args, **kwargs):
-        return self.pipe(*args, **kwargs)
+        out = self.pipe(*args, **kwargs)
+        self._maybe_save_cache()
+        return out
+
+    def _maybe_save_cache(self) -> None:
+        # Save after the first compile, and again whenever later calls compiled more
+        # (a new shape); calls that compiled nothing cost one integer comparison.
+        if self.cache is not None and self._report is not None and self._report.frames > self.cache.saved_frames:
+            self.cache.save(self._report.frames)
+
+    def save_compile_cache(self) -> bool:
+        """Write the compile artifacts of this process to the cache now (if one is set).
+        Calls through the handle do this by themselves; call it after running submodules
+        directly (as benchmarks do)."""
+        if self.cache is None:
+            return False
+        return self.cache.save(self._report.frames if self._report else None)
 
     def apply_plan(self) -> Report:
         """Apply the resolved spec layers now (after a `compile=False` load, e.g. to time
@@ -92,7 +111,8 @@ def spec_layers(adapter: adapters.Adapter, profile: GpuProfile, *, compile: Any 
 
 def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
          dtype: str | torch.dtype | None = None, device: str | torch.device | None = None,
-         compile: Any = None, spec_file: str | Path | None = None) -> ZooPipeline:
+         compile: Any = None, spec_file: str | Path | None = None,
+         cache_dir: str | Path | None = None) -> ZooPipeline:
     """Build a model with its compile spec for a GPU applied.
 
     name: a model variant or alias (`magi_zoo.list_models()`).
@@ -103,6 +123,9 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
     compile: None/True (the shipped spec), False (eager, nothing applied), or a dict of
         user overrides {key: spec or {method: spec}}, the highest-precedence layer.
     spec_file: a TOML file replacing the shipped spec.
+    cache_dir: warm-start cache of compile artifacts (default: $MAGI_ZOO_CACHE_DIR; unset =
+        off). Loaded before the first compile, saved after it; keyed by plan, versions,
+        device, dtype and model, so a stale entry is never used.
     """
     adapter, variant = adapters.lookup(name)
     profile = get_profile(gpu)
@@ -114,5 +137,14 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
     native = adapter.build(variant, weights=weights, dtype=dt, device=dev)
     modules = nn.ModuleDict(adapter.components(native))
     report = None if compile is False else apply(modules, layers=layers)
+    cache = None
+    directory = resolve_cache_dir(cache_dir)
+    if report is not None and directory is not None:
+        cache = CompileCache(directory, {
+            "model": f"{adapter.family}/{variant.name}", "dtype": str(dt), "device": dev.type,
+            "gpu_profile": profile.name,
+            "plan": [(t.path, t.method, t.spec.digest()) for t in report.plan.targets],
+        })
+        cache.load()  # before any compile: the first call then hits torch's warm caches
     return ZooPipeline(native, modules, report, adapter=adapter, variant=variant, profile=profile,
-                       dtype=dt, device=dev, layers=layers)
+                       dtype=dt, device=dev, layers=layers, cache=cache)

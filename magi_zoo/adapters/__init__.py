@@ -14,7 +14,6 @@ from .base import Adapter, Variant
 FAMILIES: dict[str, str] = {
     "wan": "magi_zoo.adapters.wan:WanAdapter",
     "bagel": "magi_zoo.adapters.bagel:BagelAdapter",
-    "bagel": "magi_zoo.adapters.bagel:BagelAdapter",
     "flux": "magi_zoo.adapters.flux:FluxAdapter",
     "qwen3_omni": "magi_zoo.adapters.qwen3_omni:Qwen3OmniAdapter",
 }

@@ -139,9 +139,10 @@ def delta(before: CounterSnapshot, after: CounterSnapshot | None = None) -> Coun
         reason = getattr(m, "recompile_reason", None)
         if reason:
             out.recompiles.append(f"{m.co_name}: {reason.strip()}")
-    if out.frames == 0:
-        # torch 2.13 no longer bumps counters["frames"] for fullgraph=True compiles; the
-        # compile records still say how many frames compiled successfully.
+    if _get_metrics is not None:
+        # torch 2.13 no longer bumps counters["frames"] for fullgraph=True compiles, while
+        # the compile records still say how many frames compiled successfully: count
+        # from the records wherever they exist, so every region counts the same way.
         out.frames = ok_records
     return out
 

@@ -1,0 +1,139 @@
+"""Warm start: a compile-artifact cache over `torch.compiler.save_cache_artifacts` /
+`load_cache_artifacts` (inductor FX graphs, AOTAutograd entries, Triton kernels, PGO).
+
+Entries are keyed by everything that specialises generated code: the resolved plan's spec
+digests, torch / triton / Python versions, the device name, dtype, and the model
+(adapter + variant). One file per key, written to a temporary name and renamed into
+place, so concurrent writers never leave a torn file (the last complete writer wins) and
+readers never see a partial one. A file that fails its checksum, does not parse, or
+belongs to another key is ignored with a warning and rebuilt -- never a crash.
+
+File format: MAGIC, a 4-byte big-endian header length, a JSON header
+({"format", "key", "fields", "sha256", "size"}), then the artifact bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import platform
+import struct
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ENV_VAR = "MAGI_ZOO_CACHE_DIR"
+FORMAT = 1
+MAGIC = b"MAGI_ZOO_COMPILE_CACHE\n"
+
+
+def environment_fields() -> dict[str, Any]:
+    """The parts of the key that come from the machine, not the model."""
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except Exception:  # no triton on CPU-only installs
+        triton_version = None
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
+    return {"torch": torch.__version__, "triton": triton_version, "python": platform.python_version(),
+            "device_name": device, "cuda": torch.version.cuda}
+
+
+def resolve_cache_dir(cache_dir: str | os.PathLike | None) -> Path | None:
+    """An explicit `cache_dir`, else $MAGI_ZOO_CACHE_DIR, else None (cache off)."""
+    value = cache_dir if cache_dir is not None else os.environ.get(ENV_VAR)
+    return Path(value).expanduser() if value else None
+
+
+@dataclasses.dataclass
+class CompileCache:
+    """One cache entry: load it before compiling, save it after."""
+
+    directory: Path
+    fields: dict[str, Any]  # the model-side key fields; environment fields are added
+    status: str = "unused"  # unused | miss | hit | rebuilt (corrupt or incompatible) | saved
+    saved_frames: int = 0  # frames compiled when last saved (save again only after more)
+
+    def __post_init__(self):
+        self.directory = Path(self.directory)
+        self.fields = {**self.fields, **environment_fields()}
+
+    @property
+    def key(self) -> str:
+        blob = json.dumps({"format": FORMAT, **self.fields}, sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+    @property
+    def path(self) -> Path:
+        return self.directory / f"{self.key[:32]}.bin"
+
+    # -- read -------------------------------------------------------------------------------
+    def _read(self) -> bytes:
+        raw = self.path.read_bytes()
+        if not raw.startswith(MAGIC) or len(raw) < len(MAGIC) + 4:
+            raise ValueError("not a magi_zoo compile-cache file")
+        (n,) = struct.unpack(">I", raw[len(MAGIC):len(MAGIC) + 4])
+        start = len(MAGIC) + 4
+        header = json.loads(raw[start:start + n])
+        payload = raw[start + n:]
+        if header.get("format") != FORMAT or header.get("key") != self.key:
+            raise LookupError(f"entry was written for another configuration "
+                              f"(format {header.get('format')}, fields {header.get('fields')})")
+        if len(payload) != header.get("size") or hashlib.sha256(payload).hexdigest() != header.get("sha256"):
+            raise ValueError("checksum mismatch (truncated or corrupt file)")
+        return payload
+
+    def load(self) -> bool:
+        """Hot-load the entry into torch's caches. False (and a warning) if absent or bad."""
+        if not self.path.is_file():
+            self.status = "miss"
+            return False
+        try:
+            payload = self._read()
+            info = torch.compiler.load_cache_artifacts(payload)
+            if info is None:
+                raise ValueError("torch could not deserialize the artifacts")
+        except Exception as e:  # corrupt, incompatible, or from another torch: rebuild
+            kind = "incompatible" if isinstance(e, LookupError) else "corrupt"
+            warnings.warn(f"magi_zoo: ignoring {kind} compile-cache entry {self.path} ({e}); "
+                          "compiling from scratch and rewriting it", RuntimeWarning, stacklevel=2)
+            self.status = "rebuilt"
+            try:
+                self.path.unlink()
+            except OSError:
+                pass
+            return False
+        self.status = "hit"
+        return True
+
+    # -- write ------------------------------------------------------------------------------
+    def save(self, frames_compiled: int | None = None) -> bool:
+        """Serialize this process's compile artifacts and atomically replace the entry."""
+        result = torch.compiler.save_cache_artifacts()
+        if result is None:
+            return False
+        payload = result[0]
+        header = json.dumps({"format": FORMAT, "key": self.key, "fields": self.fields,
+                             "sha256": hashlib.sha256(payload).hexdigest(), "size": len(payload)},
+                            sort_keys=True, default=str).encode()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.directory)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(MAGIC + struct.pack(">I", len(header)) + header + payload)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)  # atomic on POSIX: readers see old or new, never half
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        self.status = "saved"
+        if frames_compiled is not None:
+            self.saved_frames = frames_compiled
+        return True
