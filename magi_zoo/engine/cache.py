@@ -21,6 +21,7 @@ import os
 import platform
 import struct
 import tempfile
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,7 @@ class CompileCache:
     fields: dict[str, Any]  # the model-side key fields; environment fields are added
     status: str = "unused"  # unused | miss | hit | rebuilt (corrupt or incompatible) | saved
     saved_frames: int = 0  # frames compiled when last saved (save again only after more)
+    load_s: float = 0.0  # wall time spent reading + hot-loading (part of a warm first call)
 
     def __post_init__(self):
         self.directory = Path(self.directory)
@@ -91,6 +93,13 @@ class CompileCache:
 
     def load(self) -> bool:
         """Hot-load the entry into torch's caches. False (and a warning) if absent or bad."""
+        t0 = time.perf_counter()
+        try:
+            return self._load()
+        finally:
+            self.load_s = time.perf_counter() - t0
+
+    def _load(self) -> bool:
         if not self.path.is_file():
             self.status = "miss"
             return False

@@ -1,0 +1,1 @@
+"""Benchmark scripts (run as `python -m benchmarks.<name>`); results under benchmarks/results/."""

@@ -1,0 +1,145 @@
+"""Shared measurement helpers for every benchmark script: timing (CUDA events on GPU),
+memory, environment facts, subprocess isolation and result writing. One place, so every
+table is measured the same way (DESIGN.md §5: warm-up, >= 5 timed runs, median)."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def sync(device) -> None:
+    import torch
+
+    if getattr(device, "type", device) == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_calls(fn: Callable[[], Any], device, *, warmup: int = 2, runs: int = 5) -> dict[str, Any]:
+    """Warm-up, then `runs` timed calls: CUDA events on GPU, perf_counter on CPU (ms)."""
+    import torch
+
+    is_cuda = getattr(device, "type", device) == "cuda"
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    times = []
+    for _ in range(runs):
+        if is_cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return {"median_ms": round(statistics.median(times), 3), "min_ms": round(min(times), 3),
+            "max_ms": round(max(times), 3), "runs": runs, "warmup": warmup,
+            "times_ms": [round(t, 3) for t in times]}
+
+
+def first_call(fn: Callable[[], Any], device) -> tuple[Any, float]:
+    """(result, wall seconds) of one call, synchronised: the cold/warm first-call time."""
+    t0 = time.perf_counter()
+    out = fn()
+    sync(device)
+    return out, time.perf_counter() - t0
+
+
+def gib(nbytes: int | float | None) -> float | None:
+    return None if nbytes is None else round(nbytes / 2**30, 3)
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
+                             timeout=10, cwd=ROOT).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, timeout=10, cwd=ROOT).stdout.strip()
+        return (out + ("+dirty" if dirty else "")) or None
+    except Exception:
+        return None
+
+
+def environment(device) -> dict[str, Any]:
+    """Card, versions and commit: recorded with every number."""
+    import torch
+
+    env: dict[str, Any] = {"torch": torch.__version__, "python": platform.python_version(), "commit": git_commit()}
+    for mod in ("triton", "diffusers", "transformers"):
+        try:
+            env[mod] = __import__(mod).__version__
+        except Exception:
+            env[mod] = None
+    if getattr(device, "type", device) == "cuda":
+        env["card"] = torch.cuda.get_device_name()
+        env["cuda"] = torch.version.cuda
+    else:
+        env["card"] = f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+    return env
+
+
+def matmul_peak_tflops(device, dtype) -> float:
+    """Measured dense matmul rate on this card (the ceiling a %-of-peak is taken against)."""
+    import torch
+
+    n = 8192 if getattr(device, "type", device) == "cuda" else 512
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    t = time_calls(lambda: a @ b, device, warmup=3, runs=10)
+    return round(2 * n**3 / (t["median_ms"] / 1e3) / 1e12, 2)
+
+
+def run_isolated(module: str, args: list[str], *, env: dict[str, str] | None = None, timeout: float = 900,
+                 result_file: Path, echo_prefix: str = "  ") -> dict[str, Any]:
+    """Run `python -m module args` in a fresh interpreter, streaming its output (progress),
+    and return the JSON it wrote to `result_file` -- or an error record."""
+    full_env = dict(os.environ, **(env or {}))
+    full_env["PYTHONPATH"] = os.pathsep.join([str(ROOT), full_env.get("PYTHONPATH", "")])
+    full_env["PYTHONUNBUFFERED"] = "1"
+    tail: list[str] = []
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, env=full_env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        for line in proc.stdout:  # stream: compile progress stays visible
+            tail.append(line)
+            tail = tail[-60:]
+            if line.startswith("[bench]"):
+                print(echo_prefix + line.rstrip(), flush=True)
+            if time.monotonic() > deadline:
+                proc.kill()
+                return {"status": "error", "error": f"timed out after {timeout} s"}
+        rc = proc.wait()
+    except Exception as e:
+        return {"status": "error", "error": f"{type(e).__name__}: {e}"}
+    if result_file.is_file():
+        return json.loads(result_file.read_text())
+    return {"status": "error", "error": f"exit {rc}: " + "".join(tail)[-3000:]}
+
+
+def markdown_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    head = "| " + " | ".join(columns) + " |"
+    sep = "|" + "|".join("---" for _ in columns) + "|"
+    body = ["| " + " | ".join("—" if r.get(c) is None else str(r.get(c)) for c in columns) + " |" for r in rows]
+    return "\n".join([head, sep, *body])
+
+
+def write_results(out_dir: Path, stem: str, record: dict[str, Any], markdown: str) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    j, m = out_dir / f"{stem}.json", out_dir / f"{stem}.md"
+    j.write_text(json.dumps(record, indent=2, default=str) + "\n")
+    m.write_text(markdown + "\n")
+    return [j, m]
