@@ -197,6 +197,12 @@ COLUMNS = ["strategy", "status", "median_ms", "min_ms", "max_ms", "first_call_s"
 def parent(args) -> dict[str, Any]:
     import torch
 
+    from magi_zoo import adapters
+
+    defaults = adapters.lookup(args.model)[1].call_defaults  # record the shape actually run
+    args.height = args.height or defaults.get("height")
+    args.width = args.width or defaults.get("width")
+    args.frames = args.frames or defaults.get("num_frames")
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     unknown = [s for s in strategies if s not in STRATEGIES]
     if unknown:
@@ -235,8 +241,8 @@ def parent(args) -> dict[str, Any]:
     flops, peak = eager.get("flops"), eager.get("matmul_tflops")
     for r in rows:
         if r.get("status") == "ok" and flops and r.get("median_ms"):
-            r["tflops"] = round(flops / (r["median_ms"] / 1e3) / 1e12, 1)
-            r["pct_of_matmul_peak"] = round(100 * r["tflops"] / peak, 1) if peak else None
+            r["tflops"] = float(f"{flops / (r['median_ms'] / 1e3) / 1e12:.3g}")
+            r["pct_of_matmul_peak"] = float(f"{100 * r['tflops'] / peak:.3g}") if peak else None
         if args.cfg and r.get("median_ms"):
             r["s_per_step_cfg"] = round(2 * r["median_ms"] / 1e3, 3)
         if r.get("rel_err_vs_eager") is not None:
@@ -252,7 +258,7 @@ def parent(args) -> dict[str, Any]:
           f"card: {env['card']} | torch {env['torch']} | triton {env.get('triton')} | diffusers {env.get('diffusers')} "
           f"| transformers {env.get('transformers')} | commit {env.get('commit')}", "",
           f"shape: {args.height}x{args.width}, frames {args.frames}, batch 1, {record['dtype']}; "
-          f"FLOPs/forward {flops / 1e12 if flops else float('nan'):.1f} TFLOP; measured matmul peak {peak} TFLOP/s",
+          f"FLOPs/forward {flops / 1e12 if flops else float('nan'):.4g} TFLOP; measured matmul peak {peak} TFLOP/s",
           "", f"command: `{record['command']}`", "", common.markdown_table(rows, COLUMNS)]
     errors = [f"- {r['strategy']}: {str(r.get('error'))[-600:]}" for r in rows if r.get("status") != "ok"]
     errors += [f"- {r['strategy']} (warm): {str(r.get('warm_error'))[-600:]}" for r in rows if r.get("warm_error")]
