@@ -131,7 +131,9 @@ def test_counters_per_region(compiled):
     table = rep.table()
     for label in labels:
         assert label in table
-    assert "dynamic=False, fullgraph=True, backend=inductor" in table
+    # decode_step runs with inductor (the default backend), the rest with eager.
+    assert rep.region("Qwen3OmniMoeThinkerTextModel.decode_step").spec.backend == "inductor"
+    assert "dynamic=True, fullgraph=True, backend=eager" in table
 
 
 def test_repeated_calls_do_not_recompile(compiled):
@@ -192,14 +194,16 @@ def test_audio_encoder_breaks_are_reported():
         out = at(feats, feature_lens=lens).last_hidden_state
     torch.testing.assert_close(out, ref)
     c = h.report().region("Qwen3OmniMoeAudioEncoder").counters
-    # 12 breaks (torch 2.13, 1 encoder layer): 7 x `.tolist()`/`.sum()` used as sizes
+    # 12 breaks (torch 2.13, 1 encoder layer): 6 x tensor values used as Python sizes
     # (_local_scalar_dense: chunk counts, chunk lengths, per-layer attention split), 4 x
-    # `.item()` (max lengths after the CNN), 1 x `nonzero` (padding mask). All data-dependent
+    # `.item()` (max lengths after the CNN), 1 x `nonzero` (padding mask), 1 x a tensor
+    # method dynamo cannot trace on a data-dependent value. All data-dependent
     # Python values: no custom op can hide them without taking the whole encoder opaque.
     kinds = {"nonzero": 0, "_local_scalar_dense": 0, "item()": 0}
     for reason, n in c.graph_breaks.items():
-        kinds[next(k for k in kinds if k in reason)] += n
-    assert kinds == {"nonzero": 1, "_local_scalar_dense": 7, "item()": 4}
+        kinds[next((k for k in kinds if k in reason), reason.splitlines()[0])] = \
+            kinds.get(next((k for k in kinds if k in reason), reason.splitlines()[0]), 0) + n
+    assert kinds == {"nonzero": 1, "_local_scalar_dense": 6, "item()": 4, "Unsupported method call": 1}, kinds
     assert c.n_graph_breaks == AUDIO_BREAKS
     assert "Qwen3OmniMoeAudioEncoder: graph break" in h.report().details()
 
@@ -230,7 +234,7 @@ def test_save_pretrained_round_trip(eager, tmp_path):
     back = magi_zoo.load(MODEL, gpu="cpu", weights=str(tmp_path), compile=False)
     sd0, sd1 = h.pipe.model.state_dict(), back.pipe.model.state_dict()
     assert sd0.keys() == sd1.keys()
-    assert all(torch.equal(sd0[k], sd1[k]) for k in sd0)
+    assert [k for k in sd0 if not torch.equal(sd0[k], sd1[k])] == []
     assert back.pipe(PROMPT, max_new_tokens=N_TOKENS, return_audio=False).token_ids == text.token_ids
 
 

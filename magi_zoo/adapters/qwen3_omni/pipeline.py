@@ -84,7 +84,17 @@ class Qwen3OmniPipeline:
         need = -(-length // CACHE_BUCKET) * CACHE_BUCKET
         if self._cache is None or self._cache[0] != batch or self._cache[1] < need:
             cfg = self.model.thinker.config.get_text_config()
-            self._cache = (batch, need, StaticCache(config=cfg, max_cache_len=need))
+            cache = StaticCache(config=cfg, max_cache_len=need)
+            # Allocate now rather than on the first write, inside the compiled prefill: a
+            # lazily initialised cache is a different guard state on the first call than on
+            # every later one, which would cost a recompile (5.24 API; older: lazy).
+            if hasattr(cache, "early_initialization"):
+                p = self.model.thinker.lm_head.weight
+                cache.early_initialization(batch_size=batch, num_heads=cfg.num_key_value_heads,
+                                           head_dim=getattr(cfg, "head_dim", None)
+                                           or cfg.hidden_size // cfg.num_attention_heads,
+                                           dtype=p.dtype, device=p.device)
+            self._cache = (batch, need, cache)
         else:
             self._cache[2].reset()
         return self._cache[2]
