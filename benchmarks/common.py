@@ -63,6 +63,9 @@ def gib(nbytes: int | float | None) -> float | None:
 
 
 def git_commit() -> str | None:
+    """The commit measured; $BENCH_COMMIT names it where the tree travels without .git."""
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
                              timeout=10, cwd=ROOT).stdout.strip()
