@@ -90,6 +90,23 @@ def _first_tensor(out):
     return out
 
 
+def _fp32_reference(module, inputs: dict[str, Any], tmp: Path) -> None:
+    """One forward of the same weights and inputs in fp32 (TF32 off): the yardstick that
+    says whether a bf16 strategy's error against bf16 eager is eager's or its own."""
+    import torch
+
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        module.float()
+        up = {k: v.float() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+              for k, v in inputs.items()}
+        torch.save(_first_tensor(module(**up)).float().cpu(), tmp / "fp32.pt")
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        module.to(torch.bfloat16)  # the eager row was measured before; nothing else runs after
+
+
 def worker(args) -> dict[str, Any]:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
@@ -112,6 +129,8 @@ def worker(args) -> dict[str, Any]:
                 module(**inputs)
             rec["flops"] = int(fc.get_total_flops())
             rec["matmul_tflops"] = common.matmul_peak_tflops(device, dtype)
+            if args.fp32_reference and dtype != torch.float32:
+                _fp32_reference(module, inputs, Path(args.tmp))
         _progress(f"{strategy}/{phase}: first call (compiles) ...")
         out, first_s = common.first_call(call, device)
         rec["first_call_s"] = round(first_s + rec.get("cache_load_s", 0.0), 3)
@@ -151,10 +170,10 @@ def _worker_args(args, strategy: str, phase: str, tmp: Path, result: Path) -> li
     return out
 
 
-def _relative_error(tmp: Path, strategy: str) -> float | None:
+def _relative_error(tmp: Path, strategy: str, reference: str = "eager") -> float | None:
     import torch
 
-    ref, mine = tmp / "eager.pt", tmp / f"{strategy}.pt"
+    ref, mine = tmp / f"{reference}.pt", tmp / f"{strategy}.pt"
     if not (ref.is_file() and mine.is_file()):
         return None
     a, b = torch.load(ref), torch.load(mine)
@@ -190,7 +209,7 @@ def _chart(rows: list[dict[str, Any]], path: Path, title: str) -> Path | None:
 
 
 COLUMNS = ["strategy", "status", "median_ms", "min_ms", "max_ms", "first_call_s", "warm_first_call_s",
-           "peak_gib", "rel_err_vs_eager", "tflops", "pct_of_matmul_peak", "frames_compiled", "graph_breaks",
+           "peak_gib", "rel_err_vs_eager", "rel_err_vs_fp32", "tflops", "pct_of_matmul_peak", "frames_compiled", "graph_breaks",
            "recompiles", "s_per_step_cfg"]
 
 
@@ -236,6 +255,8 @@ def parent(args) -> dict[str, Any]:
                     print(f"    {strategy}/{phase} failed: {str(rec.get('error'))[-400:]}", flush=True)
                     break
             row["rel_err_vs_eager"] = _relative_error(tmp, strategy)
+            if args.fp32_reference:
+                row["rel_err_vs_fp32"] = _relative_error(tmp, strategy, "fp32")
             rows.append(row)
     eager = rows[0]
     flops, peak = eager.get("flops"), eager.get("matmul_tflops")
@@ -245,8 +266,9 @@ def parent(args) -> dict[str, Any]:
             r["pct_of_matmul_peak"] = float(f"{100 * r['tflops'] / peak:.3g}") if peak else None
         if args.cfg and r.get("median_ms"):
             r["s_per_step_cfg"] = round(2 * r["median_ms"] / 1e3, 3)
-        if r.get("rel_err_vs_eager") is not None:
-            r["rel_err_vs_eager"] = float(f"{r['rel_err_vs_eager']:.2e}")
+        for key in ("rel_err_vs_eager", "rel_err_vs_fp32"):
+            if r.get(key) is not None:
+                r[key] = float(f"{r[key]:.2e}")
     device = torch.device(args.device)
     env = common.environment(device)
     record = {"model": args.model, "shape": {"height": args.height, "width": args.width, "frames": args.frames},
@@ -285,6 +307,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--cfg", action="store_true", help="also report s/step with CFG (2 forwards)")
     p.add_argument("--no-warm-start", action="store_true", help="skip the warm-start processes")
+    p.add_argument("--fp32-reference", action="store_true",
+                   help="also compare every strategy with an fp32 forward of the same weights")
     p.add_argument("--timeout", type=float, default=900, help="seconds per strategy process")
     # internal: one strategy in this process
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
