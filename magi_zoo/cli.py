@@ -113,7 +113,7 @@ def cmd_demo(args) -> int:
     _print(f"[2/4] eager run: {call['num_frames']} frames {call['height']}x{call['width']}, {n} steps, CFG")
     _timed_steps(handle, call, args.seed)  # warm-up: first-call allocations, lazy init
     eager, eager_steps = _timed_steps(handle, call, args.seed)
-    _print(f"[3/4] applying the plan (spec wan.toml, section [gpu.cpu]) and compiling on first call ...")
+    _print("[3/4] applying the plan (spec wan.toml, section [gpu.cpu]) and compiling on first call ...")
     report = handle.apply_plan()
     for row in handle.plan.table():
         _print(f"      {row['region']:<22} {row['method']:<8} {row['modules']:<26} {row['spec']}")

@@ -16,7 +16,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .base import Adapter, Variant, init_on
+from .base import Variant, init_on
+from .diffusers_pipeline import DiffusersPipelineAdapter
 
 # -- published configs ---------------------------------------------------------------------
 _DEV = dict(patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128,
@@ -174,36 +175,19 @@ def _latent_grid(pipe, height: int, width: int) -> tuple[int, int]:
     return height // f, width // f
 
 
-class FluxAdapter(Adapter):
+class FluxAdapter(DiffusersPipelineAdapter):
     family = "flux"
     spec_file = "flux.toml"
     variants = VARIANTS
     aliases = {"flux": "flux.1-dev", "flux.1": "flux.1-dev", "flux-dev": "flux.1-dev",
                "flux-schnell": "flux.1-schnell"}
+    component_names = ("transformer", "text_encoder", "text_encoder_2", "vae")
 
-    def build(self, variant: Variant, *, weights: Any, dtype: torch.dtype, device: torch.device):
-        source = self.weights_source(variant, weights)
-        if source == "random":
-            torch.manual_seed(0)  # random weights are reproducible run to run
-            pipe = _random_pipeline(variant, dtype, device)
-            _prepare_transformer(pipe.transformer)
-        else:
-            from diffusers import FluxPipeline
+    def random_pipeline(self, variant: Variant, dtype: torch.dtype, device: torch.device):
+        return _random_pipeline(variant, dtype, device)
 
-            local = Path(source).is_dir()
-            # A path loads strictly offline; anything else is a hub id, fetched by diffusers.
-            pipe = FluxPipeline.from_pretrained(source, torch_dtype=dtype, local_files_only=local)
-            pipe.to(device)
+    def post_build(self, pipe) -> None:
         _prepare_transformer(pipe.transformer)
-        pipe.set_progress_bar_config(disable=True)
-        return pipe
-
-    def components(self, pipe) -> dict[str, nn.Module]:
-        names = ["transformer", "text_encoder", "text_encoder_2", "vae"]
-        return {n: getattr(pipe, n) for n in names if isinstance(getattr(pipe, n, None), nn.Module)}
-
-    def denoiser(self, pipe) -> nn.Module:
-        return pipe.transformer
 
     def denoiser_inputs(self, pipe, variant: Variant, *, height=None, width=None, frames=None,
                         batch: int = 1, seed: int = 0) -> dict[str, Any]:

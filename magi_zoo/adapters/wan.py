@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn as nn
 
-from .base import Adapter, Variant, init_on, keep_fp32_modules
+from .base import Variant, init_on, keep_fp32_modules
+from .diffusers_pipeline import DiffusersPipelineAdapter
 
 # -- published configs ---------------------------------------------------------------------
 # UMT5-XXL encoder (google/umt5-xxl, as shipped in Wan-AI/*-Diffusers/text_encoder).
@@ -103,35 +103,16 @@ def _random_pipeline(variant: Variant, dtype: torch.dtype, device: torch.device)
     return WanPipeline(**parts)
 
 
-class WanAdapter(Adapter):
+class WanAdapter(DiffusersPipelineAdapter):
     family = "wan"
     spec_file = "wan.toml"
     variants = VARIANTS
     aliases = {"wan2.1": "wan2.1-t2v-1.3b", "wan": "wan2.1-t2v-1.3b"}
+    component_names = ("transformer", "text_encoder", "vae", "image_encoder")
+    fp32_components = ("vae",)  # the Wan VAE runs in fp32, as published
 
-    def build(self, variant: Variant, *, weights: Any, dtype: torch.dtype, device: torch.device):
-        source = self.weights_source(variant, weights)
-        if source == "random":
-            torch.manual_seed(0)  # random weights are reproducible run to run
-            pipe = _random_pipeline(variant, dtype, device)
-        else:
-            from diffusers import DiffusionPipeline
-
-            local = Path(source).is_dir()
-            # A path loads strictly offline; anything else is a hub id, fetched by diffusers.
-            pipe = DiffusionPipeline.from_pretrained(source, torch_dtype=dtype, local_files_only=local)
-            if getattr(pipe, "vae", None) is not None:
-                pipe.vae.to(torch.float32)
-            pipe.to(device)
-        pipe.set_progress_bar_config(disable=True)
-        return pipe
-
-    def components(self, pipe) -> dict[str, nn.Module]:
-        names = ["transformer", "text_encoder", "vae", "image_encoder"]
-        return {n: getattr(pipe, n) for n in names if isinstance(getattr(pipe, n, None), nn.Module)}
-
-    def denoiser(self, pipe) -> nn.Module:
-        return pipe.transformer
+    def random_pipeline(self, variant: Variant, dtype: torch.dtype, device: torch.device):
+        return _random_pipeline(variant, dtype, device)
 
     def denoiser_inputs(self, pipe, variant: Variant, *, height=None, width=None, frames=None,
                         batch: int = 1, seed: int = 0) -> dict[str, Any]:

@@ -7,7 +7,6 @@ code degrades to a smaller report rather than failing.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 from typing import Any
 
