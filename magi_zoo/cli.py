@@ -105,7 +105,7 @@ def cmd_demo(args) -> int:
     from .engine.report import format_table
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    model = args.model
+    model = "wan2.1-tiny"  # the embedded default: offline, CPU, about 30 s
     _print(f"[1/4] building {model} (random weights, offline) on CPU ...")
     handle = load(model, gpu="cpu", compile=False)
     call = dict(handle.variant.call_defaults, prompt=args.prompt)
@@ -113,7 +113,7 @@ def cmd_demo(args) -> int:
     _print(f"[2/4] eager run: {call['num_frames']} frames {call['height']}x{call['width']}, {n} steps, CFG")
     _timed_steps(handle, call, args.seed)  # warm-up: first-call allocations, lazy init
     eager, eager_steps = _timed_steps(handle, call, args.seed)
-    _print("[3/4] applying the plan (spec wan.toml, section [gpu.cpu]) and compiling on first call ...")
+    _print(f"[3/4] applying the plan (spec {handle.adapter.spec_file}, section [gpu.cpu]) and compiling on first call ...")
     report = handle.apply_plan()
     for row in handle.plan.table():
         _print(f"      {row['region']:<22} {row['method']:<8} {row['modules']:<26} {row['spec']}")
@@ -166,7 +166,6 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_spec)
 
     d = sub.add_parser("demo", help="offline CPU demo: wan2.1-tiny eager vs its plan")
-    d.add_argument("--model", default="wan2.1-tiny")
     d.add_argument("--prompt", default="a corgi surfing a wave at sunset")
     d.add_argument("--seed", type=int, default=0)
     d.set_defaults(fn=cmd_demo)
