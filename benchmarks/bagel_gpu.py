@@ -12,10 +12,6 @@ cfg_img_scale 1.5 (the inferencer's default) makes all three branches run.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -23,40 +19,13 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import common
 
-def _versions() -> dict:
-    out = {"torch": torch.__version__, "python": platform.python_version()}
-    for mod in ("diffusers", "transformers"):
-        try:
-            out[mod] = __import__(mod).__version__
-        except Exception as e:  # pragma: no cover - missing library is recorded, not fatal
-            out[mod] = f"unavailable: {e}"
-    try:
-        out["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                           cwd=Path(__file__).resolve().parent, timeout=10).stdout.strip()
-    except Exception:
-        out["git_commit"] = "unknown"
-    return out
-
-
-def _timed_runs(fn, device: torch.device, warmup: int, runs: int) -> tuple[list[float], object]:
-    out = None
-    for _ in range(warmup):
-        out = fn()
-    times = []
-    for _ in range(runs):
-        if device.type == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            out = fn()
-            b.record()
-            torch.cuda.synchronize()
-            times.append(a.elapsed_time(b))
-        else:
-            t0 = time.perf_counter()
-            out = fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return times, out
+# (header, result key): the markdown table's columns.
+COLUMNS = [("strategy", "strategy"), ("median ms", "median_ms"), ("min ms", "min_ms"), ("max ms", "max_ms"),
+           ("first call s", "first_call_s"), ("peak GiB", "peak_gib"),
+           ("max abs diff vs eager", "max_abs_diff_vs_eager"), ("rel err vs eager", "rel_err_vs_eager"),
+           ("error", "error")]
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -70,6 +39,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--backend", default=None, help="override every region's backend (e.g. eager for smoke runs)")
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = ap.parse_args(argv)
 
     import magi_zoo
@@ -109,26 +79,21 @@ def main(argv: list[str] | None = None) -> dict:
             if cuda:
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
-            t1 = time.perf_counter()
-            first = step()
+            out, first_s = common.first_call(step, device)
+            row["first_call_s"] = round(first_s, 3)
+            row.update(common.time_calls(step, device, warmup=args.warmup, runs=args.runs))
             if cuda:
-                torch.cuda.synchronize()
-            row["first_call_s"] = round(time.perf_counter() - t1, 3)
-            times, out = _timed_runs(step, device, args.warmup, args.runs)
-            row.update(median_ms=round(statistics.median(times), 3), min_ms=round(min(times), 3),
-                       max_ms=round(max(times), 3), runs=len(times))
-            if cuda:
-                row["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
-            out = out.float()
+                row["peak_gib"] = common.gib(torch.cuda.max_memory_allocated())
+            out = out.float()  # the velocity: same inputs every call, so the first call's is every call's
             if ref is None:
                 ref = out
             else:
                 row["max_abs_diff_vs_eager"] = float((out - ref).abs().max())
-                row["rel_err_vs_eager"] = float((out - ref).norm() / (ref.norm() + 1e-12))
+                row["rel_err_vs_eager"] = float((out - ref).norm() / ref.norm())
             if name == "magi_zoo":
                 row["regions"] = report.to_dict()["regions"]
                 row["plan_table"] = report.table()
-            del first
+            del out
         except Exception as e:  # a failing strategy is recorded; the script goes on
             row["error"] = f"{type(e).__name__}: {e}"
             row["traceback"] = traceback.format_exc()[-4000:]
@@ -136,28 +101,22 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{name}: {({k: v for k, v in row.items() if k not in ('regions', 'traceback', 'plan_table')})}",
               flush=True)
 
-    card = torch.cuda.get_device_name() if cuda else platform.processor() or "cpu"
-    data = {"benchmark": "bagel one CFG denoise step (3 contexts)", "model": args.model, "card": card,
+    env = common.environment(device)
+    data = {"benchmark": "bagel one CFG denoise step (3 contexts)", "model": args.model, "env": env,
             "profile": handle.profile.name, "dtype": str(dtype), "gen_tokens": n_gen, "text_len": args.text_len,
             "height": args.height or variant.call_defaults["height"],
             "width": args.width or variant.call_defaults["width"], "build_s": round(build_s, 2),
-            "versions": _versions(), "results": results}
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "bagel_gpu.json").write_text(json.dumps(data, indent=2, default=str))
+            "command": "python -m benchmarks.bagel_gpu " + " ".join(argv), "results": results}
+    shown = {"error": lambda e: e[:120], "rel_err_vs_eager": lambda x: float(f"{x:.2e}")}
+    table = [{h: (shown[k](r[k]) if k in shown and r.get(k) is not None else r.get(k)) for h, k in COLUMNS}
+             for r in results]
     lines = [f"# BAGEL one denoise step with CFG (3 contexts): {args.model}, {data['height']}x{data['width']} "
-             f"({n_gen} latent tokens), {dtype}", "",
-             f"card: {card}; torch {data['versions']['torch']}; commit {data['versions']['git_commit'][:10]}", "",
-             "| strategy | median ms | min ms | max ms | first call s | peak GiB | max abs diff vs eager | error |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in results:
-        lines.append(f"| {r['strategy']} | {r.get('median_ms', '-')} | {r.get('min_ms', '-')} | {r.get('max_ms', '-')} "
-                     f"| {r.get('first_call_s', '-')} | {r.get('peak_gib', '-')} | {r.get('max_abs_diff_vs_eager', '-')} "
-                     f"| {(r['error'] or '')[:120]} |")
+             f"({n_gen} latent tokens), {dtype}", "", common.env_line(env), "",
+             common.markdown_table(table, [h for h, _ in COLUMNS])]
     for r in results:
         if r.get("plan_table"):
             lines += ["", "magi_zoo regions:", "", r["plan_table"]]
-    (out_dir / "bagel_gpu.md").write_text("\n".join(lines) + "\n")
+    common.write_results(Path(args.out), "bagel_gpu", data, "\n".join(lines))
     print("\n".join(lines))
     return data
 

@@ -94,6 +94,12 @@ def environment(device) -> dict[str, Any]:
     return env
 
 
+def env_line(env: dict[str, Any]) -> str:
+    """The one-line environment header every results table starts with."""
+    return (f"card: {env.get('card')} | torch {env.get('torch')} | triton {env.get('triton')} | "
+            f"diffusers {env.get('diffusers')} | transformers {env.get('transformers')} | commit {env.get('commit')}")
+
+
 def matmul_peak_tflops(device, dtype) -> float:
     """Measured dense matmul rate on this card (the ceiling a %-of-peak is taken against)."""
     import torch

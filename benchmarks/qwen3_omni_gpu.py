@@ -22,24 +22,18 @@ go on. Writes qwen3_omni_gpu.json and .md under --out.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
-import subprocess
 import sys
 import time
 import traceback
 from pathlib import Path
 
+from benchmarks import common
+
 PROMPT_LEN = 32
-
-
-def _git_commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
-                              cwd=Path(__file__).resolve().parent).stdout.strip() or None
-    except Exception:
-        return None
+# The markdown table's columns (values formatted in `_table_row`).
+COLUMNS = ["strategy", "decode tok/s median", "min", "max", "ms/token", "prefill+1 tok ms", "cold first run s",
+           "peak GiB", "speedup", "error"]
 
 
 def _build(model: str, layers: int, device, dtype):
@@ -81,18 +75,8 @@ def _plan_layers(adapter, pipe, profile, backend: str | None):
 
 def _time_generate(pipe, ids, n, device) -> float:
     """Seconds for one greedy generate of `n` tokens (EOS ignored), CUDA events on GPU."""
-    import torch
-
-    if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        pipe.generate(ids, max_new_tokens=n, ignore_eos=True)
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / 1e3
-    t0 = time.perf_counter()
-    pipe.generate(ids, max_new_tokens=n, ignore_eos=True)
-    return time.perf_counter() - t0
+    gen = lambda: pipe.generate(ids, max_new_tokens=n, ignore_eos=True)  # noqa: E731
+    return common.time_calls(gen, device, warmup=0, runs=1)["median_ms"] / 1e3
 
 
 def _measure(pipe, ids, args, device) -> dict:
@@ -119,7 +103,19 @@ def _measure(pipe, ids, args, device) -> dict:
             "decode_ms_per_token_median": statistics.median(step_ms),
             "prefill_plus_first_token_ms_median": statistics.median(prefill_ms),
             "cold_first_run_s": cold_s,
-            "peak_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None}
+            "peak_gib": common.gib(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None}
+
+
+def _table_row(r: dict, eager: dict | None) -> dict:
+    if "error" in r:
+        return {"strategy": r["strategy"], "error": r["error"][:120]}
+    t = r["decode_tokens_per_s"]
+    return {"strategy": r["strategy"], "decode tok/s median": f"{t['median']:.1f}", "min": f"{t['min']:.1f}",
+            "max": f"{t['max']:.1f}", "ms/token": f"{r['decode_ms_per_token_median']:.2f}",
+            "prefill+1 tok ms": f"{r['prefill_plus_first_token_ms_median']:.1f}",
+            "cold first run s": f"{r['cold_first_run_s']:.1f}",
+            "peak GiB": f"{r['peak_gib']:.1f}" if r["peak_gib"] is not None else None,
+            "speedup": f"{t['median'] / eager['decode_tokens_per_s']['median']:.2f}x" if eager else None}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -133,10 +129,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--gpu", default="auto", help="spec profile; auto = detect")
     p.add_argument("--backend", default=None, help="override every region's backend (CPU smoke runs)")
     p.add_argument("--out", default="benchmarks/results")
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(argv)
 
     import torch
-    import transformers
 
     import magi_zoo
     from magi_zoo.adapters.qwen3_omni import experts_implementation
@@ -158,9 +154,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     res = {"model": variant.name, "note": note, "thinker_layers": text_cfg.num_hidden_layers,
            "experts_implementation": sorted(experts_implementation(pipe.model)),
-           "device": str(device), "card": torch.cuda.get_device_name(device) if device.type == "cuda"
-           else (platform.processor() or "cpu"), "profile": profile.name, "dtype": str(dtype),
-           "torch": torch.__version__, "transformers": transformers.__version__, "commit": _git_commit(),
+           "device": str(device), "env": common.environment(device), "profile": profile.name, "dtype": str(dtype),
+           "command": "python -m benchmarks.qwen3_omni_gpu " + " ".join(argv),
            "prompt_len": PROMPT_LEN, "new_tokens": args.new_tokens, "runs": args.runs, "warmup": args.warmup,
            "build_s": build_s, "results": []}
     for strategy in ("eager", "magi_zoo"):
@@ -183,25 +178,10 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"[qwen3_omni_gpu] {strategy}: "
               + (f"{row['decode_tokens_per_s']['median']:.1f} tok/s" if "error" not in row else "error"), flush=True)
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "qwen3_omni_gpu.json").write_text(json.dumps(res, indent=2, default=str))
     eager = next((r for r in res["results"] if r["strategy"] == "eager" and "error" not in r), None)
-    lines = [f"# Qwen3-Omni thinker decode, batch 1 ({res['card']}, torch {res['torch']}, "
-             f"transformers {res['transformers']}, commit {str(res['commit'])[:10]})", "", note, "",
-             "| strategy | decode tok/s median | min | max | ms/token | prefill+1 tok ms | cold first run s | peak GiB | speedup |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for r in res["results"]:
-        if "error" in r:
-            lines.append(f"| {r['strategy']} | error: {r['error'][:120]} | | | | | | | |")
-            continue
-        t = r["decode_tokens_per_s"]
-        sp = f"{t['median'] / eager['decode_tokens_per_s']['median']:.2f}x" if eager else "-"
-        peak = f"{r['peak_gib']:.1f}" if r["peak_gib"] is not None else "-"
-        lines.append(f"| {r['strategy']} | {t['median']:.1f} | {t['min']:.1f} | {t['max']:.1f} | "
-                     f"{r['decode_ms_per_token_median']:.2f} | {r['prefill_plus_first_token_ms_median']:.1f} | "
-                     f"{r['cold_first_run_s']:.1f} | {peak} | {sp} |")
-    (out / "qwen3_omni_gpu.md").write_text("\n".join(lines) + "\n")
+    lines = ["# Qwen3-Omni thinker decode, batch 1", "", common.env_line(res["env"]), "", note, "",
+             common.markdown_table([_table_row(r, eager) for r in res["results"]], COLUMNS)]
+    common.write_results(Path(args.out), "qwen3_omni_gpu", res, "\n".join(lines))
     print("\n".join(lines), flush=True)
     return res
 

@@ -363,3 +363,7 @@ def test_benchmark_script_on_cpu(tmp_path):
     assert names == ["eager", "magi_zoo"]
     assert all(r.get("error") is None for r in data["results"]), data["results"]
     assert res["results"][1]["max_abs_diff_vs_eager"] < 1e-3
+    # fp32 on CPU: the compiled step matches eager to ~1e-6 relative (a float, in the table too).
+    assert isinstance(res["results"][1]["rel_err_vs_eager"], float) and res["results"][1]["rel_err_vs_eager"] < 1e-4
+    assert "rel err vs eager" in (tmp_path / "bagel_gpu.md").read_text()
+    assert {"card", "torch", "triton", "diffusers", "transformers", "commit"} <= set(data["env"])

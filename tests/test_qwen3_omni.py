@@ -261,3 +261,4 @@ def test_gpu_benchmark_script_runs_on_cpu(tmp_path):
     assert {r["strategy"] for r in res["results"]} == {"eager", "magi_zoo"}
     assert all("error" not in r for r in res["results"]), res["results"]
     assert (tmp_path / "qwen3_omni_gpu.json").is_file() and (tmp_path / "qwen3_omni_gpu.md").is_file()
+    assert {"card", "torch", "triton", "diffusers", "transformers", "commit"} <= set(res["env"])
