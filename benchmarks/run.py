@@ -167,6 +167,8 @@ def _worker_args(args, strategy: str, phase: str, tmp: Path, result: Path) -> li
     for k in ("height", "width", "frames"):
         if getattr(args, k) is not None:
             out += [f"--{k}", str(getattr(args, k))]
+    if args.fp32_reference:
+        out.append("--fp32-reference")
     return out
 
 
