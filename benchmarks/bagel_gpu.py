@@ -25,6 +25,7 @@ from benchmarks import common
 COLUMNS = [("strategy", "strategy"), ("median ms", "median_ms"), ("min ms", "min_ms"), ("max ms", "max_ms"),
            ("first call s", "first_call_s"), ("peak GiB", "peak_gib"),
            ("max abs diff vs eager", "max_abs_diff_vs_eager"), ("rel err vs eager", "rel_err_vs_eager"),
+           ("rel err vs fp32", "rel_err_vs_fp32"),
            ("error", "error")]
 
 
@@ -39,6 +40,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--backend", default=None, help="override every region's backend (e.g. eager for smoke runs)")
+    ap.add_argument("--fp32-reference", action="store_true",
+                    help="also compare both strategies with the step run in fp32 (TF32 off)")
     argv = list(sys.argv[1:] if argv is None else argv)
     args = ap.parse_args(argv)
 
@@ -69,6 +72,13 @@ def main(argv: list[str] | None = None) -> dict:
         with torch.inference_mode():
             return model(**inputs)
 
+    ref32 = None
+    if args.fp32_reference:
+        def step32(up):
+            with torch.inference_mode():
+                return model(**up).float()
+        ref32 = common.fp32_forward(model, step32, inputs)
+
     results, ref = [], None
     for name in ("eager", "magi_zoo"):
         row: dict = {"strategy": name, "error": None}
@@ -90,6 +100,8 @@ def main(argv: list[str] | None = None) -> dict:
             else:
                 row["max_abs_diff_vs_eager"] = float((out - ref).abs().max())
                 row["rel_err_vs_eager"] = float((out - ref).norm() / ref.norm())
+            if ref32 is not None:
+                row["rel_err_vs_fp32"] = float((out - ref32).norm() / ref32.norm())
             if name == "magi_zoo":
                 row["regions"] = report.to_dict()["regions"]
                 row["plan_table"] = report.table()
@@ -107,7 +119,8 @@ def main(argv: list[str] | None = None) -> dict:
             "height": args.height or variant.call_defaults["height"],
             "width": args.width or variant.call_defaults["width"], "build_s": round(build_s, 2),
             "command": "python -m benchmarks.bagel_gpu " + " ".join(argv), "results": results}
-    shown = {"error": lambda e: e[:120], "rel_err_vs_eager": lambda x: float(f"{x:.2e}")}
+    shown = {"error": lambda e: e[:120], "rel_err_vs_eager": lambda x: float(f"{x:.2e}"),
+             "rel_err_vs_fp32": lambda x: float(f"{x:.2e}")}
     table = [{h: (shown[k](r[k]) if k in shown and r.get(k) is not None else r.get(k)) for h, k in COLUMNS}
              for r in results]
     lines = [f"# BAGEL one denoise step with CFG (3 contexts): {args.model}, {data['height']}x{data['width']} "

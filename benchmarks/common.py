@@ -152,3 +152,23 @@ def write_results(out_dir: Path, stem: str, record: dict[str, Any], markdown: st
     j.write_text(json.dumps(record, indent=2, default=str) + "\n")
     m.write_text(markdown + "\n")
     return [j, m]
+
+
+def fp32_forward(module, fn: Callable[[dict[str, Any]], Any], inputs: dict[str, Any]):
+    """Run `fn(upcast_inputs)` with `module`'s weights in fp32 and TF32 off, then restore
+    every parameter and buffer to its own dtype (mixed-precision modules stay as built).
+    The yardstick that says whether a bf16 strategy's error against bf16 eager is eager's
+    rounding or the strategy's own."""
+    import torch
+
+    dtypes = {id(t): t.dtype for t in [*module.parameters(), *module.buffers()]}
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        module.float()
+        up = {k: v.float() if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in inputs.items()}
+        return fn(up)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        for t in [*module.parameters(), *module.buffers()]:
+            t.data = t.data.to(dtypes.get(id(t), t.dtype))

@@ -91,20 +91,11 @@ def _first_tensor(out):
 
 
 def _fp32_reference(module, inputs: dict[str, Any], tmp: Path) -> None:
-    """One forward of the same weights and inputs in fp32 (TF32 off): the yardstick that
-    says whether a bf16 strategy's error against bf16 eager is eager's or its own."""
+    """One forward of the same weights and inputs in fp32 (see common.fp32_forward)."""
     import torch
 
-    tf32 = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        module.float()
-        up = {k: v.float() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
-              for k, v in inputs.items()}
-        torch.save(_first_tensor(module(**up)).float().cpu(), tmp / "fp32.pt")
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        module.to(torch.bfloat16)  # the eager row was measured before; nothing else runs after
+    out = common.fp32_forward(module, lambda up: _first_tensor(module(**up)), inputs)
+    torch.save(out.float().cpu(), tmp / "fp32.pt")
 
 
 def worker(args) -> dict[str, Any]:
