@@ -227,6 +227,14 @@ def test_bad_overrides_raise_clear_errors():
         set_experts_implementation(h.pipe.model, "fused")
 
 
+def test_random_init_touches_every_weight(eager):
+    # torch.empty leftovers (transformers leaves the talker's fused experts uninitialised)
+    # would show as huge or non-finite values; every random weight must be a real draw.
+    h, _, _ = eager
+    bad = [n for n, p in h.pipe.model.named_parameters() if not torch.isfinite(p).all() or p.abs().max() > 100]
+    assert bad == []
+
+
 def test_save_pretrained_round_trip(eager, tmp_path):
     h, text, _ = eager
     h.pipe.save_pretrained(tmp_path)

@@ -66,6 +66,21 @@ def _install_output_hooks(model: nn.Module) -> None:
             maybe_install_capturing_hooks(mod)
 
 
+def _init_fused_experts(model: nn.Module, std: float = 0.02) -> None:
+    """Initialise every fused expert tensor (3-D gate_up_proj / down_proj).
+
+    transformers' `_init_weights` (seen in 5.24) skips the talker's
+    Qwen3OmniMoeTalkerTextExperts, whose tensors are created with `torch.empty`: they
+    would hold whatever memory held before (seen: values up to 1e38, sometimes inf).
+    std 0.02 is the configs' `initializer_range`.
+    """
+    with torch.no_grad():
+        for mod in model.modules():
+            if type(mod).__name__.endswith("Experts"):
+                for p in mod.parameters(recurse=False):
+                    p.normal_(0.0, std)
+
+
 class Qwen3OmniAdapter(Adapter):
     """Adapter for Qwen3-Omni: builds the model + an offline (or shipped) tokenizer."""
 
@@ -88,6 +103,7 @@ class Qwen3OmniAdapter(Adapter):
             cfg = build_config(config if config is not None else variant.config)
             with init_on(device, dtype):
                 model = Qwen3OmniMoeForConditionalGeneration(cfg)
+            _init_fused_experts(model)
             return Qwen3OmniPipeline(finish(model), build_tokenizer())
         local = Path(source).is_dir()
         # A path loads strictly offline; anything else is a hub id, fetched by transformers.
