@@ -126,7 +126,11 @@ def worker(args) -> dict[str, Any]:
         out, first_s = common.first_call(call, device)
         rec["first_call_s"] = round(first_s + rec.get("cache_load_s", 0.0), 3)
         d = compat.delta(before)
-        rec.update(frames_compiled=d.frames, graph_breaks=d.n_graph_breaks, recompiles=len(d.recompiles))
+        rec.update(frames_compiled=d.frames, graph_breaks=d.n_graph_breaks, recompiles=len(d.recompiles),
+                   compile_s=round(d.compile_s, 3),
+                   compile_breakdown_s={"dynamo": round(d.compile_s - d.backend_s, 3),
+                                        "aot_autograd": round(d.backend_s - d.inductor_s, 3),
+                                        "inductor": round(d.inductor_s, 3)})
         if strategy == "magi_zoo" and phase == "cold":
             handle.save_compile_cache()
         if phase == "cold":
@@ -242,6 +246,7 @@ def parent(args) -> dict[str, Any]:
                     row["warm_first_call_s"] = rec.get("first_call_s")
                     row["warm_status"] = rec.get("status")
                     row["warm_cache_status"] = rec.get("cache_status")
+                    row["warm_detail"] = {k: rec.get(k) for k in ("cache_load_s", "compile_s", "compile_breakdown_s")}
                     if rec.get("status") != "ok":
                         row["warm_error"] = rec.get("error")
                 if rec.get("status") != "ok":

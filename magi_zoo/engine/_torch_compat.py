@@ -50,6 +50,8 @@ class CounterDelta:
     graph_breaks: dict[str, int] = dataclasses.field(default_factory=dict)  # reason -> count
     recompiles: list[str] = dataclasses.field(default_factory=list)  # guard failure reasons
     compile_s: float = 0.0  # dynamo + backend wall time, from torch's compile records
+    backend_s: float = 0.0  # of which AOTAutograd + inductor (the rest is dynamo tracing)
+    inductor_s: float = 0.0  # of which inductor (code generation or its cache lookup)
     frame_names: list[str] = dataclasses.field(default_factory=list)
 
     def __iadd__(self, other: "CounterDelta") -> "CounterDelta":
@@ -59,6 +61,8 @@ class CounterDelta:
             self.graph_breaks[k] = self.graph_breaks.get(k, 0) + v
         self.recompiles += other.recompiles
         self.compile_s += other.compile_s
+        self.backend_s += other.backend_s
+        self.inductor_s += other.inductor_s
         self.frame_names += other.frame_names
         return self
 
@@ -78,6 +82,8 @@ class CounterDelta:
             graph_breaks={k: v for k, v in breaks.items() if v > 0},
             recompiles=rec,
             compile_s=max(0.0, self.compile_s - other.compile_s),
+            backend_s=max(0.0, self.backend_s - other.backend_s),
+            inductor_s=max(0.0, self.inductor_s - other.inductor_s),
             frame_names=names,
         )
 
@@ -135,6 +141,8 @@ def delta(before: CounterSnapshot, after: CounterSnapshot | None = None) -> Coun
         ok_records += getattr(m, "fail_type", None) is None
         out.frame_names.append(m.co_name)
         out.compile_s += float(getattr(m, "entire_frame_compile_time_s", None) or 0.0)
+        out.backend_s += float(getattr(m, "backend_compile_time_s", None) or 0.0)
+        out.inductor_s += float(getattr(m, "inductor_compile_time_s", None) or 0.0)
         reason = getattr(m, "recompile_reason", None)
         if reason:
             out.recompiles.append(f"{m.co_name}: {reason.strip()}")
