@@ -157,20 +157,3 @@ def delta(before: CounterSnapshot, after: CounterSnapshot | None = None) -> Coun
 def reset_counters() -> None:
     """Zero dynamo's counters (torch's tests do this between cases)."""
     _counters.clear()
-
-
-def recompile_limit() -> int:
-    """How many compiled variants one frame may hold before dynamo falls back to eager."""
-    cfg = torch._dynamo.config  # Why private: the limit is only exposed as dynamo config.
-    return int(getattr(cfg, "recompile_limit", getattr(cfg, "cache_size_limit", 8)))
-
-
-def compiled_variants(fn: Any) -> int:
-    """Cache entries dynamo holds for a function's code object (1 + its recompiles)."""
-    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
-    if code is None:
-        return 0
-    # Why private: the per-code cache is only visible through this debug helper.
-    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-
-    return len(_debug_get_cache_entry_list(code))

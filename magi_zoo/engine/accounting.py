@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import time
 from typing import Any, Callable
 
 import torch
@@ -101,12 +100,3 @@ def tracked(fn: Callable, stats: RegionStats) -> Callable:
     region_call.__wrapped__ = fn  # type: ignore[attr-defined]
     region_call.__name__ = getattr(fn, "__name__", "region_call")
     return region_call
-
-
-def timed(fn: Callable) -> tuple[Any, float]:
-    """Run fn() and return (result, wall seconds); syncs CUDA so GPU time is included."""
-    t0 = time.perf_counter()
-    out = fn()
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
-    return out, time.perf_counter() - t0
