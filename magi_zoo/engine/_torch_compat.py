@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import torch
 
 # Why private: dynamo's counters are the only record of graphs, graph breaks and their
 # reasons; torch's own tests read them the same way. There is no public equivalent.
