@@ -123,3 +123,15 @@ def test_denoiser_inputs_shapes(eager_handle):
     assert kw["hidden_states"].shape == (1, 16, 2, 4, 4)  # (5-1)/4+1 latent frames, 32/8 spatial
     with torch.no_grad():
         assert a.denoiser(eager_handle.pipe)(**kw)[0].shape == kw["hidden_states"].shape
+
+
+def test_run_options(eager_handle, tmp_path):
+    a = eager_handle.adapter
+    # --seed becomes the pipeline's generator: the same seed gives the same video
+    out1 = a.run(eager_handle, prompt="a corgi", out=tmp_path / "a.mp4", progress=False, seed=3, num_frames=5)
+    assert out1.stat().st_size > 0
+    # an option Wan cannot use is a clear error naming the flag, before any work
+    with pytest.raises(ValueError, match=r"cannot use --max-new-tokens.*takes --prompt, --out and --steps"):
+        a.run(eager_handle, prompt="x", out=tmp_path / "b.mp4", max_new_tokens=4)
+    with pytest.raises(ValueError, match=r"cannot use --audio-out, --image"):
+        a.run(eager_handle, prompt="x", out=tmp_path / "b.mp4", image="i.png", audio_out="s.wav")

@@ -65,6 +65,19 @@ class Adapter:
         """Generate from the CLI (`magi-zoo run`) and write the result to `out`."""
         raise NotImplementedError(f"{self.family}: `magi-zoo run` is not supported for this family")
 
+    @staticmethod
+    def run_options(variant: Variant, kwargs: dict[str, Any], supported: tuple[str, ...]) -> dict[str, Any]:
+        """The `run` options the user gave (None = not given). A given option this family
+        cannot use is a clear error naming the CLI flags it does take."""
+        flag = lambda k: {"num_inference_steps": "--steps", "num_frames": "--frames"}.get(  # noqa: E731
+            k, "--" + k.replace("_", "-"))
+        given = {k: v for k, v in kwargs.items() if v is not None}
+        bad = sorted(set(given) - set(supported))
+        if bad:
+            raise ValueError(f"{variant.name} cannot use {', '.join(flag(k) for k in bad)}; "
+                             f"it takes --prompt, --out and {', '.join(flag(k) for k in supported)}")
+        return given
+
     def weights_source(self, variant: Variant, weights: str | Path | None) -> str:
         """Normalise `weights=`: 'random', a local directory, or a hub id."""
         if variant.tiny:

@@ -221,19 +221,10 @@ class FluxAdapter(DiffusersPipelineAdapter):
         return kw
 
     def run(self, handle, *, prompt: str, out: Path, progress: bool = True, **kwargs) -> Path:
-        unsupported = {"image": "image-to-image", "audio_out": "audio output", "num_frames": "--frames",
-                       "max_new_tokens": "--max-new-tokens"}
-        for key, what in unsupported.items():
-            if kwargs.get(key) is not None:
-                raise ValueError(f"{handle.variant.name} is text-to-image; {what} ({key}) is not supported")
-        extra = set(kwargs) - set(unsupported) - {"num_inference_steps", "height", "width", "seed"}
-        if extra:
-            raise ValueError(f"{handle.variant.name}: unknown option(s) {sorted(extra)}")
-        call = dict(handle.variant.call_defaults)
-        call.update({k: v for k, v in kwargs.items() if v is not None and k in ("num_inference_steps", "height",
-                                                                                  "width")})
+        given = self.run_options(handle.variant, kwargs, ("num_inference_steps", "height", "width", "seed"))
+        seed = given.pop("seed", None)
+        call = dict(handle.variant.call_defaults, **given)
         _latent_grid(handle.pipe, call["height"], call["width"])  # clear error before any work
-        seed = kwargs.get("seed")
         if seed is not None:
             call["generator"] = torch.Generator(device="cpu").manual_seed(int(seed))
         handle.pipe.set_progress_bar_config(disable=not progress)

@@ -136,8 +136,12 @@ class WanAdapter(DiffusersPipelineAdapter):
     def run(self, handle, *, prompt: str, out: Path, progress: bool = True, **kwargs) -> Path:
         from diffusers.utils import export_to_video
 
-        call = dict(handle.variant.call_defaults)
-        call.update({k: v for k, v in kwargs.items() if v is not None})
+        given = self.run_options(handle.variant, kwargs,
+                                 ("num_inference_steps", "height", "width", "num_frames", "seed"))
+        seed = given.pop("seed", None)
+        call = dict(handle.variant.call_defaults, **given)
+        if seed is not None:
+            call["generator"] = torch.Generator(device="cpu").manual_seed(int(seed))
         handle.pipe.set_progress_bar_config(disable=not progress)
         frames = handle(prompt=prompt, output_type="np", **call).frames[0]
         out = Path(out)
