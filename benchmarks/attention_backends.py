@@ -68,7 +68,7 @@ def main(argv=None):
             rows.append(row)
     env = common.environment(device)
     md = [f"# Attention backends: {args.model} denoiser forward, {dtype}", "",
-          f"card: {env['card']} | torch {env['torch']} | diffusers {env.get('diffusers')} | commit {env.get('commit')}",
+          common.env_line(env),
           "", common.markdown_table(rows, ["backend", "compiled", "status", "median_ms", "min_ms", "max_ms",
                                            "first_call_s", "rel_err_vs_native", "error"])]
     card = env["card"].split()[-1].lower() if device.type == "cuda" else "cpu"

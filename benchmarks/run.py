@@ -128,10 +128,7 @@ def worker(args) -> dict[str, Any]:
         rec["first_call_s"] = round(first_s + rec.get("cache_load_s", 0.0), 3)
         d = compat.delta(before)
         rec.update(frames_compiled=d.frames, graph_breaks=d.n_graph_breaks, recompiles=len(d.recompiles),
-                   compile_s=round(d.compile_s, 3),
-                   compile_breakdown_s={"dynamo": round(d.compile_s - d.backend_s, 3),
-                                        "aot_autograd": round(d.backend_s - d.inductor_s, 3),
-                                        "inductor": round(d.inductor_s, 3)})
+                   compile_s=round(d.compile_s, 3), compile_breakdown_s=d.breakdown())
         if strategy == "magi_zoo" and phase == "cold":
             handle.save_compile_cache()
         if phase == "cold":
@@ -283,8 +280,7 @@ def parent(args) -> dict[str, Any]:
               "command": "python -m benchmarks.run " + " ".join(args.argv), "results": rows}
     stem = args.stem or f"{args.model}"
     md = [f"# {args.model}: one denoiser forward", "",
-          f"card: {env['card']} | torch {env['torch']} | triton {env.get('triton')} | diffusers {env.get('diffusers')} "
-          f"| transformers {env.get('transformers')} | commit {env.get('commit')}", "",
+          common.env_line(env), "",
           f"shape: {args.height}x{args.width}, frames {args.frames}, batch 1, {record['dtype']}; "
           f"FLOPs/forward {flops / 1e12 if flops else float('nan'):.4g} TFLOP; measured matmul peak {peak} TFLOP/s",
           "", f"command: `{record['command']}`", "", common.markdown_table(rows, COLUMNS)]

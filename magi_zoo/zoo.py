@@ -64,7 +64,7 @@ class ZooPipeline:
         # Save after the first compile, and again whenever later calls compiled more
         # (a new shape); calls that compiled nothing cost one integer comparison.
         if self.cache is not None and self._report is not None and self._report.frames > self.cache.saved_frames:
-            self.cache.save(self._report.frames)
+            self.save_compile_cache()
 
     def save_compile_cache(self) -> bool:
         """Write the compile artifacts of this process to the cache now (if one is set).

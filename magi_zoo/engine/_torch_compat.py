@@ -51,7 +51,6 @@ class CounterDelta:
     compile_s: float = 0.0  # dynamo + backend wall time, from torch's compile records
     backend_s: float = 0.0  # of which AOTAutograd + inductor (the rest is dynamo tracing)
     inductor_s: float = 0.0  # of which inductor (code generation or its cache lookup)
-    frame_names: list[str] = dataclasses.field(default_factory=list)
 
     def __iadd__(self, other: "CounterDelta") -> "CounterDelta":
         self.frames += other.frames
@@ -62,7 +61,6 @@ class CounterDelta:
         self.compile_s += other.compile_s
         self.backend_s += other.backend_s
         self.inductor_s += other.inductor_s
-        self.frame_names += other.frame_names
         return self
 
     def __sub__(self, other: "CounterDelta") -> "CounterDelta":
@@ -71,10 +69,6 @@ class CounterDelta:
         for r in other.recompiles:
             if r in rec:
                 rec.remove(r)
-        names = list(self.frame_names)
-        for n in other.frame_names:
-            if n in names:
-                names.remove(n)
         return CounterDelta(
             frames=self.frames - other.frames,
             graphs=self.graphs - other.graphs,
@@ -83,8 +77,13 @@ class CounterDelta:
             compile_s=max(0.0, self.compile_s - other.compile_s),
             backend_s=max(0.0, self.backend_s - other.backend_s),
             inductor_s=max(0.0, self.inductor_s - other.inductor_s),
-            frame_names=names,
         )
+
+    def breakdown(self) -> dict[str, float]:
+        """Compile seconds split into dynamo tracing, AOTAutograd and inductor."""
+        return {"dynamo": round(self.compile_s - self.backend_s, 3),
+                "aot_autograd": round(self.backend_s - self.inductor_s, 3),
+                "inductor": round(self.inductor_s, 3)}
 
     @property
     def n_graph_breaks(self) -> int:
@@ -138,7 +137,6 @@ def delta(before: CounterSnapshot, after: CounterSnapshot | None = None) -> Coun
         if getattr(m, "co_name", None) is None:
             continue
         ok_records += getattr(m, "fail_type", None) is None
-        out.frame_names.append(m.co_name)
         out.compile_s += float(getattr(m, "entire_frame_compile_time_s", None) or 0.0)
         out.backend_s += float(getattr(m, "backend_compile_time_s", None) or 0.0)
         out.inductor_s += float(getattr(m, "inductor_compile_time_s", None) or 0.0)
