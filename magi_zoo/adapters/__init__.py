@@ -13,6 +13,7 @@ from .base import Adapter, Variant
 # family -> "module:Class". Add a line here to register a family.
 FAMILIES: dict[str, str] = {
     "wan": "magi_zoo.adapters.wan:WanAdapter",
+    "wan22": "magi_zoo.adapters.wan22:Wan22Adapter",
     "bagel": "magi_zoo.adapters.bagel:BagelAdapter",
     "flux": "magi_zoo.adapters.flux:FluxAdapter",
     "qwen3_omni": "magi_zoo.adapters.qwen3_omni:Qwen3OmniAdapter",

@@ -82,16 +82,24 @@ def _random_pipeline(variant: Variant, dtype: torch.dtype, device: torch.device)
     te_cfg = UMT5Config(**cfg["text_encoder"])
     with init_on(device, dtype):
         transformer = keep_fp32_modules(WanTransformer3DModel(**cfg["transformer"]))
+        # Wan2.2 A14B: a second (low-noise) expert; the pipeline switches to it at boundary_ratio.
+        transformer_2 = (keep_fp32_modules(WanTransformer3DModel(**cfg["transformer_2"]))
+                         if "transformer_2" in cfg else None)
         text_encoder = UMT5EncoderModel(te_cfg)
     with init_on(device, torch.float32):
         vae = AutoencoderKLWan(**cfg["vae"])  # the Wan VAE runs in fp32, as published
     tokenizer = byte_bpe_tokenizer(vocab_size=cfg["tokenizer_vocab"], specials=["<pad>", "</s>", "<unk>"],
                                    eos="</s>", pad="<pad>", unk="<unk>", append_eos=True)
     scheduler = UniPCMultistepScheduler(**cfg["scheduler"])
-    for m in (transformer, text_encoder, vae):
-        m.eval()  # freshly built modules are in training mode (dropout on); from_pretrained evals
+    for m in (transformer, transformer_2, text_encoder, vae):
+        if m is not None:
+            m.eval()  # freshly built modules are in training mode (dropout on); from_pretrained evals
     parts = dict(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=scheduler,
                  transformer=transformer)
+    if transformer_2 is not None:
+        parts["transformer_2"] = transformer_2
+    # model_index.json's pipeline arguments (Wan2.2: boundary_ratio, expand_timesteps).
+    parts.update(cfg.get("pipeline", {}))
     if "image_encoder" in cfg:
         from diffusers import WanImageToVideoPipeline
         from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel
@@ -123,11 +131,18 @@ class WanAdapter(DiffusersPipelineAdapter):
         p = next(t.parameters())
         g = torch.Generator(device="cpu").manual_seed(seed)
         rnd = lambda *shape: torch.randn(*shape, generator=g).to(device=p.device, dtype=p.dtype)
-        # Latent grid: VAE 4x temporal (causal: 1 + (F-1)/4 latent frames), 8x spatial.
-        lat_f, lat_h, lat_w = (frames - 1) // 4 + 1, height // 8, width // 8
+        # Latent grid: VAE 4x temporal (causal: 1 + (F-1)/4 latent frames), 8x spatial
+        # (Wan2.2's VAE: 16x spatial); the pipeline reads both factors from the VAE config.
+        st, ss = pipe.vae_scale_factor_temporal, pipe.vae_scale_factor_spatial
+        lat_f, lat_h, lat_w = (frames - 1) // st + 1, height // ss, width // ss
         text_len = d.get("max_sequence_length", 512)
-        kw = dict(hidden_states=rnd(batch, cfg.in_channels, lat_f, lat_h, lat_w),
-                  timestep=torch.full((batch,), 500, device=p.device, dtype=torch.long),
+        timestep = torch.full((batch,), 500, device=p.device, dtype=torch.long)
+        if getattr(pipe.config, "expand_timesteps", False):
+            # Wan2.2 TI2V: one timestep per patch token, (batch, F' * H'/2 * W'/2) float32, as
+            # WanPipeline builds it from its latent mask (`mask[0][0][:, ::2, ::2] * t`).
+            seq = lat_f * -(-lat_h // 2) * -(-lat_w // 2)
+            timestep = torch.full((batch, seq), 500.0, device=p.device, dtype=torch.float32)
+        kw = dict(hidden_states=rnd(batch, cfg.in_channels, lat_f, lat_h, lat_w), timestep=timestep,
                   encoder_hidden_states=rnd(batch, text_len, cfg.text_dim), return_dict=False)
         if cfg.image_dim is not None:  # I2V: 257 CLIP tokens (256 patches + class token)
             kw["encoder_hidden_states_image"] = rnd(batch, 257, cfg.image_dim)
@@ -146,5 +161,5 @@ class WanAdapter(DiffusersPipelineAdapter):
         frames = handle(prompt=prompt, output_type="np", **call).frames[0]
         out = Path(out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        export_to_video(list(frames), str(out), fps=16)
+        export_to_video(list(frames), str(out), fps=handle.variant.config.get("fps", 16))
         return out
