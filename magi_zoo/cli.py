@@ -42,9 +42,9 @@ def cmd_spec(args) -> int:
     import torch.nn as nn
 
     from . import adapters
+    from .engine import STEP_ORDER, explain
     from .engine.report import format_table
-    from .engine.resolve import resolve
-    from .specs import get_profile
+    from .specs import SECTIONS, get_profile
     from .zoo import spec_layers
 
     adapter, variant = adapters.lookup(args.model)
@@ -52,9 +52,17 @@ def cmd_spec(args) -> int:
     layers = spec_layers(adapter, profile, spec_file=args.spec_file)
     # The meta device gives the real module tree at published sizes without allocating.
     native = adapter.build(variant, weights="random", dtype=torch.bfloat16, device=torch.device("meta"))
-    plan = resolve(nn.ModuleDict(adapter.components(native)), layers)
-    _print(f"{variant.name} on {profile.name} ({profile.device}, default dtype {profile.default_dtype})")
-    _print(format_table(plan.table()))
+    plan = explain(nn.ModuleDict(adapter.components(native)), layers, adapter.preparations(native))
+    _print(f"{variant.name} on {profile.name} ({profile.device}, default dtype {profile.default_dtype}); "
+           f"spec {adapter.spec_file}, layers: {' < '.join(n for n, _ in layers)}")
+    _print(f"apply steps, in order: {' -> '.join(STEP_ORDER)}")
+    for p in adapter.preparations(native):
+        _print(f"  prepare: {p.name}: {p.why}")
+    for name in SECTIONS:
+        rows = plan.section(name).table()
+        _print(f"[{name}]")
+        _print(format_table([{k: v for k, v in r.items() if k != "section"} for r in rows]) if rows
+               else "  (nothing set: library default)")
     return 0
 
 
@@ -138,15 +146,65 @@ def cmd_demo(args) -> int:
     return 0
 
 
-def cmd_run(args) -> int:
-    from . import load
+def write_wav(path: str | Path, audio, sample_rate: int) -> Path:
+    """16-bit PCM mono WAV with the standard library's `wave`."""
+    import wave
 
-    handle = load(args.model, gpu=args.gpu, weights=args.weights, dtype=args.dtype,
-                  compile=None if args.compile else False)
+    import numpy as np
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pcm = (np.clip(np.nan_to_num(np.asarray(audio, dtype=np.float32)), -1.0, 1.0) * 32767.0).astype("<i2")
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(sample_rate)
+        w.writeframes(pcm.tobytes())
+    return path
+
+
+def write_output(output, out: str | Path, audio_out: str | Path | None = None) -> list[Path]:
+    """Write an adapter's `Output` to `out` (and its speech to `audio_out`); returns the paths."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if output.kind == "video":
+        from diffusers.utils import export_to_video
+
+        export_to_video(list(output.value), str(out), fps=output.fps or 16)
+    elif output.kind == "image":
+        output.value.save(out)
+    elif output.kind == "text":
+        out.write_text(output.value + "\n", encoding="utf-8")
+    else:
+        raise ValueError(f"unknown output kind {output.kind!r}")
+    written = [out]
+    if audio_out is not None:
+        if output.audio is None:
+            raise ValueError("--audio-out given but the model returned no speech")
+        written.append(write_wav(audio_out, output.audio, output.sample_rate))
+    return written
+
+
+def generate_to(handle, *, prompt: str, out: str | Path, progress: bool = True, **options) -> list[Path]:
+    """`magi-zoo run` after the build: check the options, generate through the handle, write."""
+    given = handle.adapter.check_run(handle.variant, options, Path(out))
+    output = handle.adapter.generate(handle, prompt=prompt, progress=progress, **given)
+    if output.note and progress:
+        _print(output.note)
+    return write_output(output, out, given.get("audio_out"))
+
+
+def cmd_run(args) -> int:
+    from . import adapters, load
+
     opts = dict(image=args.image, audio_out=args.audio_out, num_inference_steps=args.steps, height=args.height,
                 width=args.width, num_frames=args.frames, max_new_tokens=args.max_new_tokens, seed=args.seed)
-    out = handle.adapter.run(handle, prompt=args.prompt, out=Path(args.out), progress=True, **opts)
-    _print(f"wrote {out}")
+    adapter, variant = adapters.lookup(args.model)
+    adapter.check_run(variant, opts, Path(args.out))  # before the build: a bad option costs nothing
+    handle = load(args.model, gpu=args.gpu, weights=args.weights, dtype=args.dtype,
+                  compile=None if args.compile else False)
+    for path in generate_to(handle, prompt=args.prompt, out=args.out, progress=True, **opts):
+        _print(f"wrote {path}")
     if handle.report() is not None:
         _print(handle.report().table())
     return 0

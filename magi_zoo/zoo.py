@@ -8,6 +8,8 @@ from typing import Any, Mapping
 import torch
 import torch.nn as nn
 
+import warnings
+
 from . import adapters
 from .engine import apply
 from .engine.cache import CompileCache, resolve_cache_dir
@@ -55,8 +57,13 @@ class ZooPipeline:
         """The resolved plan (None when compile=False)."""
         return self._report.plan if self._report else None
 
+    def call_defaults(self) -> dict[str, Any]:
+        """What a call fills in when the caller leaves it out (the variant's call defaults,
+        e.g. a tiny variant's small resolution)."""
+        return self.adapter.call_defaults(self.variant)
+
     def __call__(self, *args, **kwargs):
-        out = self.pipe(*args, **kwargs)
+        out = self.pipe(*args, **{**self.call_defaults(), **kwargs})
         self._maybe_save_cache()
         return out
 
@@ -72,12 +79,18 @@ class ZooPipeline:
         directly (as benchmarks do)."""
         if self.cache is None:
             return False
-        return self.cache.save(self._report.frames if self._report else None)
+        try:
+            return self.cache.save(self._report.frames if self._report else None)
+        except OSError as e:  # a failing cache write must never cost the result
+            warnings.warn(f"magi_zoo: could not save the compile cache to {self.cache.directory} ({e}); "
+                          "the result is unaffected", RuntimeWarning, stacklevel=2)
+            return False
 
     def apply_plan(self) -> Report:
         """Apply the resolved spec layers now (after a `compile=False` load, e.g. to time
         eager first); replaces any plan applied before."""
-        self._report = apply(self.modules, layers=self.layers)
+        self._report = apply(self.modules, layers=self.layers, gpu=self.profile,
+                             preparations=self.adapter.preparations(self.pipe))
         return self._report
 
     def report(self) -> Report | None:
@@ -95,23 +108,31 @@ def list_models() -> list[str]:
 
 
 def spec_layers(adapter: adapters.Adapter, profile: GpuProfile, *, compile: Any = None,
-                spec_file: str | Path | None = None) -> list[tuple[str, PlanLayer]]:
-    """Stack model default, GPU section and user override for one load."""
+                overrides: Any = None, spec_file: str | Path | None = None) -> list[tuple[str, PlanLayer]]:
+    """Stack model default, GPU section and user override for one load.
+
+    The user layer is `overrides` (any section) with `compile` (the compile section) on top.
+    """
     spec = SpecFile.from_toml(spec_file if spec_file is not None else spec_path(adapter.spec_file))
     layers = spec.layers_for(profile.name)
-    if isinstance(compile, (Mapping, PlanLayer)):
-        layers.append(("user", PlanLayer.coerce(compile)))
+    user = PlanLayer.coerce(overrides) if overrides is not None else PlanLayer()
+    if isinstance(compile, PlanLayer):
+        user = compile.merged_over(user)
+    elif isinstance(compile, Mapping):
+        user = PlanLayer(compile=compile).merged_over(user)
     elif compile not in (None, True, False):
         raise TypeError(
-            "compile= takes None/True (use the spec), False (run eager), or a plan override "
+            "compile= takes None/True (use the spec), False (run eager), or a compile override "
             f"{{submodule key: spec}}; got {type(compile).__name__}"
         )
+    if user:
+        layers.append(("user", user))
     return layers
 
 
 def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
          dtype: str | torch.dtype | None = None, device: str | torch.device | None = None,
-         compile: Any = None, spec_file: str | Path | None = None,
+         compile: Any = None, overrides: Any = None, spec_file: str | Path | None = None,
          cache_dir: str | Path | None = None) -> ZooPipeline:
     """Build a model with its compile spec for a GPU applied.
 
@@ -121,7 +142,9 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
     weights: None (tiny: random; published: its hub id), "random" (published config,
         random init, no download), a local directory, or a hub id.
     compile: None/True (the shipped spec), False (eager, nothing applied), or a dict of
-        user overrides {key: spec or {method: spec}}, the highest-precedence layer.
+        compile overrides {key: spec or {method: spec}}, the highest-precedence layer.
+    overrides: a user layer for any section, {section: {key: spec}} (e.g.
+        {"attention": {"transformer": {"backend": "flash"}}}); `compile=` goes on top of it.
     spec_file: a TOML file replacing the shipped spec.
     cache_dir: warm-start cache of compile artifacts (default: $MAGI_ZOO_CACHE_DIR; unset =
         off). Loaded before the first compile, saved after it; keyed by plan, versions,
@@ -133,17 +156,20 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
     dev = torch.device(device if device is not None else profile.device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(f"gpu={gpu!r} needs CUDA, which is not available here; use gpu='cpu'")
-    layers = spec_layers(adapter, profile, compile=compile, spec_file=spec_file)
+    layers = spec_layers(adapter, profile, compile=compile, overrides=overrides, spec_file=spec_file)
+    directory = resolve_cache_dir(cache_dir)
+    if directory is not None and directory.exists() and not directory.is_dir():
+        raise ValueError(f"cache_dir {str(directory)!r} exists and is not a directory; pass a directory "
+                         "(it is created if missing) or leave the cache off")
     native = adapter.build(variant, weights=weights, dtype=dt, device=dev)
     modules = nn.ModuleDict(adapter.components(native))
-    report = None if compile is False else apply(modules, layers=layers)
+    report = None if compile is False else apply(modules, layers=layers, gpu=profile,
+                                                 preparations=adapter.preparations(native))
     cache = None
-    directory = resolve_cache_dir(cache_dir)
     if report is not None and directory is not None:
         cache = CompileCache(directory, {
             "model": f"{adapter.family}/{variant.name}", "dtype": str(dt), "device": dev.type,
-            "gpu_profile": profile.name,
-            "plan": [(t.path, t.method, t.spec.digest()) for t in report.plan.targets],
+            "gpu_profile": profile.name, "plan": report.plan.digests(),
         })
         cache.load()  # before any compile: the first call then hits torch's warm caches
     return ZooPipeline(native, modules, report, adapter=adapter, variant=variant, profile=profile,

@@ -25,7 +25,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def fresh_dynamo():
     """A clean dynamo cache and zeroed counters, so counts start from nothing."""
-    from magi_zoo.engine import _torch_compat as compat
+    from magi_zoo.engine import counters as compat
 
     torch.compiler.reset()
     compat.reset_counters()

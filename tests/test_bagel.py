@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import magi_zoo
-from magi_zoo.engine._torch_compat import reset_counters
+from magi_zoo.engine.counters import reset_counters
 from magi_zoo.zoo import spec_layers
 
 EAGER = {"backend": "eager"}
@@ -339,18 +339,23 @@ def test_checkpoint_official_layout_loads_every_tensor(tiny, tmp_path):
 def test_run_text_to_image_and_understanding(tiny, tmp_path):
     from PIL import Image
 
-    out = tiny.adapter.run(tiny, prompt="a red fox", out=tmp_path / "image.png", progress=False, image=None,
-                           audio_out=None, num_inference_steps=2, height=32, width=48, num_frames=None,
-                           max_new_tokens=None, seed=0)
+    from magi_zoo.cli import generate_to
+
+    [out] = generate_to(tiny, prompt="a red fox", out=tmp_path / "image.png", progress=False, image=None,
+                        audio_out=None, num_inference_steps=2, height=32, width=48, num_frames=None,
+                        max_new_tokens=None, seed=0)
     assert Image.open(out).size == (48, 32)
     _image().save(tmp_path / "in.png")
-    ans = tiny.adapter.run(tiny, prompt="what is this?", out=tmp_path / "answer.txt", progress=False,
-                           image=str(tmp_path / "in.png"), max_new_tokens=4, num_inference_steps=None)
+    [ans] = generate_to(tiny, prompt="what is this?", out=tmp_path / "answer.txt", progress=False,
+                        image=str(tmp_path / "in.png"), max_new_tokens=4, num_inference_steps=None)
     assert ans.read_text().endswith("\n")
-    with pytest.raises(ValueError, match="num-frames"):
-        tiny.adapter.run(tiny, prompt="x", out=tmp_path / "v.mp4", num_frames=9)
+    # Options and output files are checked before any work, by the adapter's declarations.
+    with pytest.raises(ValueError, match="--frames"):
+        tiny.adapter.check_run(tiny.variant, dict(num_frames=9), tmp_path / "v.png")
     with pytest.raises(ValueError, match="max-new-tokens"):
-        tiny.adapter.run(tiny, prompt="x", out=tmp_path / "i.png", max_new_tokens=4)
+        tiny.adapter.check_run(tiny.variant, dict(max_new_tokens=4), tmp_path / "i.png")
+    with pytest.raises(ValueError, match=r"writes \.txt"):
+        tiny.adapter.check_run(tiny.variant, dict(image="in.png"), tmp_path / "answer.png")
 
 
 def test_benchmark_script_on_cpu(tmp_path):

@@ -7,7 +7,7 @@ import torch.nn as nn
 
 import magi_zoo
 from magi_zoo import PlanError, TorchCompileSpec
-from magi_zoo.engine import _torch_compat as compat
+from magi_zoo.engine import counters as compat
 from magi_zoo.engine import installed, remove
 
 EAGER = {"backend": "eager"}
@@ -183,8 +183,10 @@ def test_remove_restores_eager_and_reapply_replaces(net, fresh_dynamo):
         ref = net(x)
     magi_zoo.apply(net, {"Block": EAGER})
     rep2 = magi_zoo.apply(net, {"Block": EAGER})  # re-apply: replaces, never stacks wrappers
-    assert "replaced an earlier plan on 6" in rep2.steps[2][1]
-    assert remove(net) == 6 and installed(net) == []
+    # the earlier plan's 4 steps (prepare, attention, compile, offload) were undone first
+    assert "replaced an earlier plan (4 step(s) undone)" in rep2.step("compile").did
+    assert len(installed(net)) == 6
+    assert remove(net) == 4 and installed(net) == []
     with torch.no_grad():
         torch.testing.assert_close(net(x), ref)
 
@@ -238,7 +240,9 @@ def test_report_renders(net, fresh_dynamo):
     with torch.no_grad():
         net(torch.randn(2, 8, 16))
     text = str(rep)
-    assert "attention/custom ops" in text.splitlines()[1] and "offload" in text
+    steps = text.splitlines()[1:5]
+    assert [line.split(":")[0].strip() for line in steps] == ["1. prepare", "2. attention", "3. compile", "4. offload"]
+    assert "custom ops registered" in steps[1]
     assert "6 x Block" in text and "disabled" in text
     d = rep.to_dict()
     assert d["totals"]["frames_compiled"] == 1 and d["regions"][0]["spec"]["backend"] == "eager"

@@ -213,15 +213,19 @@ def test_save_pretrained_round_trip(tmp_path, eager, inputs, reference):
 def test_run_writes_png(tmp_path, eager):
     from PIL import Image
 
-    out = eager.adapter.run(eager, prompt="a red fox in snow", out=tmp_path / "img.png", progress=False,
-                            image=None, audio_out=None, num_inference_steps=None, height=None, width=64,
-                            num_frames=None, max_new_tokens=None, seed=3)
+    from magi_zoo.cli import generate_to
+
+    [out] = generate_to(eager, prompt="a red fox in snow", out=tmp_path / "img.png", progress=False,
+                        image=None, audio_out=None, num_inference_steps=None, height=None, width=64,
+                        num_frames=None, max_new_tokens=None, seed=3)
     with Image.open(out) as im:
         assert (im.format, im.size) == ("PNG", (64, 32))
     with pytest.raises(ValueError, match="frames"):
-        eager.adapter.run(eager, prompt="x", out=tmp_path / "v.png", num_frames=9)
+        generate_to(eager, prompt="x", out=tmp_path / "v.png", num_frames=9)
     with pytest.raises(ValueError, match="divisible"):
-        eager.adapter.run(eager, prompt="x", out=tmp_path / "v.png", height=30)
+        generate_to(eager, prompt="x", out=tmp_path / "v.png", height=30)
+    with pytest.raises(ValueError, match=r"writes \.png or"):
+        generate_to(eager, prompt="x", out=tmp_path / "v.mp4")
 
 
 def test_cli_run_offline(tmp_path, fresh_dynamo):

@@ -78,25 +78,102 @@ def test_plan_layer_coercion_forms():
 def test_plan_layer_bad_values():
     with pytest.raises(ValidationError, match="expected a TorchCompileSpec"):
         PlanLayer.coerce({"blocks": 3})
-    with pytest.raises(ValidationError, match="not TorchCompileSpec fields"):
+    with pytest.raises(ValidationError, match="unknown field 'dinamic' -- did you mean 'dynamic'"):
         PlanLayer.coerce({"blocks": {"fullgraph": True, "dinamic": True}})
+
+
+@pytest.mark.parametrize("entry", [
+    {"fulgraph": True},                       # alone: a bool could be a method entry, but the name is a field's
+    {"forward": {"fulgraph": True}},          # inside a method table
+    {"dynamic": True, "fulgraph": True},      # beside a real field
+])
+def test_field_typo_says_did_you_mean(entry):
+    # Before sections, {"fulgraph": True} was read as a method 'fulgraph' and reported as a
+    # missing method at resolution; it is a misspelt field, said at validation.
+    with pytest.raises(ValidationError, match="unknown field 'fulgraph' -- did you mean 'fullgraph'"):
+        PlanLayer.coerce({"Block": entry})
+
+
+def test_sections_and_shorthand():
+    from magi_zoo.specs import SECTIONS, AttentionSpec
+
+    assert {"compile", "attention"} <= set(SECTIONS)
+    layer = PlanLayer.coerce({"compile": {"Block": {"fullgraph": True}}, "attention": {"transformer": "flash"}})
+    assert list(layer.items("attention")) == [("transformer", None, AttentionSpec(backend="flash"))]
+    assert list(layer.items("compile")) == [("Block", "forward", TorchCompileSpec(fullgraph=True))]
+    # a dict without section names is the compile section
+    assert PlanLayer.coerce({"Block": {"fullgraph": True}}) == PlanLayer(compile={"Block": {"fullgraph": True}})
+    with pytest.raises(ValueError, match="mixes section names"):
+        PlanLayer.coerce({"compile": {}, "Block": {}})
+    with pytest.raises(ValidationError, match="unknown plan section.*'atention'.*did you mean 'attention'"):
+        PlanLayer(atention={"x": "flash"})
+    with pytest.raises(ValidationError, match="unknown field 'backnd' -- did you mean 'backend'"):
+        PlanLayer(attention={"transformer": {"backnd": "flash"}})
+    # attention specs apply to a module as a whole: no method tables
+    with pytest.raises(ValidationError, match="attention"):
+        PlanLayer(attention={"transformer": {"forward": {"backend": "flash"}}})
+    with pytest.raises(ValidationError, match="'regions' is now the 'compile' section"):
+        PlanLayer(regions={"Block": {}})
+
+
+def test_with_backend_overrides_every_compile_spec():
+    from magi_zoo.specs import with_backend
+
+    layers = [("model default", PlanLayer.coerce({"Block": {"fullgraph": True}, "vae": {"decode": False}})),
+              ("gpu", PlanLayer.coerce({"Block": {"dynamic": False}}))]
+    out = with_backend(layers, "eager")
+    specs = [s for _, layer in out for _, _, s in layer.items("compile")]
+    assert len(specs) == 3 and all(s.backend == "eager" for s in specs)
+    assert specs[0].fullgraph is True and specs[1].enabled is False and specs[2].dynamic is False
 
 
 def test_spec_file_toml(tmp_path):
     p = tmp_path / "s.toml"
-    p.write_text('[default.regions]\nBlock = { fullgraph = true }\n'
-                 '[gpu.h100]\nattention_backend = "flash"\n[gpu.h100.regions]\nBlock = { dynamic = false }\n')
+    p.write_text('[default.compile]\nBlock = { fullgraph = true }\n'
+                 '[gpu.h100.attention]\ntransformer = { backend = "flash" }\n'
+                 '[gpu.h100.compile]\nBlock = { dynamic = false }\n')
     sf = SpecFile.from_toml(p)
     assert [n for n, _ in sf.layers_for("h100")] == ["model default", "gpu"]
     assert [n for n, _ in sf.layers_for("cpu")] == ["model default"]
-    assert sf.gpu["h100"].attention_backend == "flash"
+    assert sf.gpu["h100"].entries("attention")["transformer"].backend == "flash"
+
+
+def test_spec_file_inherits(tmp_path):
+    p = tmp_path / "s.toml"
+    p.write_text('[gpu.h100.compile]\nBlock = { fullgraph = true, dynamic = false }\nhead = false\n'
+                 '[gpu.h100.attention]\ntransformer = "flash"\n'
+                 # h200 starts from h100 and changes one field of one key, field by field
+                 '[gpu.h200]\ninherits = "h100"\n[gpu.h200.compile]\nBlock = { mode = "max-autotune" }\n'
+                 '[gpu.a100]\ninherits = "h200"\n')
+    sf = SpecFile.from_toml(p)
+    h200 = {(k, m): s for k, m, s in sf.gpu["h200"].items("compile")}
+    assert h200[("Block", "forward")] == TorchCompileSpec(fullgraph=True, dynamic=False, mode="max-autotune")
+    assert h200[("head", "forward")].enabled is False
+    assert sf.gpu["h200"].entries("attention")["transformer"].backend == "flash"
+    assert sf.gpu["a100"] == sf.gpu["h200"]  # inheritance chains
+    assert sf.gpu["h100"].entries("compile")["Block"] == TorchCompileSpec(fullgraph=True, dynamic=False)
 
 
 @pytest.mark.parametrize("text, match", [
-    ("[gpu.h1000.regions]\nBlock = {}\n", "not a GPU profile"),
-    ("[defaults.regions]\nBlock = {}\n", "unknown top-level tables"),
+    ('[gpu.h200]\ninherits = "h10"\n', "inherits = 'h10'.*did you mean 'h100'"),
+    ('[gpu.h100]\ninherits = "h200"\n[gpu.h200]\ninherits = "h100"\n', "inheritance cycle"),
+    ('[default]\ninherits = "h100"\n', "unknown keys"),
+])
+def test_spec_file_inherits_errors(tmp_path, text, match):
+    p = tmp_path / "bad.toml"
+    p.write_text(text)
+    with pytest.raises(ValueError, match=match):
+        SpecFile.from_toml(p)
+
+
+@pytest.mark.parametrize("text, match", [
+    ("[gpu.h1000.compile]\nBlock = {}\n", "not a GPU profile.*did you mean 'h100'"),
+    ("[defaults.compile]\nBlock = {}\n", "unknown top-level tables"),
     ("[default]\nBlock = { fullgraph = true }\n", "region keys go under"),
-    ("[default.regions]\nBlock = { mode = 'turbo' }\n", "valid modes"),
+    ("[default.regions]\nBlock = {}\n", "'regions' is now 'compile'"),
+    ("[default.compile]\nBlock = { mode = 'turbo' }\n", r"bad.toml.*\[default\].*'Block'.*valid modes"),
+    ("[default.compile]\nBlock = { fulgraph = true }\n", "did you mean 'fullgraph'"),
+    ("[default.compile\nBlock = {}\n", r"bad.toml' is not valid TOML"),
 ])
 def test_spec_file_errors(tmp_path, text, match):
     p = tmp_path / "bad.toml"

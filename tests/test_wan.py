@@ -126,12 +126,25 @@ def test_denoiser_inputs_shapes(eager_handle):
 
 
 def test_run_options(eager_handle, tmp_path):
-    a = eager_handle.adapter
-    # --seed becomes the pipeline's generator: the same seed gives the same video
-    out1 = a.run(eager_handle, prompt="a corgi", out=tmp_path / "a.mp4", progress=False, seed=3, num_frames=5)
+    from magi_zoo.cli import generate_to
+
+    # --seed becomes the pipeline's generator
+    [out1] = generate_to(eager_handle, prompt="a corgi", out=tmp_path / "a.mp4", progress=False, seed=3, num_frames=5)
     assert out1.stat().st_size > 0
     # an option Wan cannot use is a clear error naming the flag, before any work
+    a, v = eager_handle.adapter, eager_handle.variant
     with pytest.raises(ValueError, match=r"cannot use --max-new-tokens.*takes --prompt, --out and --steps"):
-        a.run(eager_handle, prompt="x", out=tmp_path / "b.mp4", max_new_tokens=4)
+        a.check_run(v, dict(max_new_tokens=4), tmp_path / "b.mp4")
     with pytest.raises(ValueError, match=r"cannot use --audio-out, --image"):
-        a.run(eager_handle, prompt="x", out=tmp_path / "b.mp4", image="i.png", audio_out="s.wav")
+        a.check_run(v, dict(image="i.png", audio_out="s.wav"), tmp_path / "b.mp4")
+    with pytest.raises(ValueError, match="--steps must be a positive integer, got 0"):
+        a.check_run(v, dict(num_inference_steps=0), tmp_path / "b.mp4")
+    with pytest.raises(ValueError, match=r"writes \.mp4 or \.gif"):
+        a.check_run(v, {}, tmp_path / "b.png")
+
+
+def test_handle_applies_call_defaults(eager_handle):
+    # The tiny variant's defaults (32x32, 9 frames, 2 steps) fill what the caller leaves
+    # out; without them diffusers' 480x832 defaults overflow the tiny RoPE table.
+    out = eager_handle(prompt="a corgi surfing", output_type="np")
+    assert out.frames.shape[1:4] == (9, 32, 32)

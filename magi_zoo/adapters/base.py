@@ -1,8 +1,25 @@
 """The adapter contract: WHAT a model is. No compile logic lives here.
 
-An adapter builds the native object (a diffusers pipeline, a transformers model, or our
-own modules) from local weights, a hub id or random init at a published config; names
-its compilable components; and says how to run it from the CLI and benchmarks.
+The base class owns the build flow -- weights (random | local directory | hub id) -> seed
+-> build on the device in the dtype -> eval -- and a family fills in small hooks:
+
+- `build_random(variant, dtype, device)`: the native object at the variant's config with
+  random weights, created offline directly on device/dtype;
+- `load_pretrained(variant, source, local, dtype, device)`: from a local directory
+  (strictly offline) or a hub id (fetched by the library's own `from_pretrained`);
+- `finish(native)`: what every build path does afterwards (default: eval every component).
+
+It declares:
+- `components(native)`: the named module roots the spec's keys are relative to;
+- `entry_points`: the per-call entry points a benchmark or conformance test drives (a
+  diffusion family's denoiser step, an LLM family's `prefill` / `decode_step`), with
+  `entry(native, name)` -> (module, method) and `example_inputs(native, variant, name,
+  **shape)` -> keyword arguments for one call;
+- `preparations(native)`: model-specific graph preparations the engine's first step
+  installs (shown in the report, undone by `remove`);
+- `run_options` and `output_suffixes`: what `magi-zoo run` may pass and write, checked
+  before anything is built; `generate(handle, prompt, **options)` returns an `Output`
+  that `cli.py` writes.
 """
 
 from __future__ import annotations
@@ -15,6 +32,12 @@ from typing import Any, ClassVar
 import torch
 import torch.nn as nn
 
+from ..engine.prepare import Preparation
+
+# CLI flag of each run option (for error messages).
+FLAGS = {"num_inference_steps": "--steps", "num_frames": "--frames", "max_new_tokens": "--max-new-tokens",
+         "audio_out": "--audio-out", "image": "--image", "height": "--height", "width": "--width", "seed": "--seed"}
+
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
@@ -26,17 +49,33 @@ class Variant:
     hub_id: str | None = None  # where the published weights live (used only when asked)
     tiny: bool = False  # tiny variants are always random and fully offline
     description: str = ""
-    call_defaults: dict[str, Any] = dataclasses.field(default_factory=dict)  # demo/CLI call kwargs
+    call_defaults: dict[str, Any] = dataclasses.field(default_factory=dict)  # what the handle's call fills in
+
+
+@dataclasses.dataclass
+class Output:
+    """What `Adapter.generate` returns; `cli.py` writes it (the kind picks the writer)."""
+
+    kind: str  # "video" | "image" | "text"
+    value: Any  # video: list of HxWx3 float frames in [0, 1]; image: PIL image; text: str
+    fps: int | None = None  # video
+    audio: Any = None  # optional 1-D float waveform (text replies with speech)
+    sample_rate: int | None = None
+    note: str | None = None  # one line the CLI prints with the result (e.g. "0 tokens decoded")
 
 
 class Adapter:
-    """Base class of model families. Subclasses fill the class attributes and `build`."""
+    """Base class of model families. Subclasses fill the class attributes and the hooks."""
 
     family: ClassVar[str]
     spec_file: ClassVar[str]  # file name under magi_zoo/specs/
     variants: ClassVar[dict[str, Variant]]
     aliases: ClassVar[dict[str, str]] = {}
+    entry_points: ClassVar[tuple[str, ...]] = ()  # e.g. ("denoise",) or ("prefill", "decode_step")
+    run_options: ClassVar[tuple[str, ...]] = ()  # `magi-zoo run` options this family takes
+    output_suffixes: ClassVar[tuple[str, ...]] = ()  # file suffixes `--out` may have
 
+    # -- build flow (owned here) ------------------------------------------------------------
     def build(self, variant: Variant, *, weights: str | Path | None, dtype: torch.dtype,
               device: torch.device) -> Any:
         """Return the native pipeline/model for `variant`.
@@ -44,39 +83,28 @@ class Adapter:
         weights: None (tiny: random; published: the variant's hub id), "random" (random
         init at the published config, no download), a local directory, or a hub id.
         """
-        raise NotImplementedError
+        source = self.weights_source(variant, weights)
+        torch.manual_seed(0)  # random weights (and anything a loader initialises) are reproducible
+        if source == "random":
+            native = self.build_random(variant, dtype, device)
+        else:
+            native = self.load_pretrained(variant, source, Path(source).is_dir(), dtype, device)
+        self.finish(native)
+        return native
 
-    def components(self, native: Any) -> dict[str, nn.Module]:
-        """The named module roots the spec's keys are relative to."""
-        raise NotImplementedError
+    def build_random(self, variant: Variant, dtype: torch.dtype, device: torch.device) -> Any:
+        """The native object at the variant's config, random weights, built offline."""
+        raise NotImplementedError(f"{self.family}: build_random")
 
-    def denoiser(self, native: Any) -> nn.Module:
-        """The module that runs once per denoising step (benchmarks time one forward of it)."""
-        raise NotImplementedError(f"{self.family}: no denoiser to benchmark")
+    def load_pretrained(self, variant: Variant, source: str, local: bool, dtype: torch.dtype,
+                        device: torch.device) -> Any:
+        """Load from a local directory (local=True: strictly offline) or a hub id."""
+        raise NotImplementedError(f"{self.family}: loading weights is not supported; use weights='random'")
 
-    def denoiser_inputs(self, native: Any, variant: Variant, *, height: int | None = None,
-                        width: int | None = None, frames: int | None = None,
-                        batch: int = 1, seed: int = 0) -> dict[str, Any]:
-        """Keyword arguments for one denoiser forward at a resolution (None = the variant's
-        call defaults), random but seeded, on the denoiser's device and dtype."""
-        raise NotImplementedError(f"{self.family}: no denoiser inputs")
-
-    def run(self, handle: Any, *, prompt: str, out: Path, progress: bool = True, **kwargs) -> Path:
-        """Generate from the CLI (`magi-zoo run`) and write the result to `out`."""
-        raise NotImplementedError(f"{self.family}: `magi-zoo run` is not supported for this family")
-
-    @staticmethod
-    def run_options(variant: Variant, kwargs: dict[str, Any], supported: tuple[str, ...]) -> dict[str, Any]:
-        """The `run` options the user gave (None = not given). A given option this family
-        cannot use is a clear error naming the CLI flags it does take."""
-        flag = lambda k: {"num_inference_steps": "--steps", "num_frames": "--frames"}.get(  # noqa: E731
-            k, "--" + k.replace("_", "-"))
-        given = {k: v for k, v in kwargs.items() if v is not None}
-        bad = sorted(set(given) - set(supported))
-        if bad:
-            raise ValueError(f"{variant.name} cannot use {', '.join(flag(k) for k in bad)}; "
-                             f"it takes --prompt, --out and {', '.join(flag(k) for k in supported)}")
-        return given
+    def finish(self, native: Any) -> None:
+        """Run on every built object: eval mode (fresh modules are in training mode, dropout on)."""
+        for m in self.components(native).values():
+            m.eval()
 
     def weights_source(self, variant: Variant, weights: str | Path | None) -> str:
         """Normalise `weights=`: 'random', a local directory, or a hub id."""
@@ -92,6 +120,61 @@ class Adapter:
                 raise ValueError(f"{variant.name} has no published weights; pass weights='random' or a path")
             return variant.hub_id
         return str(weights)
+
+    # -- what the engine and the tools see --------------------------------------------------
+    def components(self, native: Any) -> dict[str, nn.Module]:
+        """The named module roots the spec's keys are relative to."""
+        raise NotImplementedError
+
+    def preparations(self, native: Any) -> list[Preparation]:
+        """Graph preparations the engine installs as its first step (default: none)."""
+        return []
+
+    def entry(self, native: Any, name: str) -> tuple[nn.Module, str]:
+        """(module, method name) of one entry point: what a benchmark times."""
+        raise NotImplementedError(f"{self.family}: no entry point {name!r}")
+
+    def example_inputs(self, native: Any, variant: Variant, entry: str, **shape) -> dict[str, Any]:
+        """Keyword arguments for one call of `entry` at a shape (None = the variant's call
+        defaults), random but seeded, on the module's device and dtype."""
+        raise NotImplementedError(f"{self.family}: no example inputs for {entry!r}")
+
+    def check_entry(self, name: str) -> None:
+        if name not in self.entry_points:
+            raise ValueError(f"{self.family} has no entry point {name!r}; entry points: "
+                             f"{', '.join(self.entry_points) or '(none)'}")
+
+    def call_defaults(self, variant: Variant) -> dict[str, Any]:
+        """What the handle fills into a call the user left unset (default: the variant's)."""
+        return dict(variant.call_defaults)
+
+    # -- `magi-zoo run` -----------------------------------------------------------------------
+    def check_run(self, variant: Variant, options: dict[str, Any], out: Path | None = None) -> dict[str, Any]:
+        """The options the user gave (None = not given), checked before anything is built:
+        an option this family cannot use, a bad value or an `--out` suffix it cannot write
+        is a clear error naming what it does take."""
+        flag = lambda k: FLAGS.get(k, "--" + k.replace("_", "-"))  # noqa: E731
+        given = {k: v for k, v in options.items() if v is not None}
+        bad = sorted(set(given) - set(self.run_options))
+        if bad:
+            raise ValueError(f"{variant.name} cannot use {', '.join(flag(k) for k in bad)}; "
+                             f"it takes --prompt, --out and {', '.join(flag(k) for k in self.run_options)}")
+        for k in ("num_inference_steps", "num_frames", "height", "width", "max_new_tokens"):
+            if k in given and (not isinstance(given[k], int) or given[k] < 1):
+                raise ValueError(f"{flag(k)} must be a positive integer, got {given[k]!r}")
+        if out is not None:
+            suffixes = self.out_suffixes(variant, given)
+            if Path(out).suffix.lower() not in suffixes:
+                raise ValueError(f"--out {str(out)!r}: {variant.name} writes {' or '.join(suffixes)} here")
+        return given
+
+    def out_suffixes(self, variant: Variant, given: dict[str, Any]) -> tuple[str, ...]:
+        """The `--out` suffixes valid for these options (default: `output_suffixes`)."""
+        return self.output_suffixes
+
+    def generate(self, handle: Any, *, prompt: str, progress: bool = True, **options) -> Output:
+        """Generate for `magi-zoo run` through the handle (options already checked)."""
+        raise NotImplementedError(f"{self.family}: `magi-zoo run` is not supported for this family")
 
 
 @contextlib.contextmanager

@@ -1,51 +1,80 @@
-"""Shared adapter logic for families that are a diffusers pipeline (Wan, Flux): building
-from random weights / a local directory / a hub id, naming components, the denoiser."""
+"""Shared adapter logic for families that are a diffusers pipeline (Wan, Wan2.2, Flux):
+loading a local directory or hub id, naming components, the denoiser entry point, and
+generation for `magi-zoo run`."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 import torch.nn as nn
 
-from .base import Adapter, Variant
+from .base import Adapter, Output, Variant
 
 
 class DiffusersPipelineAdapter(Adapter):
-    """An `Adapter` over a diffusers pipeline. Subclasses set `component_names` and
-    implement `random_pipeline`; `post_build` may adjust the built pipeline."""
+    """An `Adapter` over a diffusers pipeline. Subclasses set `component_names`,
+    `output_kind` and implement `build_random` and `denoiser_inputs`."""
 
     component_names: ClassVar[tuple[str, ...]]  # pipeline attributes the spec keys refer to
     fp32_components: ClassVar[tuple[str, ...]] = ()  # kept in fp32 after from_pretrained
+    output_kind: ClassVar[str]  # "video" or "image"
+    fps: ClassVar[int | None] = None  # video frame rate written by `magi-zoo run`
+    entry_points = ("denoise",)
+    run_options = ("num_inference_steps", "height", "width", "seed")
 
-    def random_pipeline(self, variant: Variant, dtype: torch.dtype, device: torch.device):
-        """The pipeline with random weights at the variant's config, built offline."""
-        raise NotImplementedError
+    def load_pretrained(self, variant: Variant, source: str, local: bool, dtype: torch.dtype,
+                        device: torch.device):
+        from diffusers import DiffusionPipeline
 
-    def post_build(self, pipe) -> None:
-        """Hook run on every built pipeline, random or loaded."""
-
-    def build(self, variant: Variant, *, weights: Any, dtype: torch.dtype, device: torch.device):
-        source = self.weights_source(variant, weights)
-        if source == "random":
-            torch.manual_seed(0)  # random weights are reproducible run to run
-            pipe = self.random_pipeline(variant, dtype, device)
-        else:
-            from diffusers import DiffusionPipeline
-
-            local = Path(source).is_dir()
-            # A path loads strictly offline; anything else is a hub id, fetched by diffusers.
+        # A path loads strictly offline; anything else is a hub id, fetched by diffusers.
+        try:
             pipe = DiffusionPipeline.from_pretrained(source, torch_dtype=dtype, local_files_only=local)
-            for name in self.fp32_components:
-                getattr(pipe, name).to(torch.float32)
-            pipe.to(device)
-        self.post_build(pipe)
+        except OSError as e:
+            where = "directory" if local else "hub id"
+            raise FileNotFoundError(
+                f"{variant.name}: could not load the diffusers pipeline from {where} {source!r} ({e}). "
+                "Pass a local directory saved by save_pretrained, a reachable hub id, or weights='random'"
+            ) from None
+        for name in self.fp32_components:
+            getattr(pipe, name).to(torch.float32)
+        return pipe.to(device)
+
+    def finish(self, pipe) -> None:
+        super().finish(pipe)
         pipe.set_progress_bar_config(disable=True)
-        return pipe
 
     def components(self, pipe) -> dict[str, nn.Module]:
         return {n: getattr(pipe, n) for n in self.component_names if isinstance(getattr(pipe, n, None), nn.Module)}
 
+    # -- entry point: one denoiser forward --------------------------------------------------
     def denoiser(self, pipe) -> nn.Module:
+        """The module that runs once per denoising step (benchmarks time one forward of it)."""
         return pipe.transformer
+
+    def denoiser_inputs(self, pipe, variant: Variant, *, height=None, width=None, frames=None,
+                        batch: int = 1, seed: int = 0) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def entry(self, pipe, name: str) -> tuple[nn.Module, str]:
+        self.check_entry(name)
+        return self.denoiser(pipe), "forward"
+
+    def example_inputs(self, pipe, variant: Variant, entry: str, **shape) -> dict[str, Any]:
+        self.check_entry(entry)
+        return self.denoiser_inputs(pipe, variant, **shape)
+
+    # -- `magi-zoo run` ---------------------------------------------------------------------
+    def generate(self, handle, *, prompt: str, progress: bool = True, **options) -> Output:
+        seed = options.pop("seed", None)
+        if seed is not None:
+            options["generator"] = torch.Generator(device="cpu").manual_seed(int(seed))
+        self.check_shape(handle.pipe, {**handle.call_defaults(), **options})
+        handle.pipe.set_progress_bar_config(disable=not progress)
+        if self.output_kind == "video":
+            return Output("video", list(handle(prompt=prompt, output_type="np", **options).frames[0]),
+                          fps=handle.variant.config.get("fps", self.fps))
+        return Output("image", handle(prompt=prompt, output_type="pil", **options).images[0])
+
+    def check_shape(self, pipe, call: dict[str, Any]) -> None:
+        """Raise a clear error for a resolution the pipeline cannot make (before any work)."""

@@ -10,12 +10,12 @@ ch_mult (1, 2, 4, 4), z 16, scale 0.3611, shift 0.1159).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn as nn
 
+from ..engine.prepare import Preparation
 from .base import Variant, init_on
 from .diffusers_pipeline import DiffusersPipelineAdapter
 
@@ -158,12 +158,18 @@ def _single_stream_views(module: nn.Module, args: tuple, kwargs: dict):
     return args, dict(kwargs, encoder_hidden_states=joint[:, :t], hidden_states=joint[:, t:])
 
 
-def _prepare_transformer(transformer: nn.Module) -> nn.Module:
+def _single_stream_preparation(transformer: nn.Module) -> Preparation:
     """Give the repeated single-stream blocks identical input layouts (see `_single_stream_views`)."""
-    blocks = getattr(transformer, "single_transformer_blocks", None)
-    if blocks is not None and len(blocks) and not getattr(blocks[0], "_magi_zoo_views_hook", None):
-        blocks[0]._magi_zoo_views_hook = blocks[0].register_forward_pre_hook(_single_stream_views, with_kwargs=True)
-    return transformer
+
+    def install(root: nn.Module):
+        blocks = getattr(transformer, "single_transformer_blocks", None)
+        if blocks is None or not len(blocks):
+            return lambda: None
+        return blocks[0].register_forward_pre_hook(_single_stream_views, with_kwargs=True).remove
+
+    return Preparation("single-stream views",
+                       "single block 0 gets its streams as views of one tensor, like blocks 1..N-1 "
+                       "(one compile per block class instead of two)", install)
 
 
 def _latent_grid(pipe, height: int, width: int) -> tuple[int, int]:
@@ -182,12 +188,17 @@ class FluxAdapter(DiffusersPipelineAdapter):
     aliases = {"flux": "flux.1-dev", "flux.1": "flux.1-dev", "flux-dev": "flux.1-dev",
                "flux-schnell": "flux.1-schnell"}
     component_names = ("transformer", "text_encoder", "text_encoder_2", "vae")
+    output_kind = "image"
+    output_suffixes = (".png", ".jpg", ".jpeg", ".webp")
 
-    def random_pipeline(self, variant: Variant, dtype: torch.dtype, device: torch.device):
+    def build_random(self, variant: Variant, dtype: torch.dtype, device: torch.device):
         return _random_pipeline(variant, dtype, device)
 
-    def post_build(self, pipe) -> None:
-        _prepare_transformer(pipe.transformer)
+    def preparations(self, pipe) -> list[Preparation]:
+        return [_single_stream_preparation(pipe.transformer)]
+
+    def check_shape(self, pipe, call: dict[str, Any]) -> None:
+        _latent_grid(pipe, call["height"], call["width"])
 
     def denoiser_inputs(self, pipe, variant: Variant, *, height=None, width=None, frames=None,
                         batch: int = 1, seed: int = 0) -> dict[str, Any]:
@@ -219,18 +230,3 @@ class FluxAdapter(DiffusersPipelineAdapter):
             kw["guidance"] = torch.full((batch,), d.get("guidance_scale", 3.5), device=p.device,
                                         dtype=torch.float32)
         return kw
-
-    def run(self, handle, *, prompt: str, out: Path, progress: bool = True, **kwargs) -> Path:
-        given = self.run_options(handle.variant, kwargs, ("num_inference_steps", "height", "width", "seed"))
-        seed = given.pop("seed", None)
-        call = dict(handle.variant.call_defaults, **given)
-        _latent_grid(handle.pipe, call["height"], call["width"])  # clear error before any work
-        if seed is not None:
-            call["generator"] = torch.Generator(device="cpu").manual_seed(int(seed))
-        handle.pipe.set_progress_bar_config(disable=not progress)
-        image = handle(prompt=prompt, output_type="pil", **call).images[0]
-        out = Path(out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        # PIL picks the format from the suffix; no suffix means PNG.
-        image.save(out, format=None if out.suffix else "PNG")
-        return out

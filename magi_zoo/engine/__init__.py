@@ -1,13 +1,17 @@
 """The engine: model-agnostic mechanisms that apply a plan to any `nn.Module` tree.
 
-Never imports an adapter. Entry point: `apply` (fixed order, documented there).
+Never imports an adapter. Entry point: `apply` (its steps and their fixed order are
+documented there); one module per step: prepare, attention, compile, offload.
 """
 
-from .apply import apply
-from .compile import installed, remove
+from .apply import STEP_ORDER, apply, explain, remove
+from .compile import installed
 from .custom_ops import CustomOpInfo, custom_op_info, list_custom_ops, register_custom_op
+from .prepare import Preparation
 from .report import Report, format_table
 from .resolve import PlanError, ResolvedPlan, resolve
+from .steps import StepRecord
 
-__all__ = ["apply", "remove", "installed", "register_custom_op", "custom_op_info", "list_custom_ops",
-           "CustomOpInfo", "Report", "format_table", "PlanError", "ResolvedPlan", "resolve"]
+__all__ = ["apply", "remove", "explain", "STEP_ORDER", "installed", "register_custom_op", "custom_op_info",
+           "list_custom_ops", "CustomOpInfo", "Preparation", "Report", "StepRecord", "format_table",
+           "PlanError", "ResolvedPlan", "resolve"]

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import _torch_compat as compat
+from . import counters as compat
 from ..specs.compile_spec import TorchCompileSpec
 
 

@@ -2,76 +2,117 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import torch.nn as nn
 
-from ..specs.plan import as_layers, attention_backend as layers_attention
-from .accounting import RegionStats
-from .compile import install, remove
+from ..specs.gpu_profiles import GpuProfile, get_profile
+from ..specs.plan import PlanLayer, as_layers
+from . import attention, compile as compile_mod, offload  # noqa: F401  (each registers its step)
 from .custom_ops import list_custom_ops
+from .prepare import Preparation, prepare
 from .report import Report
 from .resolve import ResolvedPlan, resolve
+from .steps import STEPS, StepContext, StepRecord
+
+# The fixed order. Why: preparation may add the methods a plan names, so it runs before
+# the plan is resolved; attention (and precision) change which ops the graphs contain, so
+# they precede tracing; recompute must sit *inside* compiled regions so the compiler sees
+# it; offload hooks and collectives wrap compiled regions and are never traced into them
+# (torchtitan's order: activation checkpointing -> compile -> FSDP). A step whose engine
+# module does not exist yet is skipped; adding one is a module that registers its name.
+STEP_ORDER = ("prepare", "attention", "precision", "recompute", "compile", "offload", "parallel")
+
+_APPLIED = "_magi_zoo_applied"  # root instance attr: the StepRecords of the plan applied there
 
 
-def _attention_step(root: nn.Module, backend: str | None) -> str:
-    ops = ", ".join(i.name for i in list_custom_ops()) or "none"
-    if backend is None:
-        return f"attention backend unchanged; custom ops registered: {ops}"
-    done = []
-    for path, mod in root.named_modules():
-        setter = getattr(mod, "set_attention_backend", None)  # diffusers ModelMixin
-        if callable(setter) and not any(path.startswith(p + ".") for p in done if p):
-            setter(backend)
-            done.append(path)
-    if not done:
-        raise ValueError(
-            f"attention_backend={backend!r}: no submodule supports set_attention_backend "
-            "(a diffusers model); leave attention_backend=None for this module"
-        )
-    return f"attention backend {backend!r} on {', '.join(p or '<root>' for p in done)}; custom ops: {ops}"
-
-
-def apply(module: nn.Module, plan: Any = None, *, gpu: str | None = None, layers=None) -> Report:
+def apply(module: nn.Module, plan: Any = None, *, gpu: str | GpuProfile | None = None,
+          layers: Sequence[tuple[str, PlanLayer]] | None = None,
+          preparations: Sequence[Preparation] = ()) -> Report:
     """Apply a plan in place to any `nn.Module` tree and return a live `Report`.
 
-    `plan` is a dict (key -> spec or {method: spec}), a `PlanLayer`, a `SpecFile`, or a
-    path to a TOML spec file (its `[default]` plus `[gpu.<gpu>]` sections). `layers`
-    instead takes pre-stacked ``[(layer name, PlanLayer), ...]`` (what `magi_zoo.load`
-    passes). An empty plan means the engine default: `torch.compile(module)`.
+    `plan` is a dict ({section: {key: spec}}, or {key: spec} for compile alone), a
+    `PlanLayer`, a `SpecFile`, or a path to a TOML spec file (its `[default]` plus
+    `[gpu.<gpu>]` tables). `layers` instead takes pre-stacked ``[(layer name, PlanLayer),
+    ...]`` (what `magi_zoo.load` passes). `gpu` is a profile name or `GpuProfile` every step
+    is told (default "cpu": the engine never initialises CUDA by itself). `preparations` are
+    an adapter's declared graph preparations. With no compile entry in any layer, the
+    engine default compiles the root: exactly `torch.compile(module)`.
 
-    The order is fixed, and this is the only place that encodes it:
+    The steps run in `STEP_ORDER`, one engine module each, and this is the only place that
+    encodes it:
 
-    1. attention / custom ops -- they change which ops the graphs contain, so they must
-       be in place before anything is traced;
-    2. activation recompute -- wraps blocks in checkpointing, which must sit *inside* the
-       compiled regions so the compiler sees the recompute (no plan field yet: no-op);
-    3. compile -- installs the compiled methods (compilation itself happens lazily, on
-       the first call, and is booked to each region's counters);
-    4. weight offload -- hooks that move weights must wrap the compiled regions, never be
-       traced into them (no plan field yet: no-op).
+    1. prepare -- the adapter's graph preparations (before resolution: they may add the
+       methods a plan key names);
+    2. attention / custom ops -- they change which ops the graphs contain, so they must be
+       in place before anything is traced;
+    3. precision -- (no engine module yet);
+    4. recompute -- checkpointing must sit *inside* compiled regions (no module yet);
+    5. compile -- installs the compiled methods (compilation itself happens lazily on the
+       first call and is booked to each region's counters);
+    6. offload -- hooks that move weights wrap compiled regions, never traced into them
+       (today: reads the profile's memory and says whether the weights fit);
+    7. parallel -- collectives outside compiled regions (no module yet).
 
-    Applying twice first removes the earlier plan, so the result never stacks wrappers.
+    Every step returns a record and an undo; `remove(module)` undoes them all, last first.
+    Applying twice first removes the earlier plan, so wrappers never stack. A bad plan key
+    raises before the tree is changed.
     """
     if layers is None:
-        layers = as_layers(plan if plan is not None else {}, gpu=gpu)
+        layers = as_layers(plan if plan is not None else {}, gpu=_profile(gpu).name)
     elif plan is not None:
         raise TypeError("pass either plan= or layers=, not both")
-    resolved: ResolvedPlan = resolve(module, layers)
-    steps = [("attention/custom ops", _attention_step(module, layers_attention(layers))),
-             ("recompute", "none requested")]
-    removed = remove(module)
-    regions: list[RegionStats] = []
-    for (key, method), targets in resolved.regions().items():
-        t0 = targets[0]
-        stats = RegionStats(name=key, method=method, spec=t0.spec, modules=[t.path for t in targets],
-                            cls_name=t0.cls_name, layers=t0.layers)
-        for t in targets:  # one spec per region: the resolver splits groups that differ
-            install(t.module, method, stats)
-        regions.append(stats)
-    n_on = sum(len(r.modules) for r in regions if r.spec.enabled)
-    n_off = sum(len(r.modules) for r in regions if not r.spec.enabled)
-    steps.append(("compile", f"{n_on} method(s) compiled, {n_off} fenced off (enabled=False)"
-                  + (f"; replaced an earlier plan on {removed}" if removed else "")))
-    steps.append(("offload", "none requested"))
-    return Report(steps=steps, regions=regions, plan=resolved)
+    profile = _profile(gpu)
+    replaced = remove(module)
+    records: list[StepRecord] = []
+    ctx = None
+    try:
+        records.append(prepare(module, list(preparations)))
+        resolved: ResolvedPlan = resolve(module, list(layers))
+        ctx = StepContext(root=module, plan=resolved, profile=profile)
+        for name in STEP_ORDER[1:]:
+            if name in STEPS:
+                records.append(STEPS[name](ctx))
+    except BaseException:
+        _undo(records)
+        raise
+    ops = ", ".join(i.name for i in list_custom_ops()) or "none"
+    for r in records:
+        if r.step == "attention":
+            r.did += f"; custom ops registered: {ops}"
+        if r.step == "compile" and replaced:
+            r.did += f"; replaced an earlier plan ({replaced} step(s) undone)"
+    module.__dict__[_APPLIED] = records
+    return Report(steps=records, regions=ctx.regions, plan=resolved, profile=profile.name)
+
+
+def _profile(gpu: str | GpuProfile | None) -> GpuProfile:
+    if isinstance(gpu, GpuProfile):
+        return gpu
+    return get_profile(gpu if gpu is not None else "cpu")
+
+
+def _undo(records: list[StepRecord]) -> None:
+    for r in reversed(records):
+        if r.undo is not None:
+            r.undo()
+
+
+def remove(module: nn.Module) -> int:
+    """Undo every step of the plan applied to `module` (last step first), restoring it
+    exactly; also removes compiled methods installed on submodules by other applies.
+    Returns how many steps and methods were undone (0: nothing was applied)."""
+    records = module.__dict__.pop(_APPLIED, None) or []
+    _undo(records)
+    return len(records) + compile_mod.uninstall_all(module)
+
+
+def explain(module: nn.Module, layers: Sequence[tuple[str, PlanLayer]],
+            preparations: Sequence[Preparation] = ()) -> ResolvedPlan:
+    """Resolve a plan without applying it (what `magi-zoo spec` shows): the preparations are
+    installed for the resolution (they may add methods a key names) and undone after."""
+    rec = prepare(module, list(preparations))
+    try:
+        return resolve(module, list(layers))
+    finally:
+        rec.undo()

@@ -2,11 +2,12 @@
 `load_cache_artifacts` (inductor FX graphs, AOTAutograd entries, Triton kernels, PGO).
 
 Entries are keyed by everything that specialises generated code: the resolved plan's spec
-digests, torch / triton / Python versions, the device name, dtype, and the model
-(adapter + variant). One file per key, written to a temporary name and renamed into
-place, so concurrent writers never leave a torn file (the last complete writer wins) and
-readers never see a partial one. A file that fails its checksum, does not parse, or
-belongs to another key is ignored with a warning and rebuilt -- never a crash.
+digests, the model (adapter + variant), dtype, and `environment_fields()` (torch / triton /
+Python / diffusers / transformers versions, the device name). One file per key, written to
+a temporary name and renamed into place, so concurrent writers never leave a torn file
+(the last complete writer wins) and readers never see a partial one. A file that fails its
+checksum, does not parse, or belongs to another key is ignored with a warning and rebuilt
+-- never a crash.
 
 File format: MAGIC, a 4-byte big-endian header length, a JSON header
 ({"format", "key", "fields", "sha256", "size"}), then the artifact bytes.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.metadata
 import json
 import os
 import platform
@@ -33,17 +35,39 @@ FORMAT = 1
 MAGIC = b"MAGI_ZOO_COMPILE_CACHE\n"
 
 
-def environment_fields() -> dict[str, Any]:
-    """The parts of the key that come from the machine, not the model."""
+def _dist_version(name: str) -> str | None:
+    """An installed distribution's version, read from its metadata (no import: asking for
+    diffusers' version must not import diffusers)."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def environment_fields(device: torch.device | str | None = None) -> dict[str, Any]:
+    """The machine-side fingerprint: library versions, Python, the device.
+
+    One definition for two readers: the compile cache puts all of it in its key (each field
+    can change the generated code: torch / triton / Python versions, the device it was
+    tuned for; diffusers / transformers change the traced model code), and every benchmark
+    record carries it. `device` picks what `device_name` describes; default: CUDA if
+    available, else the CPU.
+    """
     try:
         import triton
 
         triton_version = triton.__version__
     except Exception:  # no triton on CPU-only installs
         triton_version = None
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
+    dev = torch.device(device) if device is not None else torch.device(
+        "cuda" if torch.cuda.is_available() else "cpu")
+    if dev.type == "cuda":
+        device_name = torch.cuda.get_device_name(dev)
+    else:  # inductor's C++ code is built for the architecture and parallelised for the thread count
+        device_name = f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
     return {"torch": torch.__version__, "triton": triton_version, "python": platform.python_version(),
-            "device_name": device, "cuda": torch.version.cuda}
+            "diffusers": _dist_version("diffusers"), "transformers": _dist_version("transformers"),
+            "device_name": device_name, "cuda": torch.version.cuda}
 
 
 def resolve_cache_dir(cache_dir: str | os.PathLike | None) -> Path | None:

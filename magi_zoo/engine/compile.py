@@ -24,6 +24,7 @@ import torch
 import torch.nn as nn
 
 from .accounting import RegionStats, tracked
+from .steps import StepContext, StepRecord, register_step
 
 _ORIGINALS = "_magi_zoo_originals"  # instance attr: method name -> prior instance attr or None
 
@@ -34,7 +35,7 @@ def install(module: nn.Module, method: str, stats: RegionStats) -> None:
     if method in originals:
         raise RuntimeError(
             f"{type(module).__name__}.{method} already has a plan applied; "
-            "call magi_zoo.engine.remove(module) before applying another"
+            "call magi_zoo.remove(module) before applying another"
         )
     originals[method] = module.__dict__.get(method)
     bound = getattr(module, method)
@@ -45,22 +46,50 @@ def install(module: nn.Module, method: str, stats: RegionStats) -> None:
     object.__setattr__(module, method, tracked(fn, stats))
 
 
-def remove(root: nn.Module) -> int:
-    """Undo every install under `root`; returns how many methods were restored."""
-    n = 0
-    for mod in root.modules():
-        originals = mod.__dict__.pop(_ORIGINALS, None)
-        if not originals:
-            continue
-        for method, prior in originals.items():
-            if prior is None:
-                mod.__dict__.pop(method, None)
-            else:
-                object.__setattr__(mod, method, prior)
-            n += 1
-    return n
+def _restore(mod: nn.Module) -> int:
+    """Put back the methods `install` replaced on one module; returns how many."""
+    originals = mod.__dict__.pop(_ORIGINALS, None) or {}
+    for method, prior in originals.items():
+        if prior is None:
+            mod.__dict__.pop(method, None)
+        else:
+            object.__setattr__(mod, method, prior)
+    return len(originals)
+
+
+def uninstall_all(root: nn.Module) -> int:
+    """Undo every compile install under `root`, whoever made it; returns how many methods."""
+    return sum(_restore(mod) for mod in root.modules())
 
 
 def installed(root: nn.Module) -> list[tuple[str, str]]:
     """(path, method) pairs that currently carry a compiled wrapper."""
     return [(path, m) for path, mod in root.named_modules() for m in mod.__dict__.get(_ORIGINALS, {})]
+
+
+@register_step("compile")
+def compile_step(ctx: StepContext) -> StepRecord:
+    """Install every compile region of the plan; regions are booked for the report."""
+    installed_on: list[nn.Module] = []
+    try:
+        for (key, method), targets in ctx.plan.regions().items():
+            t0 = targets[0]
+            stats = RegionStats(name=key, method=method, spec=t0.spec, modules=[t.path for t in targets],
+                                cls_name=t0.cls_name, layers=t0.layers)
+            for t in targets:  # one spec per region: the resolver splits groups that differ
+                install(t.module, method, stats)
+                installed_on.append(t.module)
+            ctx.regions.append(stats)
+    except BaseException:
+        for m in installed_on:
+            _restore(m)
+        raise
+    n_on = sum(len(r.modules) for r in ctx.regions if r.spec.enabled)
+    n_off = sum(len(r.modules) for r in ctx.regions if not r.spec.enabled)
+
+    def undo() -> None:
+        for m in installed_on:
+            _restore(m)
+
+    return StepRecord("compile", f"{n_on} method(s) compiled, {n_off} fenced off (enabled=False)", undo,
+                      {"compiled": n_on, "disabled": n_off})

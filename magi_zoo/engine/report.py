@@ -30,9 +30,17 @@ def format_table(rows: list[dict[str, Any]], columns: list[str] | None = None) -
 class Report:
     """Result of `magi_zoo.apply`: the steps taken, in order, and per-region counters."""
 
-    steps: list[tuple[str, str]]  # (step name, what it did), in the fixed apply order
-    regions: list[RegionStats]
-    plan: ResolvedPlan | None = None  # what the resolver produced (targets, winning keys)
+    steps: list  # StepRecords (step name, what it did, undo), in the fixed apply order
+    regions: list[RegionStats]  # the compile section's regions, with live counters
+    plan: ResolvedPlan | None = None  # what the resolver produced, every section
+    profile: str | None = None  # the GPU profile the steps were told
+
+    def step(self, name: str):
+        """The record of one step; unknown names list the steps that ran."""
+        for s in self.steps:
+            if s.step == name:
+                return s
+        raise KeyError(f"no step {name!r}; steps: {', '.join(s.step for s in self.steps)}")
 
     # -- totals ---------------------------------------------------------------------------
     @property
@@ -95,7 +103,8 @@ class Report:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "steps": [{"step": s, "did": d} for s, d in self.steps],
+            "profile": self.profile,
+            "steps": [s.to_dict() for s in self.steps],
             "regions": [r.to_dict() for r in self.regions],
             "totals": {"compile_s": round(self.compile_s, 3), "frames_compiled": self.frames,
                        "graphs": self.graphs, "graph_breaks": self.graph_breaks,
@@ -106,7 +115,7 @@ class Report:
         return json.dumps(self.to_dict(), indent=2, default=str, **kw)
 
     def __str__(self) -> str:
-        steps = "\n".join(f"  {i + 1}. {s}: {d}" for i, (s, d) in enumerate(self.steps))
-        text = f"apply steps:\n{steps}\n{self.table()}"
+        steps = "\n".join(f"  {i + 1}. {s.step}: {s.did}" for i, s in enumerate(self.steps))
+        text = f"apply steps (gpu profile {self.profile}):\n{steps}\n{self.table()}"
         details = self.details()
         return text + (f"\n{details}" if details else "")

@@ -1,10 +1,12 @@
-"""Resolve plan layers against a real module tree.
+"""Resolve plan layers against a real module tree, section by section.
 
-Key kinds, from most to least specific: an exact dotted path (or "" for the root), a
+Every section (compile, attention, ...) resolves by the same rules. Key kinds, from most to least specific: an exact dotted path (or "" for the root), a
 path glob (``*`` = one segment, ``**`` = any number), a class name. For every
 (submodule, method) that some key matches, the matching specs are folded in order of
 (layer precedence, key specificity): each contributes the fields it set explicitly, so a
-user override ``{"dynamic": True}`` changes only `dynamic` and keeps the rest.
+user override ``{"dynamic": True}`` changes only `dynamic` and keeps the rest. A section
+that no layer mentions gets its engine default (for compile: the root, as
+`torch.compile(root)`; for the others: nothing).
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from typing import Iterable
 
 import torch.nn as nn
 
-from ..specs.compile_spec import TorchCompileSpec
 from ..specs.plan import LAYER_ORDER, PlanLayer
+from ..specs.section import SECTIONS, SectionSpec, section_class
 
 
 class PlanError(ValueError):
@@ -26,12 +28,13 @@ class PlanError(ValueError):
 
 @dataclasses.dataclass
 class Target:
-    """One (submodule, method) to compile, with its resolved spec."""
+    """One (submodule, method) of one section, with its resolved spec. `method` is None
+    for sections that apply to a module as a whole."""
 
     path: str
-    method: str
+    method: str | None
     module: nn.Module
-    spec: TorchCompileSpec
+    spec: SectionSpec
     key: str  # the winning (most specific, highest layer) key
     layers: list[str]  # every layer that contributed, lowest first
 
@@ -41,44 +44,74 @@ class Target:
 
 
 @dataclasses.dataclass
-class ResolvedPlan:
-    """The plan after resolution: an ordered list of targets, outermost first."""
+class ResolvedSection:
+    """One section after resolution: an ordered list of targets, outermost first."""
 
+    section: str
     targets: list[Target]
 
-    def regions(self) -> dict[tuple[str, str], list[Target]]:
+    def regions(self) -> dict[tuple[str, str | None], list[Target]]:
         """Group targets into regions: one per (winning key, method, spec).
 
         Targets under one key can end with different specs when a more specific key of a
         lower layer set other fields for some of them; those become a region of their own,
         named ``key@first_path``.
         """
-        groups: dict[tuple[str, str, TorchCompileSpec], list[Target]] = {}
+        groups: dict[tuple[str, str | None, SectionSpec], list[Target]] = {}
         for t in self.targets:
             groups.setdefault((t.key, t.method, t.spec), []).append(t)
-        largest: dict[tuple[str, str], int] = {}
+        largest: dict[tuple[str, str | None], int] = {}
         for (key, method, _), ts in groups.items():
             largest[(key, method)] = max(largest.get((key, method), 0), len(ts))
-        out: dict[tuple[str, str], list[Target]] = {}
+        out: dict[tuple[str, str | None], list[Target]] = {}
         for (key, method, _), ts in groups.items():
             plain = (key, method) not in out and len(ts) == largest[(key, method)]
             out[(key if plain else f"{key}@{ts[0].path}", method)] = ts
         return out
 
     def table(self) -> list[dict[str, str]]:
-        """Rows for display: key, method, matched modules, spec, source layers."""
+        """Rows for display: section, key, method, matched modules, spec, source layers."""
         rows = []
         for (key, method), ts in self.regions().items():
             paths = [t.path or "<root>" for t in ts]
             where = paths[0] if len(paths) == 1 else f"{len(paths)} x {ts[0].cls_name}"
             rows.append({
+                "section": self.section,
                 "region": key or "<root>",
-                "method": method,
+                "method": method or "-",
                 "modules": where,
                 "spec": ts[0].spec.short(),
                 "from": " > ".join(reversed(ts[0].layers)),
             })
         return rows
+
+
+@dataclasses.dataclass
+class ResolvedPlan:
+    """Every registered section after resolution."""
+
+    sections: dict[str, ResolvedSection]
+
+    def section(self, name: str) -> ResolvedSection:
+        section_class(name)  # unknown names: did-you-mean
+        return self.sections.get(name) or ResolvedSection(name, [])
+
+    @property
+    def targets(self) -> list[Target]:
+        """The compile section's targets."""
+        return self.section("compile").targets
+
+    def regions(self) -> dict[tuple[str, str | None], list[Target]]:
+        """The compile section's regions."""
+        return self.section("compile").regions()
+
+    def table(self) -> list[dict[str, str]]:
+        """Rows of every section that has targets, in section order."""
+        return [row for s in self.sections.values() for row in s.table()]
+
+    def digests(self) -> list[tuple[str, str, str | None, str]]:
+        """(section, path, method, spec digest) for every target: what a cache key needs."""
+        return [(s.section, t.path, t.method, t.spec.digest()) for s in self.sections.values() for t in s.targets]
 
 
 def _glob_to_regex(pattern: str) -> re.Pattern:
@@ -143,41 +176,53 @@ def _method_error(key: str, path: str, module: nn.Module, method: str) -> PlanEr
     )
 
 
-def resolve(root: nn.Module, layers: list[tuple[str, PlanLayer]]) -> ResolvedPlan:
-    """Resolve stacked plan layers against `root` (see module docstring for the rules).
-
-    If no layer has any entry, the engine default applies: the root module compiled with
-    `TorchCompileSpec()` -- exactly `torch.compile(root)`.
-    """
+def resolve_section(root: nn.Module, layers: list[tuple[str, PlanLayer]], section: str,
+                    modules: dict[str, nn.Module] | None = None) -> ResolvedSection:
+    """Resolve one section of stacked plan layers against `root` (rules: module docstring)."""
+    cls = section_class(section)
     unknown = [name for name, _ in layers if name not in LAYER_ORDER]
     if unknown:
         raise ValueError(f"unknown plan layer {unknown}; valid: {LAYER_ORDER}")
-    if not any(layer for _, layer in layers):
-        layers = [("engine default", PlanLayer(regions={"": TorchCompileSpec()}))]
-    modules = dict(root.named_modules())
+    stack = [(name, list(layer.items(section))) for name, layer in layers]
+    if not any(items for _, items in stack):
+        default = cls.engine_default()
+        if not default:
+            return ResolvedSection(section, [])
+        stack = [("engine default", list(PlanLayer(sections={section: default}).items(section)))]
+    modules = modules if modules is not None else dict(root.named_modules())
     # (path, method) -> list of (rank tuple, layer name, key, spec)
-    found: dict[tuple[str, str], list[tuple[tuple, str, str, TorchCompileSpec]]] = {}
-    for layer_name, layer in layers:
+    found: dict[tuple[str, str | None], list[tuple[tuple, str, str, SectionSpec]]] = {}
+    for layer_name, items in stack:
         rank = LAYER_ORDER.index(layer_name)
-        for key, method, spec in layer.items_by_method():
+        for key, method, spec in items:
             paths, by_path = match_key(root, key, modules)
             if not paths:
-                raise _no_match_error(root, key, modules, layer_name)
+                raise _no_match_error(root, key, modules, f"{layer_name}, {section}")
             for path in paths:
                 mod = modules[path]
-                if not callable(getattr(mod, method, None)):
+                if method is not None and not callable(getattr(mod, method, None)):
                     raise _method_error(key, path, mod, method)
                 found.setdefault((path, method), []).append(
                     ((rank, *_specificity(key, by_path)), layer_name, key, spec)
                 )
     targets = []
     order = {p: i for i, p in enumerate(modules)}
-    for (path, method), cands in sorted(found.items(), key=lambda kv: (order[kv[0][0]], kv[0][1])):
+    for (path, method), cands in sorted(found.items(), key=lambda kv: (order[kv[0][0]], kv[0][1] or "")):
         cands.sort(key=lambda c: c[0])
         fields: dict = {}
         for _, _, _, spec in cands:
             fields.update(spec.explicit())
         layers_used = list(dict.fromkeys(c[1] for c in cands))
         targets.append(Target(path=path, method=method, module=modules[path],
-                              spec=TorchCompileSpec(**fields), key=cands[-1][2], layers=layers_used))
-    return ResolvedPlan(targets=targets)
+                              spec=cls(**fields), key=cands[-1][2], layers=layers_used))
+    return ResolvedSection(section, targets)
+
+
+def resolve(root: nn.Module, layers: list[tuple[str, PlanLayer]]) -> ResolvedPlan:
+    """Resolve every registered section of stacked plan layers against `root`.
+
+    Every key of every section is checked before anything is changed, so a plan with a bad
+    key leaves the module untouched.
+    """
+    modules = dict(root.named_modules())
+    return ResolvedPlan({name: resolve_section(root, layers, name, modules) for name in SECTIONS})

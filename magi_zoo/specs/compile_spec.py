@@ -6,20 +6,23 @@ sets nothing compiles as a plain `torch.compile` call would.
 
 from __future__ import annotations
 
-import hashlib
-import json
-from typing import Any
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from .section import SectionSpec, register_section
 
 # The modes `torch.compile(mode=...)` accepts (torch/__init__.py, `_TorchCompileInductorWrapper`).
 VALID_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
-class TorchCompileSpec(BaseModel):
-    """How to compile one region. Frozen; unknown fields are rejected."""
+@register_section
+class TorchCompileSpec(SectionSpec):
+    """How to compile one region (the plan's ``compile`` section). Frozen; unknown fields
+    are rejected."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    section: ClassVar[str] = "compile"
+    per_method: ClassVar[bool] = True  # each method of a module is its own compiled region
 
     enabled: bool = Field(
         True,
@@ -70,20 +73,17 @@ class TorchCompileSpec(BaseModel):
             kw["options"] = dict(self.options)
         return kw
 
-    def explicit(self) -> dict[str, Any]:
-        """Only the fields that were set explicitly (what an override layer contributes)."""
-        return {k: getattr(self, k) for k in self.model_fields_set}
+    @classmethod
+    def from_shorthand(cls, value: Any) -> "TorchCompileSpec":
+        # `vae = false` is shorthand for enabled=False; true for the default spec.
+        if isinstance(value, bool):
+            return cls(enabled=value)
+        return super().from_shorthand(value)
+
+    @classmethod
+    def engine_default(cls) -> dict[str, "TorchCompileSpec"]:
+        # No layer names any compile region: the root compiled as `torch.compile(root)`.
+        return {"": cls()}
 
     def short(self) -> str:
-        """One-line summary for tables: the non-default fields, or 'default'."""
-        if not self.enabled:
-            return "disabled"
-        default = TorchCompileSpec()
-        parts = [f"{k}={getattr(self, k)}" for k in type(self).model_fields
-                 if getattr(self, k) != getattr(default, k)]
-        return ", ".join(parts) or "default"
-
-    def digest(self) -> str:
-        """Stable hash of the spec (used in cache keys)."""
-        blob = json.dumps(self.model_dump(), sort_keys=True, default=str)
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+        return "disabled" if not self.enabled else super().short()

@@ -20,10 +20,9 @@ class GpuProfile(BaseModel):
     device: str = Field(description="torch device type: 'cuda' or 'cpu'")
     memory_gib: float = Field(description="device memory in GiB (host RAM budget for cpu)")
     bf16: bool = Field(description="native bf16 matmul")
-    fp8: bool = Field(description="native fp8 matmul (Hopper, Ada, Blackwell)")
     attention_backend: str = Field(
-        description="preferred SDPA backend: 'cudnn', 'flash', 'efficient' or 'math'"
-    )
+        "native", description="the diffusers attention backend an `attention` spec of "
+        "backend='auto' selects on this card (read by the engine's attention step)")
     bf16_tflops: float | None = Field(None, description="dense bf16 matmul peak, TFLOP/s (spec sheet)")
     match: tuple[str, ...] = Field((), description="substrings of the CUDA device name")
 
@@ -34,25 +33,26 @@ class GpuProfile(BaseModel):
 
 
 # Spec-sheet numbers (dense, no sparsity). DESIGN.md measured ~800 TFLOP/s bf16 on H100/H200;
-# the spec sheet's 989 is the ceiling a %-of-peak column is taken against.
+# the spec sheet's 989 is the ceiling a %-of-peak column is taken against (benchmarks).
+#
+# attention_backend: "native" (torch SDPA's own dispatch) everywhere for now. On an H200 at
+# the Wan-1.3B shape, native SDPA already dispatches to cuDNN and forcing it is no faster:
+# native 629.7 ms vs _native_cudnn 648.3 ms eager, 530.4 vs 535.9 ms compiled, flash 843 ms
+# (benchmarks/results/attention_backends_wan2.1-t2v-1.3b_h200.md). Other cards are not
+# measured; native is the library default there too.
+#
+# Which card has fp8 matmuls is not recorded yet: no step reads it until a precision step
+# exists.
 PROFILES: dict[str, GpuProfile] = {
     p.name: p
     for p in [
-        GpuProfile(name="cpu", device="cpu", memory_gib=16, bf16=False, fp8=False,
-                   attention_backend="math"),
-        # cuDNN SDPA measured fastest at the Wan shape on H100 (575 vs 359 TFLOP/s flash).
-        GpuProfile(name="h100", device="cuda", memory_gib=80, bf16=True, fp8=True,
-                   attention_backend="cudnn", bf16_tflops=989.0, match=("H100",)),
-        GpuProfile(name="h200", device="cuda", memory_gib=141, bf16=True, fp8=True,
-                   attention_backend="cudnn", bf16_tflops=989.0, match=("H200",)),
-        GpuProfile(name="a100", device="cuda", memory_gib=80, bf16=True, fp8=False,
-                   attention_backend="flash", bf16_tflops=312.0, match=("A100",)),
-        GpuProfile(name="l40s", device="cuda", memory_gib=48, bf16=True, fp8=True,
-                   attention_backend="flash", bf16_tflops=362.0, match=("L40S",)),
-        GpuProfile(name="rtx4090", device="cuda", memory_gib=24, bf16=True, fp8=True,
-                   attention_backend="flash", bf16_tflops=165.0, match=("4090",)),
-        GpuProfile(name="rtx5090", device="cuda", memory_gib=32, bf16=True, fp8=True,
-                   attention_backend="flash", bf16_tflops=209.0, match=("5090",)),
+        GpuProfile(name="cpu", device="cpu", memory_gib=16, bf16=False),
+        GpuProfile(name="h100", device="cuda", memory_gib=80, bf16=True, bf16_tflops=989.0, match=("H100",)),
+        GpuProfile(name="h200", device="cuda", memory_gib=141, bf16=True, bf16_tflops=989.0, match=("H200",)),
+        GpuProfile(name="a100", device="cuda", memory_gib=80, bf16=True, bf16_tflops=312.0, match=("A100",)),
+        GpuProfile(name="l40s", device="cuda", memory_gib=48, bf16=True, bf16_tflops=362.0, match=("L40S",)),
+        GpuProfile(name="rtx4090", device="cuda", memory_gib=24, bf16=True, bf16_tflops=165.0, match=("4090",)),
+        GpuProfile(name="rtx5090", device="cuda", memory_gib=32, bf16=True, bf16_tflops=209.0, match=("5090",)),
     ]
 }
 

@@ -1,116 +1,148 @@
-"""Plans: which regions of a module tree get which `TorchCompileSpec`.
+"""Plans: which regions of a module tree get which settings, section by section.
 
-A plan *layer* maps a submodule key to a spec, or to ``{method_name: spec}``::
+A plan *layer* maps each section (`compile`, `attention`, ...; see `section.SECTIONS`) to
+region keys, and each key to that section's spec -- or, for per-method sections such as
+compile, to ``{method_name: spec}``::
 
-    {"transformer.blocks.*": TorchCompileSpec(fullgraph=True),      # glob over paths
-     "WanTransformerBlock": {"forward": TorchCompileSpec(dynamic=True)},  # class name
-     "vae": {"decode": {"enabled": False}}}                           # plain dicts work too
+    {"compile": {"transformer.blocks.*": {"fullgraph": True},          # glob over paths
+                 "WanTransformerBlock": {"forward": {"dynamic": True}}, # class name, one method
+                 "vae": {"decode": {"enabled": False}}},
+     "attention": {"transformer": {"backend": "flash"}}}
 
-Keys are dotted submodule paths (``*`` matches one path segment, ``**`` one or more),
-``""`` for the root module, or a class name. Several layers are stacked with a fixed
-precedence -- user override > GPU section > model default > engine default -- and
-resolved against a real module tree by `magi_zoo.engine.resolve`.
+A dict whose keys are not section names is shorthand for the compile section
+(``{"blocks.*": {"fullgraph": True}}``). Keys are dotted submodule paths (``*`` matches one
+path segment, ``**`` one or more), ``""`` for the root module, or a class name. Layers
+stack with a fixed precedence -- user override > GPU section > model default > engine
+default -- and are resolved against a real module tree by `magi_zoo.engine.resolve`.
 
-Spec files are TOML with a ``[default]`` table and one ``[gpu.<profile>]`` table per GPU
-profile; see ``magi_zoo/specs/wan.toml``.
+Spec files are TOML: a ``[default.<section>]`` table per section, and per GPU profile
+``[gpu.<profile>.<section>]`` tables; a GPU table may say ``inherits = "<profile>"`` to
+start from another profile's table (see ``magi_zoo/specs/wan.toml``).
 """
 
 from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any, Mapping, Union
+from typing import Any, Iterator, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .compile_spec import TorchCompileSpec
+from .section import SECTIONS, Entry, SectionSpec, coerce_entry, did_you_mean, flat_error, section_class
 
 # Layer names in increasing precedence; the resolver folds them in this order.
 LAYER_ORDER = ("engine default", "model default", "gpu", "user")
 
-_SPEC_FIELDS = frozenset(TorchCompileSpec.model_fields)
 
-Entry = Union[TorchCompileSpec, dict[str, TorchCompileSpec]]
-
-
-def _coerce_entry(key: str, value: Any) -> Entry:
-    """A spec, or {method: spec}. Plain dicts are told apart by their keys."""
-    if isinstance(value, TorchCompileSpec):
-        return value
-    if isinstance(value, bool):
-        # `"vae": False` is shorthand for enabled=False; True for the default spec.
-        return TorchCompileSpec(enabled=value)
-    if not isinstance(value, Mapping):
+def _is_sectioned(value: Mapping[str, Any]) -> bool:
+    """True for {section: {...}}, False for compile shorthand; a mix is an error."""
+    names = [k for k in value if k in SECTIONS]
+    if names and len(names) != len(value):
+        others = [k for k in value if k not in SECTIONS]
         raise ValueError(
-            f"plan key {key!r}: expected a TorchCompileSpec, a dict of its fields, or "
-            f"{{method_name: spec}}; got {type(value).__name__}"
-        )
-    keys = set(value)
-    if keys <= _SPEC_FIELDS:
-        return TorchCompileSpec(**value)
-    # A dict mixing spec fields with other names is a typo'd spec, never a method table
-    # (methods named like spec fields are not supported).
-    if keys & _SPEC_FIELDS:
-        unknown = sorted(keys - _SPEC_FIELDS)
-        raise ValueError(
-            f"plan key {key!r}: {unknown} are not TorchCompileSpec fields "
-            f"(valid: {', '.join(sorted(_SPEC_FIELDS))}); for per-method specs write "
-            f"{{method_name: {{...}}}} with a dict for every method"
-        )
-    out: dict[str, TorchCompileSpec] = {}
-    for method, spec in value.items():
-        if isinstance(spec, bool):
-            spec = TorchCompileSpec(enabled=spec)
-        elif isinstance(spec, Mapping):
-            spec = TorchCompileSpec(**spec)
-        elif not isinstance(spec, TorchCompileSpec):
-            raise ValueError(
-                f"plan key {key!r}, method {method!r}: expected a spec or dict of its fields, "
-                f"got {type(spec).__name__}"
-            )
-        out[str(method)] = spec
-    return out
+            f"a plan mixes section names {names} with region keys {others}; either write every "
+            f"region under its section ({', '.join(SECTIONS)}), or give only compile regions")
+    return bool(names)
 
 
 class PlanLayer(BaseModel):
-    """One layer of a plan: submodule key -> spec or {method: spec}."""
+    """One layer of a plan: section -> {region key -> spec or {method: spec}}.
+
+    Build it as ``PlanLayer(compile={...}, attention={...})``, from a dict with
+    `PlanLayer.coerce`, or from a spec file's table.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
-    regions: dict[str, Entry] = Field(default_factory=dict, description="key -> spec or {method: spec}")
-    attention_backend: str | None = Field(
-        None, description="diffusers attention backend for every model that supports it "
-        "(e.g. '_native_cudnn', 'flash', 'native'); None leaves the library default")
+    sections: dict[str, dict[str, Entry]] = Field(
+        default_factory=dict, description="section name -> {region key -> spec or {method: spec}}")
 
-    @field_validator("regions", mode="before")
+    @model_validator(mode="before")
     @classmethod
-    def _coerce(cls, v: Any) -> dict[str, Entry]:
-        if v is None:
-            return {}
-        if not isinstance(v, Mapping):
-            raise ValueError(f"a plan is a mapping of submodule key -> spec, got {type(v).__name__}")
-        return {str(k): _coerce_entry(str(k), val) for k, val in v.items()}
+    def _sections_as_kwargs(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping):
+            raise ValueError(f"a plan layer is a mapping of section -> regions, got {type(data).__name__}")
+        data = dict(data)
+        if "regions" in data:
+            raise ValueError("'regions' is now the 'compile' section: write compile={...} "
+                             "(in TOML: [default.compile] instead of [default.regions])")
+        sections = dict(data.pop("sections", None) or {})
+        for name in list(data):
+            if name in SECTIONS:
+                sections[name] = data.pop(name)
+        if data:
+            unknown = sorted(data)
+            raise ValueError(f"unknown plan section(s) {unknown}"
+                             f"{did_you_mean(unknown[0], SECTIONS)}; sections: {', '.join(SECTIONS)}")
+        out: dict[str, dict[str, Entry]] = {}
+        for name, regions in sections.items():
+            cls_ = section_class(name)
+            if regions is None:
+                continue
+            if not isinstance(regions, Mapping):
+                raise ValueError(f"section {name!r}: expected a mapping of region key -> spec, "
+                                 f"got {type(regions).__name__}")
+            out[name] = {str(k): coerce_entry(cls_, str(k), v) for k, v in regions.items()}
+        return {"sections": out}
 
     @classmethod
     def coerce(cls, value: "PlanLayer | Mapping[str, Any] | None") -> "PlanLayer":
-        """Accept a PlanLayer, a plain dict of regions, or None."""
+        """Accept a PlanLayer, a {section: regions} dict, a compile-only dict, or None."""
         if value is None:
             return cls()
         if isinstance(value, PlanLayer):
             return value
-        return cls(regions=value)
+        if not isinstance(value, Mapping):
+            raise TypeError(f"a plan is a dict of {{section: {{key: spec}}}} or {{key: spec}}, "
+                            f"got {type(value).__name__}")
+        return cls(**value) if _is_sectioned(value) else cls(compile=value)
 
-    def items_by_method(self):
-        """Yield (key, method, spec) triples; a bare spec means method 'forward'."""
-        for key, entry in self.regions.items():
-            if isinstance(entry, TorchCompileSpec):
-                yield key, "forward", entry
+    def entries(self, section: str) -> dict[str, Entry]:
+        """The region entries of one section (empty if the layer does not set it)."""
+        section_class(section)
+        return self.sections.get(section, {})
+
+    def items(self, section: str) -> Iterator[tuple[str, str | None, SectionSpec]]:
+        """(key, method, spec) triples of one section. Per-method sections give a method
+        ('forward' for a bare spec); the others give None."""
+        per_method = section_class(section).per_method
+        for key, entry in self.entries(section).items():
+            if isinstance(entry, SectionSpec):
+                yield key, ("forward" if per_method else None), entry
             else:
                 for method, spec in entry.items():
                     yield key, method, spec
 
+    def items_by_method(self):
+        """Compile-section triples (kept for callers that only compile)."""
+        return self.items("compile")
+
+    def merged_over(self, base: "PlanLayer") -> "PlanLayer":
+        """This layer on top of `base`, field by field (what `inherits` does in spec files)."""
+        out: dict[str, dict[str, Entry]] = {}
+        for name in dict.fromkeys([*base.sections, *self.sections]):
+            cls_ = section_class(name)
+            merged: dict[str, dict[str | None, dict]] = {}
+            for layer in (base, self):
+                for key, method, spec in layer.items(name):
+                    merged.setdefault(key, {}).setdefault(method, {}).update(spec.explicit())
+            out[name] = {
+                key: (cls_(**by_m[None]) if None in by_m
+                      else {m: cls_(**f) for m, f in by_m.items()})
+                for key, by_m in merged.items()
+            }
+        return PlanLayer(sections=out)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (explicit fields only), e.g. for printing or a cache key."""
+        out: dict[str, Any] = {}
+        for name, regions in self.sections.items():
+            out[name] = {k: (e.explicit() if isinstance(e, SectionSpec) else {m: s.explicit() for m, s in e.items()})
+                         for k, e in regions.items()}
+        return out
+
     def __bool__(self) -> bool:
-        return bool(self.regions) or self.attention_backend is not None
+        return any(self.sections.values())
 
 
 class SpecFile(BaseModel):
@@ -119,52 +151,65 @@ class SpecFile(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     default: PlanLayer = Field(default_factory=PlanLayer, description="applies on every GPU")
-    gpu: dict[str, PlanLayer] = Field(default_factory=dict, description="profile name -> layer")
+    gpu: dict[str, PlanLayer] = Field(default_factory=dict,
+                                      description="profile name -> layer (inheritance already applied)")
     source: str | None = Field(None, description="where it was read from")
 
     @classmethod
     def from_toml(cls, path: str | Path) -> "SpecFile":
-        """Read and validate a spec TOML file (`[default]`, `[gpu.<profile>]`)."""
+        """Read and validate a spec TOML file (`[default.<section>]`, `[gpu.<profile>.<section>]`)."""
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"spec file {str(path)!r} does not exist")
-        with path.open("rb") as f:
-            data = tomllib.load(f)
+        try:
+            with path.open("rb") as f:
+                data = tomllib.load(f)
+        except tomllib.TOMLDecodeError as e:
+            raise ValueError(f"spec file {str(path)!r} is not valid TOML: {e}") from None
         return cls.from_dict(data, source=str(path))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str | None = None) -> "SpecFile":
         from .gpu_profiles import PROFILES  # profiles are data too; checked here, early
 
+        where = f"spec file {source!r}" if source else "spec"
         unknown = set(data) - {"default", "gpu"}
         if unknown:
-            raise ValueError(
-                f"spec file {source or ''}: unknown top-level tables {sorted(unknown)}; "
-                "valid: [default] and [gpu.<profile>]"
-            )
+            raise ValueError(f"{where}: unknown top-level tables {sorted(unknown)}; "
+                             "valid: [default] and [gpu.<profile>]")
         gpus = dict(data.get("gpu", {}))
         for name in gpus:
             if name not in PROFILES:
-                raise ValueError(
-                    f"spec file {source or ''}: [gpu.{name}] is not a GPU profile; "
-                    f"valid: {', '.join(PROFILES)}"
-                )
-        def section(name: str, table: Any) -> PlanLayer:
-            # In files every section is structured: `regions` + optional settings.
-            table = dict(table or {})
-            bad = set(table) - set(PlanLayer.model_fields)
-            if bad:
-                raise ValueError(
-                    f"spec file {source or ''}: [{name}] has unknown keys {sorted(bad)}; valid: "
-                    f"{', '.join(PlanLayer.model_fields)} (region keys go under [{name}.regions])"
-                )
-            return PlanLayer(**table)
+                raise ValueError(f"{where}: [gpu.{name}] is not a GPU profile{did_you_mean(name, PROFILES)}; "
+                                 f"valid: {', '.join(PROFILES)}")
 
-        return cls(
-            default=section("default", data.get("default")),
-            gpu={k: section(f"gpu.{k}", v) for k, v in gpus.items()},
-            source=source,
-        )
+        def section(name: str, table: Any, allow_inherits: bool) -> tuple[PlanLayer, str | None]:
+            table = dict(table or {})
+            parent = table.pop("inherits", None) if allow_inherits else None
+            if parent is not None and parent not in gpus:
+                raise ValueError(f"{where}: [{name}] inherits = {parent!r}, which is not a [gpu.<profile>] "
+                                 f"table of this file{did_you_mean(parent, set(gpus) | set(PROFILES))}; tables: {', '.join(gpus)}")
+            bad = [k for k in table if k not in SECTIONS]
+            if bad:
+                hint = " ('regions' is now 'compile')" if "regions" in bad else did_you_mean(bad[0], SECTIONS)
+                raise ValueError(f"{where}: [{name}] has unknown keys {sorted(bad)}{hint}; valid: "
+                                 f"{', '.join(SECTIONS)}{', inherits' if allow_inherits else ''} "
+                                 f"(region keys go under [{name}.<section>])")
+            try:
+                return PlanLayer(**table), parent
+            except ValueError as e:
+                raise ValueError(f"{where}, [{name}]: {flat_error(e)}") from None
+
+        default, _ = section("default", data.get("default"), allow_inherits=False)
+        own = {k: section(f"gpu.{k}", v, allow_inherits=True) for k, v in gpus.items()}
+
+        def resolved(name: str, seen: tuple[str, ...] = ()) -> PlanLayer:
+            if name in seen:
+                raise ValueError(f"{where}: inheritance cycle {' -> '.join((*seen, name))}")
+            layer, parent = own[name]
+            return layer if parent is None else layer.merged_over(resolved(parent, (*seen, name)))
+
+        return cls(default=default, gpu={k: resolved(k) for k in own}, source=source)
 
     def layers_for(self, gpu: str | None) -> list[tuple[str, PlanLayer]]:
         """The (layer name, layer) pairs this file contributes for one GPU profile."""
@@ -187,10 +232,17 @@ def as_layers(plan: Any, gpu: str | None = None) -> list[tuple[str, PlanLayer]]:
     return [("user", PlanLayer.coerce(plan))]
 
 
-def attention_backend(layers: list[tuple[str, PlanLayer]]) -> str | None:
-    """The attention backend of the highest layer that sets one."""
-    chosen = None
-    for _, layer in sorted(layers, key=lambda nl: LAYER_ORDER.index(nl[0])):
-        if layer.attention_backend is not None:
-            chosen = layer.attention_backend
-    return chosen
+def with_backend(layers: list[tuple[str, PlanLayer]], backend: str) -> list[tuple[str, PlanLayer]]:
+    """The same layers with every compile spec's backend set to `backend` (e.g. "eager" or
+    "aot_eager" for tests and probes that check plumbing, not generated code)."""
+    cls_ = section_class("compile")
+    out = []
+    for name, layer in layers:
+        sections = dict(layer.sections)
+        if "compile" in sections:
+            sections["compile"] = {
+                key: (cls_(**{**e.explicit(), "backend": backend}) if isinstance(e, SectionSpec)
+                      else {m: cls_(**{**s.explicit(), "backend": backend}) for m, s in e.items()})
+                for key, e in sections["compile"].items()}
+        out.append((name, PlanLayer(sections=sections)))
+    return out

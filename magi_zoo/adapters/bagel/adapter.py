@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ..base import Adapter, Variant, init_on
+from ..base import Adapter, Output, Variant, init_on
 from .config import BAGEL_7B_MOT, T2I_DEFAULTS, TINY, config_from_dir
 
 VARIANTS = {
@@ -62,26 +62,35 @@ class BagelAdapter(Adapter):
     spec_file = "bagel.toml"
     variants = VARIANTS
     aliases = {"bagel": "bagel-7b-mot", "bagel-7b": "bagel-7b-mot"}
+    entry_points = ("denoise",)
+    run_options = ("image", "num_inference_steps", "height", "width", "seed", "max_new_tokens")
 
-    def build(self, variant: Variant, *, weights: Any, dtype: torch.dtype, device: torch.device):
+    def build_random(self, variant: Variant, dtype: torch.dtype, device: torch.device):
+        return self._pipeline(variant, dict(variant.config), None, dtype, device)
+
+    def load_pretrained(self, variant: Variant, source: str, local: bool, dtype: torch.dtype,
+                        device: torch.device):
+        """A directory in the official layout, or a hub id fetched into the hub cache first."""
+        if local:
+            path = Path(source)
+        else:
+            from huggingface_hub import snapshot_download
+
+            path = Path(snapshot_download(source))
+        return self._pipeline(variant, config_from_dir(path, dict(variant.config)), path, dtype, device)
+
+    def _pipeline(self, variant: Variant, cfg: dict[str, Any], local: Path | None, dtype: torch.dtype,
+                  device: torch.device):
         from .checkpoint import load_bagel_checkpoint
         from .pipeline import BagelPipeline
 
-        source = self.weights_source(variant, weights)
-        cfg = dict(variant.config)
-        local: Path | None = None
-        if source != "random":
-            local = Path(source)
-            if not local.is_dir():
-                from huggingface_hub import snapshot_download
-
-                local = Path(snapshot_download(source))
-            cfg = config_from_dir(local, cfg)
-        torch.manual_seed(0)  # random weights are reproducible run to run
         model, vae = build_modules(cfg, dtype, device)
         if local is not None:
             load_bagel_checkpoint(model, vae, local)
         return BagelPipeline(model, vae, _tokenizer_factory(cfg, local), cfg, variant.call_defaults)
+
+    def call_defaults(self, variant: Variant) -> dict[str, Any]:
+        return {}  # BagelPipeline applies the variant's defaults itself, per task
 
     def components(self, pipe) -> dict[str, nn.Module]:
         return {"model": pipe.model, "vae": pipe.vae}
@@ -89,6 +98,14 @@ class BagelAdapter(Adapter):
     def denoiser(self, pipe) -> nn.Module:
         """`Bagel.forward` is one guided denoising step (up to three `denoise_step` calls)."""
         return pipe.model
+
+    def entry(self, pipe, name: str) -> tuple[nn.Module, str]:
+        self.check_entry(name)
+        return pipe.model, "forward"
+
+    def example_inputs(self, pipe, variant: Variant, entry: str, **shape) -> dict[str, Any]:
+        self.check_entry(entry)
+        return self.denoiser_inputs(pipe, variant, **shape)
 
     def denoiser_inputs(self, pipe, variant: Variant, *, height=None, width=None, frames=None,
                         batch: int = 1, seed: int = 0, text_len: int = 32, cfg_img_scale: float = 1.5) -> dict[str, Any]:
@@ -118,32 +135,27 @@ class BagelAdapter(Adapter):
             cfg_text_scale=d["cfg_text_scale"], cfg_img_scale=cfg_img_scale, cfg_interval=d["cfg_interval"],
             cfg_renorm_type=d["cfg_renorm_type"], cfg_renorm_min=d["cfg_renorm_min"])
 
-    def run(self, handle, *, prompt: str, out: Path, progress: bool = True, **kwargs) -> Path:
-        """Text-to-image (image=None; writes an image file) or understanding (image= a path
-        or PIL image; writes the answer as text)."""
-        image = kwargs.pop("image", None)
-        for opt in ("audio_out", "num_frames"):
-            if kwargs.pop(opt, None) is not None:
-                raise ValueError(f"{handle.variant.name}: --{opt.replace('_', '-')} is not supported "
-                                 "(BAGEL does image understanding and text-to-image)")
-        given = {k: v for k, v in kwargs.items() if v is not None}
-        out = Path(out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        pipe = handle.pipe
-        if image is not None:
-            bad = sorted(set(given) - {"max_new_tokens", "seed"})
+    def out_suffixes(self, variant: Variant, given: dict[str, Any]) -> tuple[str, ...]:
+        return (".txt",) if given.get("image") is not None else (".png", ".jpg", ".jpeg", ".webp")
+
+    def check_run(self, variant: Variant, options: dict[str, Any], out: Path | None = None) -> dict[str, Any]:
+        given = super().check_run(variant, options, out)
+        if given.get("image") is not None:
+            bad = sorted(set(given) - {"image", "max_new_tokens", "seed"})
             if bad:
-                raise ValueError(f"{handle.variant.name}: {bad} apply to text-to-image, not to understanding "
-                                 "(--image given); only --max-new-tokens is used")
+                raise ValueError(f"{variant.name}: {', '.join('--' + b.replace('_', '-') for b in bad)} apply to "
+                                 "text-to-image, not to understanding (--image given)")
+        elif "max_new_tokens" in given:
+            raise ValueError(f"{variant.name}: --max-new-tokens applies to understanding (--image), "
+                             "not to text-to-image")
+        return given
+
+    def generate(self, handle, *, prompt: str, progress: bool = True, **options) -> Output:
+        """Text-to-image (no image: an image) or understanding (image= a path or PIL image: text)."""
+        image = options.pop("image", None)
+        if image is not None:
             from PIL import Image
 
             img = Image.open(image) if isinstance(image, (str, Path)) else image
-            answer = pipe(prompt, image=img, max_new_tokens=given.get("max_new_tokens"))
-            out.write_text(answer + "\n")
-            return out
-        if "max_new_tokens" in given:
-            raise ValueError(f"{handle.variant.name}: --max-new-tokens applies to understanding (--image), "
-                             "not to text-to-image")
-        img = pipe(prompt, progress=progress, **given)
-        img.save(out)
-        return out
+            return Output("text", handle(prompt, image=img, max_new_tokens=options.get("max_new_tokens")))
+        return Output("image", handle(prompt, progress=progress, **options))

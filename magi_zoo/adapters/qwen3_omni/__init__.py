@@ -19,11 +19,12 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ..base import Adapter, Variant, init_on
+from ...engine.prepare import Preparation
+from ..base import Adapter, Output, Variant, init_on
 from .configs import PUBLISHED, TINY, build_config
 from .ops import (EXPERTS_CHOICES, EXPERTS_OP_IMPL, experts_implementation, install_prefill_decode,
                   register_experts_impl, set_experts_implementation)
-from .pipeline import OmniOutput, Qwen3OmniPipeline, audio_tower, thinker_text_model, vision_tower, write_wav
+from .pipeline import OmniOutput, Qwen3OmniPipeline, audio_tower, thinker_text_model, vision_tower
 
 HUB_ID = "Qwen/Qwen3-Omni-30B-A3B-Instruct"
 
@@ -42,12 +43,29 @@ VARIANTS = {
 
 def finish(model: nn.Module) -> nn.Module:
     """What every build path does after the model exists: eval mode, the experts op
-    registered as an implementation, and the thinker decoder's prefill/decode split."""
+    registered as an implementation, transformers' output hooks installed."""
     model.eval()  # a freshly built model is in training mode (dropout on); from_pretrained evals
     register_experts_impl()
-    install_prefill_decode(thinker_text_model(model.thinker))
     _install_output_hooks(model)
     return model
+
+
+def _prefill_decode_preparation(model: nn.Module) -> Preparation:
+    """The thinker decoder's forward split into `prefill` and `decode_step` (the spec
+    compiles them differently); undone by restoring the library class."""
+
+    def install(root: nn.Module):
+        text_model = thinker_text_model(model.thinker)
+        original = type(text_model)
+        install_prefill_decode(text_model)
+
+        def undo() -> None:
+            text_model.__class__ = original
+        return undo
+
+    return Preparation("prefill/decode split",
+                       "the thinker decoder's forward dispatches to prefill (prompt, any length) or "
+                       "decode_step (one token, static KV cache), compiled under separate specs", install)
 
 
 def _install_output_hooks(model: nn.Module) -> None:
@@ -89,33 +107,53 @@ class Qwen3OmniAdapter(Adapter):
     variants = VARIANTS
     aliases = {"qwen3-omni": "qwen3-omni-30b-a3b", "qwen3_omni": "qwen3-omni-30b-a3b"}
 
-    def build(self, variant: Variant, *, weights: Any, dtype: torch.dtype, device: torch.device,
-              config: dict | None = None) -> Qwen3OmniPipeline:
-        """`config` replaces the variant's dict recipe for random init (the benchmark uses
-        the published config with fewer thinker layers)."""
+    entry_points = ("prefill", "decode_step")
+    run_options = ("max_new_tokens", "audio_out", "seed")
+    output_suffixes = (".txt",)
+
+    def build_random(self, variant: Variant, dtype: torch.dtype, device: torch.device) -> Qwen3OmniPipeline:
+        """Random init at `variant.config` (a benchmark may pass a derived variant, e.g. the
+        published config with fewer thinker layers: `dataclasses.replace(variant, config=...)`)."""
         from transformers import Qwen3OmniMoeForConditionalGeneration
 
         from .tokenizer import build_tokenizer
 
-        source = self.weights_source(variant, weights)
-        if source == "random":
-            torch.manual_seed(0)  # random weights are reproducible run to run
-            cfg = build_config(config if config is not None else variant.config)
-            with init_on(device, dtype):
-                model = Qwen3OmniMoeForConditionalGeneration(cfg)
-            _init_fused_experts(model)
-            return Qwen3OmniPipeline(finish(model), build_tokenizer())
-        local = Path(source).is_dir()
+        with init_on(device, dtype):
+            model = Qwen3OmniMoeForConditionalGeneration(build_config(variant.config))
+        _init_fused_experts(model)
+        return Qwen3OmniPipeline(finish(model), build_tokenizer())
+
+    def load_pretrained(self, variant: Variant, source: str, local: bool, dtype: torch.dtype,
+                        device: torch.device) -> Qwen3OmniPipeline:
+        from transformers import AutoTokenizer, Qwen3OmniMoeForConditionalGeneration
+
+        from .tokenizer import build_tokenizer
+
         # A path loads strictly offline; anything else is a hub id, fetched by transformers.
         model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(
             source, dtype=dtype, local_files_only=local).to(device)
         try:
-            from transformers import AutoTokenizer
-
             tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local)
         except (OSError, ValueError):  # a checkpoint saved without its tokenizer
             tokenizer = build_tokenizer()
         return Qwen3OmniPipeline(finish(model), tokenizer)
+
+    def preparations(self, pipe: Qwen3OmniPipeline) -> list[Preparation]:
+        return [_prefill_decode_preparation(pipe.model)]
+
+    def call_defaults(self, variant: Variant) -> dict[str, Any]:
+        return {"max_new_tokens": variant.call_defaults["max_new_tokens"]}
+
+    def check_run(self, variant: Variant, options: dict[str, Any], out: Path | None = None) -> dict[str, Any]:
+        given = super().check_run(variant, options, out)
+        if given.get("audio_out") is not None and Path(given["audio_out"]).suffix.lower() != ".wav":
+            raise ValueError(f"--audio-out {given['audio_out']!r}: speech is written as .wav")
+        return given
+
+    def entry(self, pipe: Qwen3OmniPipeline, name: str) -> tuple[nn.Module, str]:
+        """The thinker's text decoder, whose `prefill` / `decode_step` the plan compiles."""
+        self.check_entry(name)
+        return thinker_text_model(pipe.model.thinker), name
 
     def components(self, pipe: Qwen3OmniPipeline) -> dict[str, nn.Module]:
         """thinker, plus talker and code2wav when audio output is enabled."""
@@ -125,34 +163,24 @@ class Qwen3OmniAdapter(Adapter):
             out.update(talker=m.talker, code2wav=m.code2wav)
         return out
 
-    def run(self, handle, *, prompt: str, out: Path, progress: bool = True, audio_out: Path | str | None = None,
-            max_new_tokens: int | None = None, seed: int | None = None, **kwargs) -> Path:
-        """Write the reply to `out` (text) and, with `audio_out`, the speech as a 24 kHz WAV."""
-        bad = sorted(k for k, v in kwargs.items() if v is not None)
-        if bad:
-            raise ValueError(f"{handle.variant.name} takes --prompt, --max-new-tokens, --audio-out and --seed; "
-                             f"it cannot use {', '.join('--' + k.replace('_', '-') for k in bad)}")
+    def generate(self, handle, *, prompt: str, progress: bool = True, audio_out: str | None = None,
+                 max_new_tokens: int | None = None, seed: int | None = None) -> Output:
+        """The reply as text, with the speech when `audio_out` is given (the CLI writes both)."""
         pipe: Qwen3OmniPipeline = handle.pipe
         if audio_out is not None and not pipe.has_talker:
             raise ValueError(f"--audio-out needs the talker, which {handle.variant.name} was built without")
         if seed is not None:
             torch.manual_seed(seed)  # greedy decoding ignores it; kept for parity with other families
         d = handle.variant.call_defaults
-        res: OmniOutput = pipe(prompt, max_new_tokens=max_new_tokens or d["max_new_tokens"],
-                               return_audio=audio_out is not None,
-                               **({"talker_max_new_tokens": d["talker_max_new_tokens"]} if audio_out else {}))
-        out = Path(out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(res.text + "\n", encoding="utf-8")
-        if progress:
-            print(f"{len(res.token_ids)} tokens: {res.token_ids}", flush=True)
-        if audio_out is not None:
-            write_wav(audio_out, res.audio, res.sample_rate)
-            if progress:
-                print(f"wrote {audio_out} ({res.audio.size / res.sample_rate:.2f} s at {res.sample_rate} Hz)", flush=True)
-        return out
+        extra = {"talker_max_new_tokens": d["talker_max_new_tokens"]} if audio_out else {}
+        res: OmniOutput = handle(prompt, return_audio=audio_out is not None,
+                                 **({"max_new_tokens": max_new_tokens} if max_new_tokens else {}), **extra)
+        note = f"{len(res.token_ids)} tokens: {res.token_ids}"
+        if not res.text.strip():
+            note += " (they decode to no text: expected of random weights)"
+        return Output("text", res.text, audio=res.audio, sample_rate=res.sample_rate, note=note)
 
 
 __all__ = ["Qwen3OmniAdapter", "Qwen3OmniPipeline", "OmniOutput", "VARIANTS", "EXPERTS_CHOICES", "EXPERTS_OP_IMPL",
            "set_experts_implementation", "experts_implementation", "thinker_text_model", "audio_tower",
-           "vision_tower", "write_wav", "finish"]
+           "vision_tower", "finish"]

@@ -4,7 +4,6 @@ its tokenizer, and a generate loop with a reusable static KV cache for the think
 from __future__ import annotations
 
 import dataclasses
-import wave
 from pathlib import Path
 from typing import Any
 
@@ -145,16 +144,3 @@ class Qwen3OmniPipeline:
         self.model.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
         return path
-
-
-def write_wav(path: str | Path, audio: np.ndarray, sample_rate: int = SAMPLE_RATE) -> Path:
-    """16-bit PCM mono WAV with the standard library's `wave`."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pcm = (np.clip(np.nan_to_num(audio), -1.0, 1.0) * 32767.0).astype("<i2")
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(sample_rate)
-        w.writeframes(pcm.tobytes())
-    return path

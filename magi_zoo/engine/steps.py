@@ -1,0 +1,66 @@
+"""The step protocol: what each engine module contributes to `apply`.
+
+A step is a function ``(ctx: StepContext) -> StepRecord`` registered under a name from
+`apply.STEP_ORDER`. It reads the resolved plan (its own section) and the GPU profile,
+changes the module tree in place, and returns a record: one line for the report and an
+undo that restores exactly what it changed, so `remove()` can take every step back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import torch.nn as nn
+
+from ..specs.gpu_profiles import GpuProfile
+from .resolve import ResolvedPlan
+
+
+@dataclasses.dataclass
+class StepRecord:
+    """What one step did: a line for the report, details for `to_dict`, and its undo."""
+
+    step: str
+    did: str
+    undo: Callable[[], None] | None = None
+    details: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "did": self.did, **({"details": self.details} if self.details else {})}
+
+
+@dataclasses.dataclass
+class StepContext:
+    """Everything a step is told."""
+
+    root: nn.Module
+    plan: ResolvedPlan
+    profile: GpuProfile
+    regions: list = dataclasses.field(default_factory=list)  # compile regions (RegionStats), for the report
+
+
+StepFn = Callable[[StepContext], StepRecord]
+STEPS: dict[str, StepFn] = {}
+
+
+def register_step(name: str) -> Callable[[StepFn], StepFn]:
+    """Decorator: the engine module's step function for `name` (a name in STEP_ORDER)."""
+
+    def deco(fn: StepFn) -> StepFn:
+        if name in STEPS and STEPS[name] is not fn:
+            raise ValueError(f"engine step {name!r} is already registered by {STEPS[name].__module__}")
+        STEPS[name] = fn
+        return fn
+
+    return deco
+
+
+def chain_undo(undos: list[Callable[[], None]]) -> Callable[[], None]:
+    """One undo that runs `undos` in reverse order (last change undone first)."""
+
+    def undo() -> None:
+        for u in reversed(undos):
+            u()
+
+    return undo
