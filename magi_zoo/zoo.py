@@ -14,7 +14,7 @@ from . import adapters
 from .engine import apply
 from .engine.cache import CompileCache, resolve_cache_dir
 from .engine.report import Report
-from .specs import PlanLayer, SpecFile, get_profile, spec_path
+from .specs import PlanLayer, SpecFile, get_profile
 from .specs.gpu_profiles import GpuProfile
 
 
@@ -113,7 +113,7 @@ def spec_layers(adapter: adapters.Adapter, profile: GpuProfile, *, compile: Any 
 
     The user layer is `overrides` (any section) with `compile` (the compile section) on top.
     """
-    spec = SpecFile.from_toml(spec_file if spec_file is not None else spec_path(adapter.spec_file))
+    spec = SpecFile.from_toml(spec_file if spec_file is not None else adapter.spec_path())
     layers = spec.layers_for(profile.name)
     user = PlanLayer.coerce(overrides) if overrides is not None else PlanLayer()
     if isinstance(compile, PlanLayer):

@@ -112,7 +112,7 @@ def test_save_pretrained_roundtrip(tmp_path, eager_handle, eager_frames):
 
 def test_spec_file_override(tmp_path, fresh_dynamo):
     p = tmp_path / "mine.toml"
-    p.write_text('[default.regions]\n"transformer.blocks.*" = { backend = "eager", fullgraph = true }\n')
+    p.write_text('[default.compile]\n"transformer.blocks.*" = { backend = "eager", fullgraph = true }\n')
     h = magi_zoo.load(TINY, gpu="cpu", spec_file=p)
     assert [(r.label, r.spec.backend) for r in h.report().regions] == [("transformer.blocks.*", "eager")]
 

@@ -1,6 +1,16 @@
 """The adapter registry. Families are imported lazily, by string, so that
 `import magi_zoo` stays cheap; adapter modules themselves import diffusers /
 transformers only inside their build functions.
+
+Out-of-tree families register through a Python entry point in the group
+``magi_zoo.adapters`` (name = family, value = ``"module:AdapterClass"``), e.g. in the
+contributing package's pyproject.toml::
+
+    [project.entry-points."magi_zoo.adapters"]
+    mymodel = "my_package.adapter:MyAdapter"
+
+Its spec file is looked up next to the adapter module when the adapter sets
+`spec_file` to a path relative to its own module (see `Adapter.spec_path`).
 """
 
 from __future__ import annotations
@@ -19,18 +29,44 @@ FAMILIES: dict[str, str] = {
     "qwen3_omni": "magi_zoo.adapters.qwen3_omni:Qwen3OmniAdapter",
 }
 
+ENTRY_POINT_GROUP = "magi_zoo.adapters"
+
 _loaded: dict[str, Adapter] = {}
+
+
+def families() -> dict[str, str]:
+    """Built-in families plus those installed packages register under ENTRY_POINT_GROUP
+    (read on every call, so a package installed at run time is seen)."""
+    from importlib.metadata import entry_points
+
+    out = dict(FAMILIES)
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name in FAMILIES:
+            raise ValueError(f"entry point {ep.name!r} = {ep.value!r} in group {ENTRY_POINT_GROUP!r} "
+                             f"clashes with the built-in family of that name; rename it")
+        out[ep.name] = ep.value
+    return out
 
 
 def get_family(family: str) -> Adapter:
     if family not in _loaded:
-        mod_name, cls_name = FAMILIES[family].split(":")
-        _loaded[family] = getattr(importlib.import_module(mod_name), cls_name)()
+        table = families()
+        if family not in table:
+            raise ValueError(f"unknown model family {family!r}; families: {', '.join(table)}")
+        mod_name, cls_name = table[family].split(":")
+        cls = getattr(importlib.import_module(mod_name), cls_name)
+        if not (isinstance(cls, type) and issubclass(cls, Adapter)):
+            raise TypeError(f"family {family!r}: {table[family]} is not a magi_zoo Adapter subclass")
+        adapter = cls()
+        if getattr(adapter, "family", None) != family:
+            raise ValueError(f"family {family!r}: {cls.__name__}.family is {getattr(adapter, 'family', None)!r}; "
+                             "the registry name and the adapter's family must agree")
+        _loaded[family] = adapter
     return _loaded[family]
 
 
 def all_adapters() -> list[Adapter]:
-    return [get_family(f) for f in FAMILIES]
+    return [get_family(f) for f in families()]
 
 
 def list_models(include_aliases: bool = False) -> list[str]:

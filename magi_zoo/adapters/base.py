@@ -121,6 +121,23 @@ class Adapter:
             return variant.hub_id
         return str(weights)
 
+    def save_pretrained(self, native: Any, path: str | Path) -> Path:
+        """Write the weights (and tokenizer) so that `build(weights=path)` loads them back."""
+        native.save_pretrained(path)
+        return Path(path)
+
+    def spec_path(self) -> Path:
+        """The spec file: shipped under magi_zoo/specs/, or (out-of-tree adapters) next to
+        the adapter's own module."""
+        import sys
+
+        from ..specs import spec_path as shipped
+
+        path = shipped(self.spec_file)
+        if path.is_file():
+            return path
+        return Path(sys.modules[type(self).__module__].__file__).parent / self.spec_file
+
     # -- what the engine and the tools see --------------------------------------------------
     def components(self, native: Any) -> dict[str, nn.Module]:
         """The named module roots the spec's keys are relative to."""
