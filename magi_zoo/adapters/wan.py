@@ -6,7 +6,6 @@ numbers are those of the Wan-AI/*-Diffusers repositories' config.json files.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -118,8 +117,11 @@ class WanAdapter(DiffusersPipelineAdapter):
     aliases = {"wan2.1": "wan2.1-t2v-1.3b", "wan": "wan2.1-t2v-1.3b"}
     component_names = ("transformer", "text_encoder", "vae", "image_encoder")
     fp32_components = ("vae",)  # the Wan VAE runs in fp32, as published
+    output_kind, fps = "video", 16
+    run_options = ("num_inference_steps", "height", "width", "num_frames", "seed")
+    output_suffixes = (".mp4", ".gif")
 
-    def random_pipeline(self, variant: Variant, dtype: torch.dtype, device: torch.device):
+    def build_random(self, variant: Variant, dtype: torch.dtype, device: torch.device):
         return _random_pipeline(variant, dtype, device)
 
     def denoiser_inputs(self, pipe, variant: Variant, *, height=None, width=None, frames=None,
@@ -147,19 +149,3 @@ class WanAdapter(DiffusersPipelineAdapter):
         if cfg.image_dim is not None:  # I2V: 257 CLIP tokens (256 patches + class token)
             kw["encoder_hidden_states_image"] = rnd(batch, 257, cfg.image_dim)
         return kw
-
-    def run(self, handle, *, prompt: str, out: Path, progress: bool = True, **kwargs) -> Path:
-        from diffusers.utils import export_to_video
-
-        given = self.run_options(handle.variant, kwargs,
-                                 ("num_inference_steps", "height", "width", "num_frames", "seed"))
-        seed = given.pop("seed", None)
-        call = dict(handle.variant.call_defaults, **given)
-        if seed is not None:
-            call["generator"] = torch.Generator(device="cpu").manual_seed(int(seed))
-        handle.pipe.set_progress_bar_config(disable=not progress)
-        frames = handle(prompt=prompt, output_type="np", **call).frames[0]
-        out = Path(out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        export_to_video(list(frames), str(out), fps=handle.variant.config.get("fps", 16))
-        return out
