@@ -5,16 +5,28 @@ Works on diffusers models, whose attention layers hold a processor that dispatch
 `ModelMixin.set_attention_backend` sets model-wide); here it is set per region. A region
 whose subtree has no such layer is an error, never a silent no-op. Undo restores every
 processor's previous backend.
+
+Backend names are diffusers' (`AttentionBackendName` values) plus the engine's own kernels
+(`ENGINE_BACKENDS`: ``fa3``), each a module under `engine/kernels/` that registers a
+function in diffusers' dispatch registry and is imported only when a plan names it.
+``auto`` takes the first of the GPU profile's `attention_backends` that can run here; a
+choice skipped on the way is reported in one warning that says what to install.
 """
 
 from __future__ import annotations
 
 import difflib
+import importlib
+import warnings
 
 import torch.nn as nn
 
 from .resolve import PlanError
 from .steps import StepContext, StepRecord, register_step
+
+# Engine backends: plan name -> the kernel module providing `missing_reason()`, `register()`
+# (returns the diffusers member that now dispatches to it) and `describe()`. They need CUDA.
+ENGINE_BACKENDS = {"fa3": "magi_zoo.engine.kernels.fa3"}
 
 
 def _processors(module: nn.Module) -> list:
@@ -27,16 +39,42 @@ def _processors(module: nn.Module) -> list:
     return out
 
 
-def _backend(name: str):
-    """Validate a backend name against diffusers' registry (did-you-mean on a typo)."""
+def _kernel(name: str):
+    return importlib.import_module(ENGINE_BACKENDS[name])
+
+
+def _check_name(name: str) -> str:
+    """The lower-cased name if the engine or diffusers knows it (did-you-mean on a typo)."""
     from diffusers.models.attention_dispatch import AttentionBackendName
 
-    valid = [b.value for b in AttentionBackendName]
+    valid = [*ENGINE_BACKENDS, *(b.value for b in AttentionBackendName)]
     if name.lower() not in valid:
         close = difflib.get_close_matches(name.lower(), valid, n=1)
         hint = f" -- did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"attention backend {name!r} is not a diffusers backend{hint}; valid: {', '.join(valid)}")
-    backend = AttentionBackendName(name.lower())
+        raise ValueError(f"attention backend {name!r} is not a diffusers backend{hint}; valid: 'auto', "
+                         f"{', '.join(repr(v) for v in valid)}")
+    return name.lower()
+
+
+def _unavailable(name: str, profile) -> str | None:
+    """Why backend `name` cannot run here (None = it can): what `auto` tests each choice by."""
+    name = _check_name(name)
+    if name in ENGINE_BACKENDS:
+        if profile.device != "cuda":
+            return f"it needs a CUDA GPU (profile {profile.name!r} is {profile.device})"
+        return _kernel(name).missing_reason()
+    try:
+        _backend(name)
+    except RuntimeError as e:  # diffusers: the backend's package is missing
+        return str(e)
+    return None
+
+
+def _backend(name: str):
+    """Validate a diffusers backend name and check its kernels are installed."""
+    from diffusers.models.attention_dispatch import AttentionBackendName
+
+    backend = AttentionBackendName(_check_name(name))
     try:  # raises with the package to install when a backend's kernels are missing
         from diffusers.models.attention_dispatch import _check_attention_backend_requirements
     except ImportError:  # pragma: no cover - other diffusers versions
@@ -45,18 +83,54 @@ def _backend(name: str):
     return backend
 
 
+def _resolve(name: str, profile) -> tuple[object, str]:
+    """(the diffusers member the processors get, the label the report shows)."""
+    name = _check_name(name)
+    if name not in ENGINE_BACKENDS:
+        backend = _backend(name)
+        return backend, backend.value
+    if profile.device != "cuda":
+        raise PlanError(f"attention backend {name!r} runs on CUDA GPUs; profile {profile.name!r} is "
+                        f"{profile.device}: use backend='native' (or 'auto') there")
+    kernel = _kernel(name)
+    member = kernel.register()  # raises, naming the extra, when the kernel is missing
+    return member, f"{name} ({kernel.describe()})"
+
+
+def _auto(profile) -> tuple[str, list[str]]:
+    """The first of the profile's `attention_backends` that can run here, and the skipped
+    choices with why."""
+    skipped = []
+    for name in profile.attention_backends:
+        why = _unavailable(name, profile)
+        if why is None:
+            return name, skipped
+        skipped.append(f"{name!r} skipped: {why}")
+    raise RuntimeError(f"attention backend 'auto' on profile {profile.name!r}: none of "
+                       f"{list(profile.attention_backends)} can run here ({'; '.join(skipped)}); "
+                       "name a backend explicitly")
+
+
 @register_step("attention")
 def attention_step(ctx: StepContext) -> StepRecord:
     section = ctx.plan.section("attention")
     undo_list: list[tuple[object, object]] = []
     done = []
+    auto = None  # resolved once per apply: one warning however many regions say auto
     for (key, _), targets in section.regions().items():
         name = targets[0].spec.backend
         if name is None:
             continue
+        note = ""
         if name == "auto":
-            name = ctx.profile.attention_backend
-        backend = _backend(name)
+            if auto is None:
+                auto = _auto(ctx.profile)
+                if auto[1]:
+                    warnings.warn(f"attention backend 'auto' on profile {ctx.profile.name!r} uses "
+                                  f"{auto[0]!r}: {'; '.join(auto[1])}", RuntimeWarning, stacklevel=2)
+            name = auto[0]
+            note = f"; auto: {'; '.join(auto[1])}" if auto[1] else ""
+        backend, label = _resolve(name, ctx.profile)
         n = 0
         for t in targets:
             procs = _processors(t.module)
@@ -68,7 +142,7 @@ def attention_step(ctx: StepContext) -> StepRecord:
                 undo_list.append((p, p._attention_backend))
                 p._attention_backend = backend
             n += len(procs)
-        done.append(f"{backend.value} on {key or '<root>'} ({n} attention layers)")
+        done.append(f"{label} on {key or '<root>'} ({n} attention layers{note})")
 
     def undo() -> None:
         for proc, prior in reversed(undo_list):

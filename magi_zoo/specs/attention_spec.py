@@ -19,7 +19,9 @@ class AttentionSpec(SectionSpec):
     backend: str | None = Field(
         None,
         description="A diffusers attention backend name ('native', '_native_cudnn', 'flash', "
-        "...), 'auto' = the GPU profile's preferred backend, None = leave the library default.",
+        "...); 'fa3' = FlashAttention-3 forward (CUDA, bf16, inference only; the 'hopper' extra, "
+        "an error without it); 'auto' = the first of the GPU profile's `attention_backends` that "
+        "can run here (one warning names what it skipped); None = leave the library default.",
     )
 
     @classmethod

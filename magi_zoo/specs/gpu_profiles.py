@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import difflib
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class GpuProfile(BaseModel):
@@ -20,11 +20,28 @@ class GpuProfile(BaseModel):
     device: str = Field(description="torch device type: 'cuda' or 'cpu'")
     memory_gib: float = Field(description="device memory in GiB (host RAM budget for cpu)")
     bf16: bool = Field(description="native bf16 matmul")
-    attention_backend: str = Field(
-        "native", description="the diffusers attention backend an `attention` spec of "
-        "backend='auto' selects on this card (read by the engine's attention step)")
+    attention_backends: tuple[str, ...] = Field(
+        ("native",), description="backend='auto' of an `attention` spec: the first of these "
+        "that can run here, in order (the engine's attention step reads it); names are "
+        "diffusers backends or the engine's ('fa3')")
     bf16_tflops: float | None = Field(None, description="dense bf16 matmul peak, TFLOP/s (spec sheet)")
     match: tuple[str, ...] = Field((), description="substrings of the CUDA device name")
+
+    @field_validator("attention_backends")
+    @classmethod
+    def _preferences(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        # Names are checked against diffusers' registry when the attention step runs
+        # (importing diffusers here would make `import magi_zoo` heavy).
+        if not v:
+            raise ValueError("attention_backends needs at least one backend, e.g. ('native',)")
+        if "auto" in (n.lower() for n in v):
+            raise ValueError("attention_backends lists what 'auto' chooses from; it cannot contain 'auto'")
+        return tuple(n.lower() for n in v)
+
+    @property
+    def attention_backend(self) -> str:
+        """The card's preferred attention backend (first of `attention_backends`)."""
+        return self.attention_backends[0]
 
     @property
     def default_dtype(self) -> str:
@@ -35,11 +52,14 @@ class GpuProfile(BaseModel):
 # Spec-sheet numbers (dense, no sparsity). DESIGN.md measured ~800 TFLOP/s bf16 on H100/H200;
 # the spec sheet's 989 is the ceiling a %-of-peak column is taken against (benchmarks).
 #
-# attention_backend: "native" (torch SDPA's own dispatch) everywhere for now. On an H200 at
-# the Wan-1.3B shape, native SDPA already dispatches to cuDNN and forcing it is no faster:
+# attention_backends: ("native",) (torch SDPA's own dispatch) everywhere for now. On an H200
+# at the Wan-1.3B shape, native SDPA already dispatches to cuDNN and forcing it is no faster:
 # native 629.7 ms vs _native_cudnn 648.3 ms eager, 530.4 vs 535.9 ms compiled, flash 843 ms
 # (benchmarks/results/attention_backends_wan2.1-t2v-1.3b_h200.md). Other cards are not
-# measured; native is the library default there too.
+# measured; native is the library default there too. FA3 (the `hopper` extra) measured
+# 699 vs 582 TFLOP/s at that shape outside the project (DESIGN.md §6); whether h100/h200
+# become ("fa3", "native") -- fa3 where the extra is installed, native with one warning
+# where it is not -- is decided by benchmarks/attention_kernels.py on an H100.
 #
 # Which card has fp8 matmuls is not recorded yet: no step reads it until a precision step
 # exists.

@@ -1,0 +1,150 @@
+"""The ``fa3`` attention backend: FlashAttention-3's forward kernel (the `fa3-fwd` wheel, the
+``hopper`` extra) behind diffusers' attention dispatch.
+
+How it reaches the model: diffusers' attention layers call
+``dispatch_attention_fn(..., backend=processor._attention_backend)``, which looks the
+function up in ``_AttentionBackendRegistry._backends`` by an `AttentionBackendName` member.
+`register()` puts `fa3_attention` in that registry through diffusers' own
+``_AttentionBackendRegistry.register`` under the existing member ``_FLASH_3``; the
+attention step then sets that member on the region's processors. Model code is untouched.
+
+Why the ``_FLASH_3`` slot and not a new member: `AttentionBackendName` is an `Enum`, which
+cannot gain members after its class is built (only by editing enum internals), and
+dispatch turns anything that is not a member into one with ``AttentionBackendName(x)``,
+which rejects unknown names. ``_FLASH_3`` already means "FlashAttention-3 forward, inputs
+(B, S, H, D), no mask" -- the same kernel family and contract. Diffusers fills that slot
+only from the official ``flash_attn_interface`` package: when that package is installed
+(``attention_dispatch._CAN_USE_FLASH_ATTN_3``) its entry works and is left alone (a working
+library backend is never replaced); when it is absent the entry calls ``None`` and cannot
+run, so taking the slot for fa3-fwd loses nothing. The registration is process-wide and
+stays (like a custom-op registration); undoing a plan restores the processors' backends.
+
+Why it stays one graph under ``fullgraph=True``: dispatch is plain Python over a dict that
+dynamo traces (diffusers' native backends compile the same way), and the kernel is the
+``torch.library`` custom op ``fa3_fwd::_flash_attn_forward`` with a fake implementation,
+so dynamo records it as one opaque node. It is called directly, not through
+``flash_attn_func``'s `autograd.Function`, whose backward this build does not have.
+
+What FA3 forward cannot do is refused with an error that says what to use instead:
+attention masks, dropout, dtypes other than bf16 (this build has fp16 off; fp32 is not an
+FA3 dtype; fp8 needs descales no diffusers caller passes), context parallelism, and
+gradients: fa3-fwd has no backward, so a call with grad enabled on inputs that require
+grad raises instead of failing later in ``backward()``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import torch
+
+NAME = "fa3"
+MODULE = "fa3_fwd_interface"  # what the fa3-fwd wheel installs
+EXTRA = "hopper"
+INSTALL = f"pip install 'magi-zoo[{EXTRA}]'"
+
+# The kernel's forward op, set by `register()`: `fa3_fwd_interface._flash_attn_forward`, the
+# custom op `fa3_fwd::_flash_attn_forward` (q, k, v, ..., softmax_scale=, causal=) ->
+# (out (B, S, H, D), softmax_lse (B, H, S) fp32, out_accum, lse_accum).
+_forward: Any = None
+
+
+def _official_fa3() -> bool:
+    """Whether diffusers' own ``_flash_3`` entry works (official ``flash_attn_interface``)."""
+    from diffusers.models import attention_dispatch as ad
+
+    return bool(getattr(ad, "_CAN_USE_FLASH_ATTN_3", False))
+
+
+def _import_kernel():
+    return importlib.import_module(MODULE)
+
+
+def missing_reason() -> str | None:
+    """None when fa3 can run here, else why not and what to install (one line)."""
+    if _official_fa3():
+        return None
+    try:
+        _import_kernel()
+    except ModuleNotFoundError as e:
+        if e.name in (MODULE, None):
+            return f"the FlashAttention-3 kernel ({MODULE}, wheel fa3-fwd) is not installed: {INSTALL}"
+        return f"{MODULE} is installed but incomplete ({e}); reinstall it: {INSTALL}"
+    except (ImportError, OSError, RuntimeError) as e:  # installed, but its CUDA library does not load here
+        return f"{MODULE} is installed but does not load here ({type(e).__name__}: {e}); it needs a CUDA build of torch"
+    return None
+
+
+def available() -> bool:
+    return missing_reason() is None
+
+
+def describe() -> str:
+    """Which implementation the ``_flash_3`` slot dispatches to (for the report)."""
+    if _official_fa3():
+        return "flash_attn_interface, diffusers' own _flash_3"
+    return f"{MODULE} in diffusers' _flash_3 slot"
+
+
+def register():
+    """Make diffusers' ``_FLASH_3`` dispatch to FA3 and return that member. Idempotent.
+    Raises RuntimeError naming the extra when the kernel is missing."""
+    global _forward
+    from diffusers.models import attention_dispatch as ad
+
+    member = ad.AttentionBackendName._FLASH_3
+    if _official_fa3():
+        return member
+    why = missing_reason()
+    if why is not None:
+        raise RuntimeError(f"attention backend {NAME!r}: {why}; or choose backend='native'")
+    _forward = _import_kernel()._flash_attn_forward
+    if ad._AttentionBackendRegistry._backends.get(member) is not fa3_attention:
+        # The constraints run only with DIFFUSERS_ATTN_CHECKS=1 (diffusers' debug checks);
+        # the refusals that matter are in `fa3_attention` itself, which always runs them.
+        ad._AttentionBackendRegistry.register(
+            member, constraints=[ad._check_device_cuda, ad._check_qkv_dtype_bf16, ad._check_shape],
+        )(fa3_attention)
+    return member
+
+
+def fa3_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    return_lse: bool = False,
+    _parallel_config: Any = None,
+) -> torch.Tensor:
+    """Diffusers' dispatch signature (q, k, v as (batch, seq, heads, head_dim)) on the FA3
+    forward kernel. `enable_gqa` is accepted: FA3 handles fewer K/V heads natively."""
+    if attn_mask is not None:
+        raise ValueError("attention backend 'fa3' takes no attention mask (FlashAttention-3 forward has "
+                         "none); this layer passes one: use backend='native' for it")
+    if dropout_p:
+        raise ValueError(f"attention backend 'fa3' has no dropout (got dropout_p={dropout_p}); "
+                         "use backend='native'")
+    if _parallel_config is not None:
+        raise ValueError("attention backend 'fa3' does not support diffusers' context parallelism; "
+                         "use backend='native' or a backend that supports it")
+    if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
+        raise RuntimeError("attention backend 'fa3' is forward-only (the fa3-fwd kernel has no backward): "
+                           "use backend='native' for training, or run inference under torch.no_grad() / "
+                           "torch.inference_mode()")
+    if not (query.dtype == key.dtype == value.dtype == torch.bfloat16):
+        raise TypeError(f"attention backend 'fa3' computes in bfloat16 only (got {query.dtype}): load the "
+                        "model in bf16, or use backend='native'")
+    if _forward is None:
+        raise RuntimeError(f"attention backend 'fa3' was dispatched before its kernel was registered; "
+                           f"call magi_zoo.engine.kernels.fa3.register() first ({INSTALL})")
+    # The softmax scale is passed explicitly (1/sqrt(head_dim) as SDPA's default), as
+    # flash_attn_func does, rather than relying on the C++ default.
+    softmax_scale = scale if scale is not None else query.shape[-1] ** -0.5
+    out, lse, *_ = _forward(query, key, value, softmax_scale=softmax_scale, causal=is_causal)
+    # diffusers' LSE convention (its own _flash_3 and the context-parallel merge): (B, S, H)
+    return (out, lse.permute(0, 2, 1)) if return_lse else out
