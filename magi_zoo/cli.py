@@ -203,10 +203,16 @@ def cmd_run(args) -> int:
     adapter.check_run(variant, opts, Path(args.out))  # before the build: a bad option costs nothing
     handle = load(args.model, gpu=args.gpu, weights=args.weights, dtype=args.dtype,
                   compile=None if args.compile else False)
+    if handle.report() is not None:
+        _print(f"compiling on the first call ({len(handle.report().regions)} regions of spec "
+               f"{handle.adapter.spec_file}, [gpu.{handle.profile.name}]); later steps reuse the code")
     for path in generate_to(handle, prompt=args.prompt, out=args.out, progress=True, **opts):
         _print(f"wrote {path}")
     if handle.report() is not None:
         _print(handle.report().table())
+        details = handle.report().details()  # graph-break and recompile reasons, one per line
+        if details:
+            _print(details)
     return 0
 
 
@@ -214,12 +220,13 @@ def build_parser() -> argparse.ArgumentParser:
     from .specs.gpu_profiles import GPU_CHOICES
 
     p = argparse.ArgumentParser(prog="magi-zoo", description=__doc__.split("\n")[0])
+    p.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("list", help="models and their variants").set_defaults(fn=cmd_list)
 
     s = sub.add_parser("spec", help="the resolved plan for a model on a GPU, as a table")
     s.add_argument("model")
-    s.add_argument("--gpu", default="auto", choices=GPU_CHOICES)
+    s.add_argument("--gpu", default="auto", type=str.lower, choices=GPU_CHOICES)
     s.add_argument("--spec-file", default=None, help="a TOML spec replacing the shipped one")
     s.set_defaults(fn=cmd_spec)
 
@@ -235,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", required=True, help="output file (.mp4 video, .png image, .txt text)")
     r.add_argument("--image", default=None, help="input image (image-conditioned models)")
     r.add_argument("--audio-out", default=None, help="write speech to this .wav (models with audio)")
-    r.add_argument("--gpu", default="auto", choices=GPU_CHOICES)
+    r.add_argument("--gpu", default="auto", type=str.lower, choices=GPU_CHOICES)
     r.add_argument("--dtype", default=None)
     r.add_argument("--steps", type=int, default=None)
     r.add_argument("--height", type=int, default=None)
@@ -252,11 +259,16 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
-    except (ValueError, TypeError, FileNotFoundError, KeyError) as e:
-        # User errors (unknown model, bad spec, bad option): one clear line, exit 2.
-        if getattr(args, "debug", False):
+    except (ValueError, TypeError, OSError, KeyError, RuntimeError) as e:
+        # User errors (unknown model, bad spec, bad option, missing CUDA, unreadable
+        # weights): one clear line, exit 2; --debug shows the traceback.
+        if args.debug:
             raise
-        print(f"magi-zoo: error: {e}", file=sys.stderr)
+        if isinstance(e, (ValueError, TypeError, KeyError)):
+            print(f"magi-zoo: error: {e}", file=sys.stderr)
+        else:
+            print(f"magi-zoo: error: {type(e).__name__}: {e} (magi-zoo --debug ... shows the traceback)",
+                  file=sys.stderr)
         return 2
 
 
