@@ -58,7 +58,7 @@ def cmd_spec(args) -> int:
     _print(f"apply steps, in order: {' -> '.join(STEP_ORDER)}")
     for p in adapter.preparations(native):
         _print(f"  prepare: {p.name}: {p.why}")
-    for name in SECTIONS:
+    for name in sorted(SECTIONS, key=lambda n: STEP_ORDER.index(n) if n in STEP_ORDER else len(STEP_ORDER)):
         rows = plan.section(name).table()
         _print(f"[{name}]")
         _print(format_table([{k: v for k, v in r.items() if k != "section"} for r in rows]) if rows
@@ -202,7 +202,7 @@ def cmd_run(args) -> int:
     adapter, variant = adapters.lookup(args.model)
     adapter.check_run(variant, opts, Path(args.out))  # before the build: a bad option costs nothing
     handle = load(args.model, gpu=args.gpu, weights=args.weights, dtype=args.dtype,
-                  compile=None if args.compile else False)
+                  compile=None if args.compile else False, precision="fp8" if args.fp8 else None)
     if handle.report() is not None:
         _print(f"compiling on the first call ({len(handle.report().regions)} regions of spec "
                f"{handle.adapter.spec_file}, [gpu.{handle.profile.name}]); later steps reuse the code")
@@ -251,6 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--max-new-tokens", type=int, default=None)
     r.add_argument("--seed", type=int, default=None)
     r.add_argument("--no-compile", dest="compile", action="store_false", help="run eager")
+    r.add_argument("--fp8", action="store_true",
+                   help="fp8 matmuls in the regions the spec declares (cards with fp8 matmuls only)")
     r.set_defaults(fn=cmd_run)
     return p
 

@@ -132,8 +132,8 @@ def spec_layers(adapter: adapters.Adapter, profile: GpuProfile, *, compile: Any 
 
 def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
          dtype: str | torch.dtype | None = None, device: str | torch.device | None = None,
-         compile: Any = None, overrides: Any = None, spec_file: str | Path | None = None,
-         cache_dir: str | Path | None = None) -> ZooPipeline:
+         compile: Any = None, overrides: Any = None, precision: str | None = None,
+         spec_file: str | Path | None = None, cache_dir: str | Path | None = None) -> ZooPipeline:
     """Build a model with its compile spec for a GPU applied.
 
     name: a model variant or alias (`magi_zoo.list_models()`).
@@ -145,6 +145,9 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
         compile overrides {key: spec or {method: spec}}, the highest-precedence layer.
     overrides: a user layer for any section, {section: {key: spec}} (e.g.
         {"attention": {"transformer": {"backend": "flash"}}}); `compile=` goes on top of it.
+    precision: None (the spec's), "bf16" or "fp8": the matmul format of every region the
+        spec's precision section declares (the repeated blocks' linears); fp8 needs a card
+        with fp8 matmuls and is refused elsewhere.
     spec_file: a TOML file replacing the shipped spec.
     cache_dir: warm-start cache of compile artifacts (default: $MAGI_ZOO_CACHE_DIR; unset =
         off). Loaded before the first compile, saved after it; keyed by plan, versions,
@@ -157,6 +160,15 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(f"gpu={gpu!r} needs CUDA, which is not available here; use gpu='cpu'")
     layers = spec_layers(adapter, profile, compile=compile, overrides=overrides, spec_file=spec_file)
+    if precision is not None:
+        from .specs import MATMUL_FORMATS, with_precision
+
+        if precision not in MATMUL_FORMATS:
+            raise ValueError(f"precision={precision!r}; choices: {', '.join(MATMUL_FORMATS)}")
+        if precision == "fp8" and not profile.fp8:
+            raise ValueError(f"precision='fp8' needs a card with fp8 matmuls (Hopper, Ada, Blackwell); "
+                             f"profile {profile.name!r} has none")
+        layers = with_precision(layers, precision)
     directory = resolve_cache_dir(cache_dir)
     if directory is not None and directory.exists() and not directory.is_dir():
         raise ValueError(f"cache_dir {str(directory)!r} exists and is not a directory; pass a directory "

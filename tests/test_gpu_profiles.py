@@ -15,6 +15,7 @@ def test_all_named_profiles_exist():
         assert p.name == name and p.attention_backend in {b.value for b in AttentionBackendName}
     assert get_profile("H100").name == "h100"  # case-insensitive
     assert get_profile("h100").memory_gib == 80 and get_profile("rtx4090").memory_gib == 24
+    assert get_profile("h100").fp8 and not get_profile("a100").fp8 and not get_profile("cpu").fp8
 
 
 def test_profile_reaches_every_step():

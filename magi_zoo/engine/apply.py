@@ -8,7 +8,7 @@ import torch.nn as nn
 
 from ..specs.gpu_profiles import GpuProfile, get_profile
 from ..specs.plan import PlanLayer, as_layers
-from . import attention, compile as compile_mod, offload  # noqa: F401  (each registers its step)
+from . import attention, compile as compile_mod, offload, precision  # noqa: F401  (each registers its step)
 from .custom_ops import list_custom_ops
 from .prepare import Preparation, prepare
 from .report import Report
@@ -46,7 +46,8 @@ def apply(module: nn.Module, plan: Any = None, *, gpu: str | GpuProfile | None =
        methods a plan key names);
     2. attention / custom ops -- they change which ops the graphs contain, so they must be
        in place before anything is traced;
-    3. precision -- (no engine module yet);
+    3. precision -- fp8 linears where the plan says matmul='fp8' (before tracing: the
+       graphs must contain the fp8 ops);
     4. recompute -- checkpointing must sit *inside* compiled regions (no module yet);
     5. compile -- installs the compiled methods (compilation itself happens lazily on the
        first call and is booked to each region's counters);

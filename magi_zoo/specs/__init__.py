@@ -1,7 +1,7 @@
 """Specs: HOW to run a model per GPU, as validated data (TOML files + pydantic models).
 
 Each plan section is one pydantic model registered in `section.SECTIONS`; importing this
-package registers the built-in ones (compile, attention).
+package registers the built-in ones (attention, compile, precision).
 """
 
 from pathlib import Path
@@ -9,7 +9,8 @@ from pathlib import Path
 from .attention_spec import AttentionSpec
 from .compile_spec import VALID_MODES, TorchCompileSpec
 from .gpu_profiles import GPU_CHOICES, PROFILES, GpuProfile, get_profile
-from .plan import LAYER_ORDER, PlanLayer, SpecFile, as_layers, with_backend
+from .plan import LAYER_ORDER, PlanLayer, SpecFile, as_layers, with_backend, with_precision
+from .precision_spec import MATMUL_FORMATS, PrecisionSpec
 from .section import SECTIONS, SectionSpec, register_section
 
 SPEC_DIR = Path(__file__).parent
@@ -20,6 +21,6 @@ def spec_path(name: str) -> Path:
     return SPEC_DIR / name
 
 
-__all__ = ["TorchCompileSpec", "AttentionSpec", "SectionSpec", "SECTIONS", "register_section", "VALID_MODES",
+__all__ = ["TorchCompileSpec", "AttentionSpec", "PrecisionSpec", "MATMUL_FORMATS", "with_precision", "SectionSpec", "SECTIONS", "register_section", "VALID_MODES",
            "GpuProfile", "PROFILES", "GPU_CHOICES", "get_profile", "PlanLayer", "SpecFile", "LAYER_ORDER",
            "as_layers", "with_backend", "spec_path", "SPEC_DIR"]

@@ -20,6 +20,8 @@ class GpuProfile(BaseModel):
     device: str = Field(description="torch device type: 'cuda' or 'cpu'")
     memory_gib: float = Field(description="device memory in GiB (host RAM budget for cpu)")
     bf16: bool = Field(description="native bf16 matmul")
+    fp8: bool = Field(False, description="native fp8 matmul (Hopper, Ada, Blackwell); the precision "
+                      "step refuses matmul='fp8' without it")
     attention_backends: tuple[str, ...] = Field(
         ("native",), description="backend='auto' of an `attention` spec: the first of these "
         "that can run here, in order (the engine's attention step reads it); names are "
@@ -60,19 +62,16 @@ class GpuProfile(BaseModel):
 # 699 vs 582 TFLOP/s at that shape outside the project (DESIGN.md §6); whether h100/h200
 # become ("fa3", "native") -- fa3 where the extra is installed, native with one warning
 # where it is not -- is decided by benchmarks/attention_kernels.py on an H100.
-#
-# Which card has fp8 matmuls is not recorded yet: no step reads it until a precision step
-# exists.
 PROFILES: dict[str, GpuProfile] = {
     p.name: p
     for p in [
         GpuProfile(name="cpu", device="cpu", memory_gib=16, bf16=False),
-        GpuProfile(name="h100", device="cuda", memory_gib=80, bf16=True, bf16_tflops=989.0, match=("H100",)),
-        GpuProfile(name="h200", device="cuda", memory_gib=141, bf16=True, bf16_tflops=989.0, match=("H200",)),
+        GpuProfile(name="h100", device="cuda", memory_gib=80, bf16=True, fp8=True, bf16_tflops=989.0, match=("H100",)),
+        GpuProfile(name="h200", device="cuda", memory_gib=141, bf16=True, fp8=True, bf16_tflops=989.0, match=("H200",)),
         GpuProfile(name="a100", device="cuda", memory_gib=80, bf16=True, bf16_tflops=312.0, match=("A100",)),
-        GpuProfile(name="l40s", device="cuda", memory_gib=48, bf16=True, bf16_tflops=362.0, match=("L40S",)),
-        GpuProfile(name="rtx4090", device="cuda", memory_gib=24, bf16=True, bf16_tflops=165.0, match=("4090",)),
-        GpuProfile(name="rtx5090", device="cuda", memory_gib=32, bf16=True, bf16_tflops=209.0, match=("5090",)),
+        GpuProfile(name="l40s", device="cuda", memory_gib=48, bf16=True, fp8=True, bf16_tflops=362.0, match=("L40S",)),
+        GpuProfile(name="rtx4090", device="cuda", memory_gib=24, bf16=True, fp8=True, bf16_tflops=165.0, match=("4090",)),
+        GpuProfile(name="rtx5090", device="cuda", memory_gib=32, bf16=True, fp8=True, bf16_tflops=209.0, match=("5090",)),
     ]
 }
 

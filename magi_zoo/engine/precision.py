@@ -1,0 +1,122 @@
+"""The precision step: run a region's linears in fp8.
+
+`Fp8Linear` replaces an `nn.Linear`: its weight is quantized once, at apply, to float8
+e4m3 with one fp32 scale per output row; at run time each activation row gets its own
+scale (amax / 448) and the product is one `torch._scaled_mm` with row-wise scales,
+accumulated in fp32 and written in the input dtype. Everything is plain aten ops, so a
+compiled region traces it whole (fullgraph) and inductor fuses the activation
+quantization into the preceding elementwise work; no tensor subclass is traced (the
+tensor-subclass path of torchao made the cold compile 119-175 s, DESIGN.md section 6).
+
+The step runs before compile (the graphs must contain the fp8 ops) and its undo puts the
+original linears back. To restore them exactly the originals are kept -- on the host, so
+the device holds only the fp8 copies (half the bytes of bf16).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .steps import StepContext, StepRecord, register_step
+
+E4M3_MAX = 448.0  # largest finite float8_e4m3fn
+_EPS = 1e-12  # keeps an all-zero row's scale finite
+
+
+def _rowwise_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fp8 tensor, fp32 per-row scale) with x ~= fp8 * scale, row = last dim."""
+    amax = x.detach().abs().amax(dim=-1, keepdim=True).float().clamp(min=_EPS)
+    scale = amax / E4M3_MAX
+    q = (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return q, scale
+
+
+class Fp8Linear(nn.Module):
+    """An `nn.Linear` with fp8 weights (per output row scales) and fp8 activations (per
+    token scales), through `torch._scaled_mm`. Forward only (no gradient to the weight)."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        w = linear.weight.detach()
+        q, scale = _rowwise_fp8(w)  # (out, in) fp8 and (out, 1) fp32
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.register_buffer("weight_fp8", q)
+        self.register_buffer("weight_scale", scale.reshape(1, -1).contiguous())  # (1, out) for _scaled_mm
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The dequantized weight (for code that reads `.weight`, e.g. dtype checks)."""
+        return self.weight_fp8.float() * self.weight_scale.reshape(-1, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        xq, xs = _rowwise_fp8(x2)
+        # b must be column-major: the transpose of the row-major (out, in) weight is.
+        out_dtype = x.dtype if x.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.bfloat16
+        y = torch._scaled_mm(xq, self.weight_fp8.t(), scale_a=xs, scale_b=self.weight_scale, out_dtype=out_dtype)
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y.reshape(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, fp8 e4m3 rowwise"
+
+
+def eligible(linear: nn.Module) -> bool:
+    """_scaled_mm needs both matrix dims to be multiples of 16."""
+    return type(linear) is nn.Linear and linear.in_features % 16 == 0 and linear.out_features % 16 == 0
+
+
+@register_step("precision")
+def precision_step(ctx: StepContext) -> StepRecord:
+    section = ctx.plan.section("precision")
+    swaps: list[tuple[nn.Module, str, nn.Module]] = []  # (parent, attribute, original on the host)
+    done, skipped = [], 0
+
+    def undo() -> None:
+        for parent, name, original in reversed(swaps):
+            device = next(getattr(parent, name).buffers()).device
+            setattr(parent, name, original.to(device))
+
+    try:
+        for (key, _), targets in section.regions().items():
+            if targets[0].spec.matmul != "fp8":
+                continue
+            if not ctx.profile.fp8:
+                raise ValueError(f"precision key {key!r}: matmul='fp8' needs a card with fp8 matmuls (Hopper, "
+                                 f"Ada, Blackwell); profile {ctx.profile.name!r} has none. Use matmul='bf16' "
+                                 "(drop precision='fp8' / --fp8)")
+            n = 0
+            seen: set[int] = set()
+            for t in targets:
+                for parent in list(t.module.modules()):
+                    for name, child in list(parent.named_children()):
+                        if id(child) in seen or not isinstance(child, nn.Linear):
+                            continue
+                        seen.add(id(child))
+                        if not eligible(child):
+                            skipped += 1
+                            continue
+                        fp8 = Fp8Linear(child)
+                        swaps.append((parent, name, child.to("cpu")))
+                        setattr(parent, name, fp8)
+                        n += 1
+            done.append(f"fp8 matmuls on {key or '<root>'} ({n} linears)")
+    except BaseException:
+        undo()
+        raise
+    did = "; ".join(done) if done else "as built (no fp8 region)"
+    if skipped:
+        did += f"; {skipped} linear(s) kept (dims not multiples of 16)"
+    return StepRecord("precision", did, undo, {"fp8_linears": len(swaps), "skipped": skipped})
+
+
+def reference_linear(x: torch.Tensor, linear: Fp8Linear) -> torch.Tensor:
+    """What an Fp8Linear computes, in fp32 from the dequantized operands (for tests)."""
+    xq, xs = _rowwise_fp8(x.reshape(-1, x.shape[-1]))
+    y = F.linear(xq.float() * xs, linear.weight, None if linear.bias is None else linear.bias.float())
+    return y.reshape(*x.shape[:-1], -1)

@@ -1,0 +1,38 @@
+"""`PrecisionSpec`: the number format of a region's matmuls (the plan's ``precision``
+section)."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
+
+from .section import SectionSpec, register_section
+
+MATMUL_FORMATS = ("bf16", "fp8")
+
+
+@register_section
+class PrecisionSpec(SectionSpec):
+    """The matmul format of every eligible `nn.Linear` under a region. Frozen.
+
+    A spec file lists the regions that may run in fp8 (the repeated blocks' linears) with
+    ``matmul = "bf16"``; `load(..., precision="fp8")` flips exactly those. Embeddings,
+    norms, modulation and the first and last layers are simply not listed.
+    """
+
+    section: ClassVar[str] = "precision"
+
+    matmul: Literal["bf16", "fp8"] = Field(
+        "bf16",
+        description="'bf16': the linears as built; 'fp8': float8 e4m3 weights with one scale per "
+        "output row (quantized once, at apply) and activations quantized per row at run time "
+        "(torch._scaled_mm); needs a card with fp8 matmuls.",
+    )
+
+    @classmethod
+    def from_shorthand(cls, value: Any) -> "PrecisionSpec":
+        # `WanTransformerBlock = "fp8"` is shorthand for { matmul = "fp8" }.
+        if isinstance(value, str):
+            return cls(matmul=value)
+        return super().from_shorthand(value)
