@@ -183,10 +183,10 @@ def test_remove_restores_eager_and_reapply_replaces(net, fresh_dynamo):
         ref = net(x)
     magi_zoo.apply(net, {"Block": EAGER})
     rep2 = magi_zoo.apply(net, {"Block": EAGER})  # re-apply: replaces, never stacks wrappers
-    # the earlier plan's 4 steps (prepare, attention, compile, offload) were undone first
-    assert "replaced an earlier plan (4 step(s) undone)" in rep2.step("compile").did
+    # the earlier plan's 5 steps (prepare, attention, precision, compile, offload) were undone first
+    assert "replaced an earlier plan (5 step(s) undone)" in rep2.step("compile").did
     assert len(installed(net)) == 6
-    assert remove(net) == 4 and installed(net) == []
+    assert remove(net) == 5 and installed(net) == []
     with torch.no_grad():
         torch.testing.assert_close(net(x), ref)
 
@@ -240,8 +240,9 @@ def test_report_renders(net, fresh_dynamo):
     with torch.no_grad():
         net(torch.randn(2, 8, 16))
     text = str(rep)
-    steps = text.splitlines()[1:5]
-    assert [line.split(":")[0].strip() for line in steps] == ["1. prepare", "2. attention", "3. compile", "4. offload"]
+    steps = text.splitlines()[1:6]
+    assert [line.split(":")[0].strip() for line in steps] == ["1. prepare", "2. attention", "3. precision",
+                                                               "4. compile", "5. offload"]
     assert "custom ops registered" in steps[1]
     assert "6 x Block" in text and "disabled" in text
     d = rep.to_dict()
