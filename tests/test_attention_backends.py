@@ -206,8 +206,9 @@ def test_profile_preferences():
     for p in PROFILES.values():
         assert p.attention_backends and set(p.attention_backends) <= valid
         assert p.attention_backend == p.attention_backends[0]  # the preferred choice
-    # h100/h200 stay on native until the H100 measurement says otherwise
-    assert H100.attention_backends == ("native",)
+    # Hopper prefers fa3 (measured on an H100: benchmarks/results/attention_kernels_h100.md)
+    assert H100.attention_backends == magi_zoo.get_profile("h200").attention_backends == ("fa3", "native")
+    assert magi_zoo.get_profile("a100").attention_backends == ("native",)
     base = dict(name="x", device="cuda", memory_gib=80, bf16=True)
     assert GpuProfile(**base, attention_backends=("FA3", "native")).attention_backends == ("fa3", "native")
     with pytest.raises(ValueError, match="at least one backend"):

@@ -12,7 +12,9 @@ def test_all_named_profiles_exist():
         # the attention step hands it to diffusers: it must name a diffusers backend
         from diffusers.models.attention_dispatch import AttentionBackendName
 
-        assert p.name == name and p.attention_backend in {b.value for b in AttentionBackendName}
+        from magi_zoo.engine.attention import ENGINE_BACKENDS
+
+        assert p.name == name and p.attention_backend in {*ENGINE_BACKENDS, *(b.value for b in AttentionBackendName)}
     assert get_profile("H100").name == "h100"  # case-insensitive
     assert get_profile("h100").memory_gib == 80 and get_profile("rtx4090").memory_gib == 24
     assert get_profile("h100").fp8 and not get_profile("a100").fp8 and not get_profile("cpu").fp8

@@ -54,20 +54,24 @@ class GpuProfile(BaseModel):
 # Spec-sheet numbers (dense, no sparsity). DESIGN.md measured ~800 TFLOP/s bf16 on H100/H200;
 # the spec sheet's 989 is the ceiling a %-of-peak column is taken against (benchmarks).
 #
-# attention_backends: ("native",) (torch SDPA's own dispatch) everywhere for now. On an H200
-# at the Wan-1.3B shape, native SDPA already dispatches to cuDNN and forcing it is no faster:
-# native 629.7 ms vs _native_cudnn 648.3 ms eager, 530.4 vs 535.9 ms compiled, flash 843 ms
-# (benchmarks/results/attention_backends_wan2.1-t2v-1.3b_h200.md). Other cards are not
-# measured; native is the library default there too. FA3 (the `hopper` extra) measured
-# 699 vs 582 TFLOP/s at that shape outside the project (DESIGN.md §6); whether h100/h200
-# become ("fa3", "native") -- fa3 where the extra is installed, native with one warning
-# where it is not -- is decided by benchmarks/attention_kernels.py on an H100.
+# attention_backends (what an attention spec's backend="auto" picks, first that can run):
+# - h100 / h200: ("fa3", "native"). Measured on an H100 (benchmarks/results/attention_kernels_h100.md):
+#   FA3 660-710 TFLOP/s against SDPA's 589-598 at the Wan shapes (32,760 tokens x 12 or 40
+#   heads), and one Wan2.1-1.3B forward 520.4 -> 463.3 ms (1.12x); at Flux 1024^2 (4,608
+#   tokens) FA3 is no faster (605 vs 624), so the Flux spec does not ask for auto. Without
+#   the `hopper` extra, auto falls back to native with one warning naming it.
+# - native = torch SDPA's own dispatch, which already picks cuDNN at the Wan shape (H200:
+#   native 629.7 ms vs forced _native_cudnn 648.3 ms eager, 530.4 vs 535.9 ms compiled;
+#   benchmarks/results/attention_backends_wan2.1-t2v-1.3b_h200.md). Other cards are not
+#   measured; native is the library default there.
 PROFILES: dict[str, GpuProfile] = {
     p.name: p
     for p in [
         GpuProfile(name="cpu", device="cpu", memory_gib=16, bf16=False),
-        GpuProfile(name="h100", device="cuda", memory_gib=80, bf16=True, fp8=True, bf16_tflops=989.0, match=("H100",)),
-        GpuProfile(name="h200", device="cuda", memory_gib=141, bf16=True, fp8=True, bf16_tflops=989.0, match=("H200",)),
+        GpuProfile(name="h100", device="cuda", memory_gib=80, bf16=True, fp8=True, bf16_tflops=989.0, match=("H100",),
+                   attention_backends=("fa3", "native")),
+        GpuProfile(name="h200", device="cuda", memory_gib=141, bf16=True, fp8=True, bf16_tflops=989.0, match=("H200",),
+                   attention_backends=("fa3", "native")),
         GpuProfile(name="a100", device="cuda", memory_gib=80, bf16=True, bf16_tflops=312.0, match=("A100",)),
         GpuProfile(name="l40s", device="cuda", memory_gib=48, bf16=True, fp8=True, bf16_tflops=362.0, match=("L40S",)),
         GpuProfile(name="rtx4090", device="cuda", memory_gib=24, bf16=True, fp8=True, bf16_tflops=165.0, match=("4090",)),
