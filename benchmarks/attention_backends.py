@@ -69,8 +69,8 @@ def main(argv=None):
     env = common.environment(device)
     md = [f"# Attention backends: {args.model} denoiser forward, {dtype}", "",
           common.env_line(env),
-          "", common.markdown_table(rows, ["backend", "compiled", "status", "median_ms", "min_ms", "max_ms",
-                                           "first_call_s", "rel_err_vs_native", "error"])]
+          "", common.results_table(rows, ["backend", "compiled", "status", "median_ms", "min_ms", "max_ms",
+                                          "first_call_s", "rel_err_vs_native", "error"])]
     card = env["card"].split()[-1].lower() if device.type == "cuda" else "cpu"
     common.write_results(__import__("pathlib").Path(args.out), f"attention_backends_{args.model}_{card}",
                          {"model": args.model, "env": env, "rows": rows}, "\n".join(md))

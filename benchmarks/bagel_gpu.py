@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
 
     import magi_zoo
+    from magi_zoo.specs.plan import with_backend
     from magi_zoo.zoo import spec_layers
 
     device = torch.device(args.device)
@@ -63,10 +64,9 @@ def main(argv: list[str] | None = None) -> dict:
     model = adapter.denoiser(pipe)
     inputs = adapter.denoiser_inputs(pipe, variant, height=args.height, width=args.width, text_len=args.text_len)
     n_gen = inputs["x_t"].shape[0]
-    override = None
-    if args.backend:
-        b = {"backend": args.backend}
-        override = {"BagelMoTLayer": b, "model.vit_model": b, "model": {"denoise_step": b, "decode_step": b}}
+    layers = spec_layers(adapter, handle.profile)
+    if args.backend:  # smoke runs: every compiled region on a cheaper backend
+        layers = with_backend(layers, args.backend)
 
     def step():
         with torch.inference_mode():
@@ -85,7 +85,8 @@ def main(argv: list[str] | None = None) -> dict:
         try:
             if name == "magi_zoo":
                 torch.compiler.reset()
-                report = magi_zoo.apply(handle.modules, layers=spec_layers(adapter, handle.profile, compile=override))
+                report = magi_zoo.apply(handle.modules, layers=layers, gpu=handle.profile,
+                                        preparations=adapter.preparations(pipe))
             if cuda:
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> dict:
              for r in results]
     lines = [f"# BAGEL one denoise step with CFG (3 contexts): {args.model}, {data['height']}x{data['width']} "
              f"({n_gen} latent tokens), {dtype}", "", common.env_line(env), "",
-             common.markdown_table(table, [h for h, _ in COLUMNS])]
+             common.results_table(table, [h for h, _ in COLUMNS])]
     for r in results:
         if r.get("plan_table"):
             lines += ["", "magi_zoo regions:", "", r["plan_table"]]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -77,20 +76,16 @@ def git_commit() -> str | None:
 
 
 def environment(device) -> dict[str, Any]:
-    """Card, versions and commit: recorded with every number."""
-    import torch
+    """Card, versions and commit: recorded with every number.
 
-    env: dict[str, Any] = {"torch": torch.__version__, "python": platform.python_version(), "commit": git_commit()}
-    for mod in ("triton", "diffusers", "transformers"):
-        try:
-            env[mod] = __import__(mod).__version__
-        except Exception:
-            env[mod] = None
-    if getattr(device, "type", device) == "cuda":
-        env["card"] = torch.cuda.get_device_name()
-        env["cuda"] = torch.version.cuda
-    else:
-        env["card"] = f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+    The machine fingerprint is the engine's (`environment_fields`, the same fields that key
+    the compile cache); a benchmark adds only the commit it measured. `device_name` is
+    recorded as `card`, the name every results file has used."""
+    from magi_zoo.engine.cache import environment_fields
+
+    env = environment_fields(device)
+    env["card"] = env.pop("device_name")
+    env["commit"] = git_commit()
     return env
 
 
@@ -139,11 +134,16 @@ def run_isolated(module: str, args: list[str], *, env: dict[str, str] | None = N
     return {"status": "error", "error": f"exit {rc}: " + "".join(tail)[-3000:]}
 
 
-def markdown_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
-    head = "| " + " | ".join(columns) + " |"
-    sep = "|" + "|".join("---" for _ in columns) + "|"
-    body = ["| " + " | ".join("—" if r.get(c) is None else str(r.get(c)) for c in columns) + " |" for r in rows]
-    return "\n".join([head, sep, *body])
+def results_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    """`columns` of `rows` as the engine's table (markdown-compatible); a value that was not
+    measured (missing or None) shows as "—", and a cell's `|` or line break (error messages)
+    is escaped so it cannot split the row."""
+    from magi_zoo.engine.report import format_table
+
+    def cell(v: Any) -> str:
+        return "—" if v is None else str(v).replace("|", "\\|").replace("\n", " ")
+
+    return format_table([{c: cell(r.get(c)) for c in columns} for r in rows], columns)
 
 
 def write_results(out_dir: Path, stem: str, record: dict[str, Any], markdown: str) -> list[Path]:

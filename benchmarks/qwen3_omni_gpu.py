@@ -38,38 +38,39 @@ COLUMNS = ["strategy", "decode tok/s median", "min", "max", "ms/token", "prefill
 
 def _build(model: str, layers: int, device, dtype):
     """The pipeline: tiny as shipped, or the published config with `layers` thinker layers."""
+    import dataclasses
+
     from magi_zoo import adapters
     from magi_zoo.adapters.qwen3_omni.configs import with_thinker_layers
 
     adapter, variant = adapters.lookup(model)
-    cfg = None if variant.tiny else with_thinker_layers(variant.config, layers, talker=False)
-    pipe = adapter.build(variant, weights="random", dtype=dtype, device=device, config=cfg)
+    if not variant.tiny:
+        variant = dataclasses.replace(variant, config=with_thinker_layers(variant.config, layers, talker=False))
+    pipe = adapter.build(variant, weights="random", dtype=dtype, device=device)
     return adapter, variant, pipe
 
 
 def _plan_layers(adapter, pipe, profile, backend: str | None):
-    """The shipped spec's layers for `profile`, minus keys matching nothing in this build."""
+    """The shipped spec's layers for `profile`, minus keys matching nothing in this build
+    (in every section), with every compile spec on `backend` if one is given."""
     import torch.nn as nn
 
     from magi_zoo.engine.resolve import match_key
     from magi_zoo.specs import PlanLayer
+    from magi_zoo.specs.plan import with_backend
     from magi_zoo.zoo import spec_layers
 
     modules = nn.ModuleDict(adapter.components(pipe))
     named = dict(modules.named_modules())
     out, dropped = [], []
     for name, layer in spec_layers(adapter, profile):
-        regions = {}
-        for key, entry in layer.regions.items():
-            if match_key(modules, key, named)[0]:
-                regions[key] = entry
-            else:
-                dropped.append(key)
-        if backend:  # CPU smoke runs: a cheaper backend than inductor's C++ build
-            regions = {k: ({m: s.model_copy(update={"backend": backend}) for m, s in v.items()}
-                           if isinstance(v, dict) else v.model_copy(update={"backend": backend}))
-                       for k, v in regions.items()}
-        out.append((name, PlanLayer(regions=regions, attention_backend=layer.attention_backend)))
+        sections = {}
+        for section, entries in layer.sections.items():
+            sections[section] = {k: e for k, e in entries.items() if match_key(modules, k, named)[0]}
+            dropped += [k for k in entries if k not in sections[section]]
+        out.append((name, PlanLayer(sections=sections)))
+    if backend:  # CPU smoke runs: a cheaper backend than inductor's C++ build
+        out = with_backend(out, backend)
     return modules, out, sorted(set(dropped))
 
 
@@ -165,7 +166,8 @@ def main(argv: list[str] | None = None) -> dict:
                 torch.cuda.reset_peak_memory_stats(device)
             if strategy == "magi_zoo":
                 modules, layers, dropped = _plan_layers(adapter, pipe, profile, args.backend)
-                report = magi_zoo.apply(modules, layers=layers)
+                report = magi_zoo.apply(modules, layers=layers, gpu=profile,
+                                        preparations=adapter.preparations(pipe))
                 row["dropped_keys"] = dropped
             row.update(_measure(pipe, ids, args, device))
             if strategy == "magi_zoo":
@@ -180,7 +182,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     eager = next((r for r in res["results"] if r["strategy"] == "eager" and "error" not in r), None)
     lines = ["# Qwen3-Omni thinker decode, batch 1", "", common.env_line(res["env"]), "", note, "",
-             common.markdown_table([_table_row(r, eager) for r in res["results"]], COLUMNS)]
+             common.results_table([_table_row(r, eager) for r in res["results"]], COLUMNS)]
     common.write_results(Path(args.out), "qwen3_omni_gpu", res, "\n".join(lines))
     print("\n".join(lines), flush=True)
     return res

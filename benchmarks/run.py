@@ -103,7 +103,7 @@ def worker(args) -> dict[str, Any]:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from magi_zoo.engine import _torch_compat as compat
+    from magi_zoo.engine import counters
 
     strategy, phase = args.worker, args.phase
     rec: dict[str, Any] = {"strategy": strategy, "phase": phase, "status": "ok"}
@@ -114,7 +114,7 @@ def worker(args) -> dict[str, Any]:
         rec["cache_status"], rec["cache_load_s"] = handle.cache.status, round(handle.cache.load_s, 3)
     fn = _prepare(strategy, module)
     call = lambda: fn(**inputs)  # noqa: E731
-    before = compat.snapshot()
+    before = counters.snapshot()
     with torch.no_grad():
         if strategy == "eager" and phase == "cold":
             with FlopCounterMode(display=False) as fc:
@@ -126,7 +126,7 @@ def worker(args) -> dict[str, Any]:
         _progress(f"{strategy}/{phase}: first call (compiles) ...")
         out, first_s = common.first_call(call, device)
         rec["first_call_s"] = round(first_s + rec.get("cache_load_s", 0.0), 3)
-        d = compat.delta(before)
+        d = counters.delta(before)
         rec.update(frames_compiled=d.frames, graph_breaks=d.n_graph_breaks, recompiles=len(d.recompiles),
                    compile_s=round(d.compile_s, 3), compile_breakdown_s=d.breakdown())
         if strategy == "magi_zoo" and phase == "cold":
@@ -137,7 +137,7 @@ def worker(args) -> dict[str, Any]:
             _progress(f"{strategy}/{phase}: timing {args.warmup} warm-up + {args.runs} runs ...")
             rec.update(common.time_calls(call, device, warmup=args.warmup, runs=args.runs))
             rec["peak_gib"] = common.gib(torch.cuda.max_memory_allocated()) if device.type == "cuda" else None
-            rec["recompiles_after_first_call"] = len(compat.delta(before).recompiles) - rec["recompiles"]
+            rec["recompiles_after_first_call"] = len(counters.delta(before).recompiles) - rec["recompiles"]
             torch.save(_first_tensor(out).float().cpu(), Path(args.tmp) / f"{strategy}.pt")
     if handle.report() is not None:
         rec["regions"] = handle.report().to_dict()["regions"]
@@ -283,7 +283,7 @@ def parent(args) -> dict[str, Any]:
           common.env_line(env), "",
           f"shape: {args.height}x{args.width}, frames {args.frames}, batch 1, {record['dtype']}; "
           f"FLOPs/forward {flops / 1e12 if flops else float('nan'):.4g} TFLOP; measured matmul peak {peak} TFLOP/s",
-          "", f"command: `{record['command']}`", "", common.markdown_table(rows, COLUMNS)]
+          "", f"command: `{record['command']}`", "", common.results_table(rows, COLUMNS)]
     errors = [f"- {r['strategy']}: {str(r.get('error'))[-600:]}" for r in rows if r.get("status") != "ok"]
     errors += [f"- {r['strategy']} (warm): {str(r.get('warm_error'))[-600:]}" for r in rows if r.get("warm_error")]
     if errors:

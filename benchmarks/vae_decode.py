@@ -78,8 +78,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     env = common.environment(device)
     record = {"env": env, "command": "python -m benchmarks.vae_decode " + " ".join(argv), "results": [row]}
     md = [f"# {row['model']}: one eager VAE decode", "", common.env_line(env), "",
-          common.markdown_table([row], ["model", "latent", "pixels", "vae_dtype", "median_ms", "min_ms", "max_ms",
-                                        "first_call_s", "peak_gib"])]
+          common.results_table([row], ["model", "latent", "pixels", "vae_dtype", "median_ms", "min_ms", "max_ms",
+                                       "first_call_s", "peak_gib"])]
     common.write_results(Path(args.out), f"vae_decode_{row['model']}", record, "\n".join(md))
     print("\n".join(md), flush=True)
     return record

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import magi_zoo
-from magi_zoo.engine.counters import reset_counters
+from magi_zoo.engine import counters
 from magi_zoo.zoo import spec_layers
 
 EAGER = {"backend": "eager"}
@@ -34,7 +34,7 @@ def _clean(tiny):
 
 def _apply(handle, override):
     torch.compiler.reset()
-    reset_counters()
+    counters.reset()
     return magi_zoo.apply(handle.modules, layers=spec_layers(handle.adapter, handle.profile, compile=override))
 
 

@@ -1,7 +1,8 @@
 """Flux.1 adapter + spec on CPU with flux-tiny (2 double + 2 single blocks, offline).
 
 Counters are the oracle. One inductor compile (the shipped CPU spec); every other
-compile uses backend="eager" through a user override, which keeps the spec's other fields.
+compile uses backend="eager" through a user override, which keeps the spec's other fields,
+so no test leans on an inductor cache another test filled: each passes alone, in any order.
 """
 
 from __future__ import annotations
@@ -228,18 +229,41 @@ def test_run_writes_png(tmp_path, eager):
         generate_to(eager, prompt="x", out=tmp_path / "v.mp4")
 
 
-def test_cli_run_offline(tmp_path, fresh_dynamo):
-    """`magi-zoo run flux-tiny --prompt ... --out image.png`, with the shipped spec compiled
-    (inductor; the graphs are the ones the inductor test above built, so its on-disk cache
-    answers)."""
+def test_cli_run_offline(tmp_path, fresh_dynamo, monkeypatch, capsys):
+    """`magi-zoo run flux-tiny --prompt ... --out image.png`, with the shipped spec applied.
+
+    This checks the command's plumbing, so the blocks compile with backend="eager" through
+    the same user override as the other counter tests (the spec's other fields kept); the
+    inductor numerics of this spec are test_shipped_cpu_spec_inductor_matches_eager's. An
+    inductor compile here would lean on the on-disk inductor cache that test fills: a cache
+    hit after it, a full C++ build alone or before it."""
+    import magi_zoo.zoo
     from PIL import Image
 
     from magi_zoo import cli
 
+    real_load, handles = magi_zoo.zoo.load, []
+
+    def load(name, **kw):
+        assert kw.get("compile") is None, kw  # the command asks for the shipped spec ...
+        handles.append(real_load(name, **dict(kw, compile=EAGER)))  # ... on the eager backend
+        return handles[-1]
+
+    for owner in (magi_zoo, magi_zoo.zoo, cli):  # wherever the command looks `load` up
+        if hasattr(owner, "load"):
+            monkeypatch.setattr(owner, "load", load)
     out = tmp_path / "cli.png"
     assert cli.main(["run", "flux-tiny", "--prompt", "a corgi", "--out", str(out), "--gpu", "cpu", "--seed", "0"]) == 0
     with Image.open(out) as im:
         assert (im.format, im.size) == ("PNG", (32, 32))
+    (h,) = handles
+    rep = h.report()
+    # flux-tiny's 2 default steps x 2 instances = 4 calls per block class, one frame per class
+    # (same shapes every call, under the pipeline's no_grad): 2 frames, nothing else.
+    assert [rep.region(k).calls for k in BLOCKS] == [4, 4]
+    assert (rep.frames, rep.recompiles, rep.graph_breaks) == (2, 0, 0), rep.details()
+    printed = capsys.readouterr().out
+    assert f"wrote {out}" in printed and all(k in printed for k in BLOCKS)  # the report table
 
 
 # -- benchmark script --------------------------------------------------------------------

@@ -17,7 +17,7 @@ from transformers import SiglipVisionConfig
 from transformers.activations import ACT2FN
 from transformers.models.siglip.modeling_siglip import SiglipMLP
 
-from magi_zoo import register_custom_op
+from ...engine.custom_ops import register_custom_op
 
 
 def _varlen_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
