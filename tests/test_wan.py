@@ -1,4 +1,8 @@
-"""Wan2.1 adapter on the tiny variant: load, specs end to end, counters, real loading."""
+"""Wan2.1 adapter on the tiny variant: load, specs end to end through the pipeline, counters.
+
+What every family must do (inductor equals eager on the denoiser, 4 blocks one compile,
+save -> load, `run` writes, call defaults) is checked by tests/conformance; this file keeps
+what is Wan's own."""
 
 import numpy as np
 import pytest
@@ -72,42 +76,35 @@ def test_bad_override_names_real_submodules():
     # static shapes: 5 frames (2 latent frames) fail the 9-frame (3 latent) size guard
     (False, 2, 1),
 ])
-def test_dynamic_setting_end_to_end(fresh_dynamo, dynamic, frames, recompiles):
+def test_dynamic_setting_end_to_end(fresh_dynamo, eager_frames, dynamic, frames, recompiles):
     # Acceptance 2: a non-default setting on one region, end to end through the pipeline.
+    # (Inductor numerics of the denoiser and "4 blocks, one compile" are the conformance
+    # suite's, tests/conformance; this is the pipeline around them, on the aot_eager backend.)
     h = magi_zoo.load(TINY, gpu="cpu", compile={"WanTransformerBlock": {"dynamic": dynamic, "backend": "aot_eager"}})
-    _run(h, num_frames=9)
+    np.testing.assert_allclose(_run(h, num_frames=9), eager_frames, atol=1e-4, rtol=0)  # 9 = the call default
     _run(h, num_frames=5)
-    r = h.report().region("WanTransformerBlock")
+    rep = h.report()
+    r = rep.region("WanTransformerBlock")
     assert r.spec.dynamic is dynamic and r.spec.fullgraph is True  # fullgraph kept from the spec file
     assert r.layers == ["model default", "gpu", "user"]
     # 2 runs x 2 steps x 2 (CFG) x 4 blocks = 32 block calls, under the pipeline's no_grad
     assert r.calls == 32
     assert (r.counters.frames, len(r.counters.recompiles), r.counters.n_graph_breaks) == (frames, recompiles, 0)
-
-
-def test_compiled_plan_equals_eager(fresh_dynamo, eager_frames):
-    # The shipped spec, [gpu.cpu] section: inductor, fullgraph, dynamic blocks.
-    h = magi_zoo.load(TINY, gpu="cpu")
-    frames = _run(h)
-    np.testing.assert_allclose(frames, eager_frames, atol=1e-4, rtol=0)
-    rep = h.report()
-    labels = {r.label: r for r in rep.regions}
+    # The spec's other regions: the text encoder and the VAE fenced off (enabled=False);
+    # the encoder runs for the prompt and the negative prompt of each run: 2 x 2 = 4 calls.
+    labels = {x.label: x for x in rep.regions}
     assert set(labels) == {"WanTransformerBlock", "text_encoder", "vae.decode", "vae.encode"}
-    blocks = labels["WanTransformerBlock"]
-    assert blocks.spec.backend == "inductor" and blocks.spec.dynamic is True
-    assert (blocks.counters.frames, blocks.counters.graphs, len(blocks.counters.recompiles)) == (1, 1, 0)
-    assert labels["text_encoder"].spec.enabled is False and labels["text_encoder"].calls == 2  # prompt + negative
-    table = rep.table()
-    for label in labels:
-        assert label in table
+    assert labels["text_encoder"].spec.enabled is False and labels["text_encoder"].calls == 4
+    assert all(label in rep.table() for label in labels)
 
 
-def test_save_pretrained_roundtrip(tmp_path, eager_handle, eager_frames):
-    eager_handle.pipe.save_pretrained(tmp_path)
+def test_saved_tokenizer_encodes_the_same(tmp_path, eager_handle):
+    # Weights and the denoiser output after save -> load are the conformance suite's;
+    # here: the in-process tokenizer survives the round trip.
+    eager_handle.adapter.save_pretrained(eager_handle.pipe, tmp_path)
     h = magi_zoo.load(TINY, gpu="cpu", weights=str(tmp_path), compile=False)
     text = "a corgi surfing"
     assert h.pipe.tokenizer(text)["input_ids"] == eager_handle.pipe.tokenizer(text)["input_ids"]
-    np.testing.assert_array_equal(_run(h), eager_frames)
 
 
 def test_spec_file_override(tmp_path, fresh_dynamo):
@@ -141,10 +138,3 @@ def test_run_options(eager_handle, tmp_path):
         a.check_run(v, dict(num_inference_steps=0), tmp_path / "b.mp4")
     with pytest.raises(ValueError, match=r"writes \.mp4 or \.gif"):
         a.check_run(v, {}, tmp_path / "b.png")
-
-
-def test_handle_applies_call_defaults(eager_handle):
-    # The tiny variant's defaults (32x32, 9 frames, 2 steps) fill what the caller leaves
-    # out; without them diffusers' 480x832 defaults overflow the tiny RoPE table.
-    out = eager_handle(prompt="a corgi surfing", output_type="np")
-    assert out.frames.shape[1:4] == (9, 32, 32)

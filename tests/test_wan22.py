@@ -12,7 +12,7 @@ from magi_zoo import adapters
 
 TINY = "wan2.2-tiny"  # two experts, switched mid-run
 TINY_TI2V = "wan2.2-ti2v-tiny"  # the 5B path: 48-channel VAE latents, per-token timesteps
-AOT = {"backend": "aot_eager"}  # cheap backend for counter tests; one test below uses inductor
+AOT = {"backend": "aot_eager"}  # cheap backend: inductor numerics are tests/conformance's
 
 
 def _run(handle, seed=0, **over):
@@ -104,11 +104,14 @@ def test_published_on_meta_inputs_and_spec(name, shape, timestep, experts):
 
 
 @pytest.mark.parametrize("dynamic", [True, False])
-def test_both_experts_one_compiled_block(fresh_dynamo, dynamic):
+def test_both_experts_one_compiled_block(fresh_dynamo, eager_frames, dynamic):
     # dynamic=True is the CPU section's setting, False the H100/H200 sections' (static shapes).
     h = magi_zoo.load(TINY, gpu="cpu", compile={"WanTransformerBlock": dict(AOT, dynamic=dynamic)})
     with _block_calls(h.pipe) as calls:
-        _run(h)
+        frames = _run(h)
+    # The whole run, switch included, equals the eager pipeline (the conformance suite
+    # compares inductor to eager on the denoiser alone, which is one expert).
+    np.testing.assert_allclose(frames, eager_frames, atol=1e-4, rtol=0)
     # 4 UniPC steps at flow shift 3.0: t = 999, 900 >= 875 run `transformer`, 750, 500 run
     # `transformer_2`; per step 2 forwards (CFG) x 4 blocks => 2 x 2 x 4 = 16 block calls each.
     assert calls == {"transformer": 16, "transformer_2": 16}
@@ -117,16 +120,6 @@ def test_both_experts_one_compiled_block(fresh_dynamo, dynamic):
     # The experts' blocks have one type and one set of tensor shapes: the blocks of both
     # cost one compiled frame, and the switch at t = 875 recompiles nothing.
     assert (r.counters.frames, len(r.counters.recompiles), r.counters.n_graph_breaks) == (1, 0, 0)
-
-
-def test_compiled_plan_equals_eager(fresh_dynamo, eager_frames):
-    # The shipped spec's [gpu.cpu] section: inductor, fullgraph, dynamic blocks.
-    h = magi_zoo.load(TINY, gpu="cpu")
-    frames = _run(h)
-    np.testing.assert_allclose(frames, eager_frames, atol=1e-4, rtol=0)
-    r = h.report().region("WanTransformerBlock")
-    assert r.spec.backend == "inductor" and r.calls == 32
-    assert (r.counters.frames, r.counters.graphs, len(r.counters.recompiles)) == (1, 1, 0)
 
 
 def test_ti2v_tiny_per_token_timesteps(fresh_dynamo):
@@ -146,9 +139,11 @@ def test_ti2v_tiny_per_token_timesteps(fresh_dynamo):
         assert h.adapter.denoiser(h.pipe)(**kw)[0].shape == kw["hidden_states"].shape
 
 
-def test_save_pretrained_roundtrip(tmp_path, eager_frames):
-    # model_index.json keeps transformer_2 and boundary_ratio: a local load switches experts too.
-    magi_zoo.load(TINY, gpu="cpu", compile=False).pipe.save_pretrained(tmp_path)
+def test_local_load_switches_experts(tmp_path, eager_frames):
+    # model_index.json keeps transformer_2 and boundary_ratio: a local load switches experts
+    # too (weights and the denoiser after save -> load are the conformance suite's).
+    h0 = magi_zoo.load(TINY, gpu="cpu", compile=False)
+    h0.adapter.save_pretrained(h0.pipe, tmp_path)
     h = magi_zoo.load(TINY, gpu="cpu", weights=str(tmp_path), compile=False)
     assert h.pipe.config.boundary_ratio == 0.875 and set(h.modules) >= {"transformer", "transformer_2"}
     np.testing.assert_array_equal(_run(h), eager_frames)

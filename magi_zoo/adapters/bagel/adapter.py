@@ -89,6 +89,15 @@ class BagelAdapter(Adapter):
             load_bagel_checkpoint(model, vae, local)
         return BagelPipeline(model, vae, _tokenizer_factory(cfg, local), cfg, variant.call_defaults)
 
+    def save_pretrained(self, pipe, path: str | Path) -> Path:
+        """The official layout (llm_config.json, vit_config.json, ema.safetensors,
+        ae.safetensors) plus the tokenizer files, which `build(weights=path)` loads back."""
+        from .checkpoint import save_bagel_checkpoint
+
+        path = save_bagel_checkpoint(pipe.model, pipe.vae, pipe.config, path)
+        pipe.tokenizer.save_pretrained(str(path))
+        return path
+
     def call_defaults(self, variant: Variant) -> dict[str, Any]:
         return {}  # BagelPipeline applies the variant's defaults itself, per task
 

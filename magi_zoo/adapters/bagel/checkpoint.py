@@ -1,14 +1,21 @@
-"""Loading the official BAGEL checkpoint layout with safetensors.
+"""The official BAGEL checkpoint layout, read and written with safetensors.
+
+A checkpoint directory holds `llm_config.json` (Qwen2), `vit_config.json` (SigLIP, with
+the layer BAGEL drops still counted), `ema.safetensors` (the Bagel module) and
+`ae.safetensors` (the FLUX autoencoder), plus the tokenizer files.
 
 `ema.safetensors` uses our module names as is (the modules mirror the official tree).
 `ae.safetensors` holds the FLUX autoencoder under its original (BFL) names; they are
-mapped to diffusers' `AutoencoderKL` names here, as diffusers' own LDM converter does.
+mapped to diffusers' `AutoencoderKL` names here, as diffusers' own LDM converter does, and
+back when saving.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -48,6 +55,66 @@ def convert_flux_ae(state: dict[str, torch.Tensor], num_up_blocks: int) -> dict[
             v = v[:, :, 0, 0]
         out[nk] = v
     return out
+
+
+# diffusers AutoencoderKL -> BFL names: the inverse of `_AE_RULES` (decoder up blocks apart).
+_AE_RULES_BACK: list[tuple[re.Pattern, str]] = [(re.compile(p), r) for p, r in [
+    (r"^encoder\.down_blocks\.(\d+)\.resnets\.(\d+)\.", r"encoder.down.\1.block.\2."),
+    (r"^encoder\.down_blocks\.(\d+)\.downsamplers\.0\.conv\.", r"encoder.down.\1.downsample.conv."),
+    (r"^(encoder|decoder)\.mid_block\.resnets\.0\.", r"\1.mid.block_1."),
+    (r"^(encoder|decoder)\.mid_block\.resnets\.1\.", r"\1.mid.block_2."),
+    (r"^(encoder|decoder)\.mid_block\.attentions\.0\.group_norm\.", r"\1.mid.attn_1.norm."),
+    (r"^(encoder|decoder)\.mid_block\.attentions\.0\.to_(q|k|v)\.", r"\1.mid.attn_1.\2."),
+    (r"^(encoder|decoder)\.mid_block\.attentions\.0\.to_out\.0\.", r"\1.mid.attn_1.proj_out."),
+    (r"^(encoder|decoder)\.conv_norm_out\.", r"\1.norm_out."),
+]]
+_DEC_UP_BACK = re.compile(r"^decoder\.up_blocks\.(\d+)\.(resnets\.(\d+)|upsamplers\.0\.conv)\.")
+
+
+def flux_ae_key_back(key: str, num_up_blocks: int) -> str:
+    """One diffusers AutoencoderKL key -> the BFL FLUX AE key (the inverse of `flux_ae_key`)."""
+    m = _DEC_UP_BACK.match(key)
+    if m:
+        i = num_up_blocks - 1 - int(m.group(1))
+        inner = f"block.{m.group(3)}." if m.group(3) is not None else "upsample.conv."
+        key = f"decoder.up.{i}.{inner}" + key[m.end():]
+    for rx, rep in _AE_RULES_BACK:
+        key = rx.sub(rep, key)
+    return key.replace(".conv_shortcut.", ".nin_shortcut.")
+
+
+def flux_ae_state(vae: nn.Module) -> dict[str, torch.Tensor]:
+    """The diffusers AutoencoderKL's weights under BFL names, as `ae.safetensors` holds
+    them (the mid-attention Linear weights as the original 1x1 convs)."""
+    n_up = len(vae.decoder.up_blocks)
+    out = {}
+    for k, v in vae.state_dict().items():
+        ok = flux_ae_key_back(k, n_up)
+        if flux_ae_key(ok, n_up) != k:  # the two mappings must stay inverse: fail at save, not at load
+            raise ValueError(f"AE key {k!r} has no BFL name (mapped to {ok!r}, which loads as {flux_ae_key(ok, n_up)!r})")
+        if ".mid.attn_1." in ok and ok.endswith(".weight") and ".norm." not in ok:
+            v = v[:, :, None, None]
+        out[ok] = v.detach().contiguous()
+    return out
+
+
+def save_bagel_checkpoint(model: nn.Module, vae: nn.Module, cfg: dict[str, Any], path: str | Path) -> Path:
+    """Write `model` (Bagel) and `vae` (diffusers AutoencoderKL) at the variant config `cfg`
+    in the official layout that `load_bagel_checkpoint` / `config_from_dir` read back:
+    llm_config.json, vit_config.json, ema.safetensors, ae.safetensors."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    llm = dict(cfg["llm"], model_type="qwen2")
+    # The official vit_config.json counts SigLIP's last layer, which BAGEL drops on load.
+    vit = dict(cfg["vit"], num_hidden_layers=cfg["vit"]["num_hidden_layers"] + 1, model_type="siglip_vision_model")
+    (path / "llm_config.json").write_text(json.dumps(llm, indent=2))
+    (path / "vit_config.json").write_text(json.dumps(vit, indent=2))
+    ema = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    save_file(ema, str(path / "ema.safetensors"))
+    save_file(flux_ae_state(vae), str(path / "ae.safetensors"))
+    return path
 
 
 def _load_exact(module: nn.Module, state: dict[str, torch.Tensor], what: str, *, optional: tuple[str, ...] = ()) -> int:

@@ -24,7 +24,8 @@ from ..base import Adapter, Output, Variant, init_on
 from .configs import PUBLISHED, TINY, build_config
 from .ops import (EXPERTS_CHOICES, EXPERTS_OP_IMPL, experts_implementation, install_prefill_decode,
                   register_experts_impl, set_experts_implementation)
-from .pipeline import OmniOutput, Qwen3OmniPipeline, audio_tower, thinker_text_model, vision_tower
+from .pipeline import (CACHE_BUCKET, OmniOutput, Qwen3OmniPipeline, _cache_kwarg, audio_tower, thinker_text_model,
+                       vision_tower)
 
 HUB_ID = "Qwen/Qwen3-Omni-30B-A3B-Instruct"
 
@@ -99,6 +100,26 @@ def _init_fused_experts(model: nn.Module, std: float = 0.02) -> None:
                     p.normal_(0.0, std)
 
 
+# Prompt length of `example_inputs` (the thinker benchmark's fixed prompt, benchmarks/qwen3_omni_gpu.py).
+PROMPT_LEN = 32
+
+
+def _head_dim(cfg) -> int:
+    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+
+def _fresh_static_cache(cfg, batch: int, length: int, dtype: torch.dtype, device: torch.device):
+    """A new StaticCache of `length` tokens, allocated now (as `Qwen3OmniPipeline.static_cache`
+    does, but never the pipeline's reused one: example inputs must not share state)."""
+    from transformers import StaticCache
+
+    cache = StaticCache(config=cfg, max_cache_len=length)
+    if hasattr(cache, "early_initialization"):  # 5.24; older versions allocate on first write
+        cache.early_initialization(batch_size=batch, num_heads=cfg.num_key_value_heads, head_dim=_head_dim(cfg),
+                                   dtype=dtype, device=device)
+    return cache
+
+
 class Qwen3OmniAdapter(Adapter):
     """Adapter for Qwen3-Omni: builds the model + an offline (or shipped) tokenizer."""
 
@@ -154,6 +175,68 @@ class Qwen3OmniAdapter(Adapter):
         """The thinker's text decoder, whose `prefill` / `decode_step` the plan compiles."""
         self.check_entry(name)
         return thinker_text_model(pipe.model.thinker), name
+
+    def example_inputs(self, pipe: Qwen3OmniPipeline, variant: Variant, entry: str, *, batch: int = 1,
+                       seq_len: int | None = None, ctx_len: int | None = None, seed: int = 0) -> dict[str, Any]:
+        """Keyword arguments of one thinker text-model call, exactly as the pipeline's greedy
+        `generate` makes them for a text prompt (seen at the module's forward: the same
+        kwargs, shapes and dtypes), so a benchmark or test compiles the graph a generation runs.
+
+        prefill: `seq_len` prompt tokens (default PROMPT_LEN = 32, the benchmark's prompt) as
+          `inputs_embeds` (the thinker embeds ids before calling its text model), no mask,
+          positions 0..seq_len-1, and a fresh, empty static cache.
+        decode_step: one token at position `ctx_len` (default 32) against a static cache that
+          already holds `ctx_len` positions, with generate's 4-D boolean mask over the
+          whole cache (True for the ctx_len cached positions and the new one).
+
+        Both caches are sized as the pipeline sizes them: the tokens a generation of the
+        variant's default `max_new_tokens` needs, rounded up to CACHE_BUCKET. The cached
+        keys / values of decode_step are seeded random draws (N(0, 1), the scale of RoPE'd,
+        normed keys) written through the cache's public `update`; no model call is made, so
+        building inputs never runs (or compiles) the module. Every call returns a fresh cache.
+        """
+        self.check_entry(entry)
+        if entry == "prefill":
+            seq_len = PROMPT_LEN if seq_len is None else seq_len
+            if ctx_len not in (None, 0):
+                raise ValueError("prefill starts from an empty cache: ctx_len must be None or 0")
+            n_new, n_cached = seq_len, 0
+        else:
+            if seq_len not in (None, 1):
+                raise ValueError(f"decode_step takes one token; seq_len={seq_len} is a prefill")
+            n_new, n_cached = 1, PROMPT_LEN if ctx_len is None else ctx_len
+        if n_new < 1 or n_cached < 0 or batch < 1:
+            raise ValueError(f"need batch >= 1, seq_len >= 1, ctx_len >= 0 (got {batch}, {n_new}, {n_cached})")
+        thinker = pipe.model.thinker
+        text_model = thinker_text_model(thinker)
+        cfg = thinker.config.get_text_config()
+        p = thinker.lm_head.weight
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        # Tokens a generation of the default length needs from here, in the pipeline's buckets.
+        need = n_cached + n_new + variant.call_defaults.get("max_new_tokens", 0)
+        cache_len = -(-need // CACHE_BUCKET) * CACHE_BUCKET
+        cache = _fresh_static_cache(cfg, batch, cache_len, p.dtype, p.device)
+        if n_cached:
+            kv_heads, head_dim = cfg.num_key_value_heads, _head_dim(cfg)
+            for i in range(cfg.num_hidden_layers):
+                k, v = (torch.randn(batch, kv_heads, n_cached, head_dim, generator=g).to(p.device, p.dtype)
+                        for _ in range(2))
+                # cache_position: what transformers 5.17's StaticLayer.update reads (5.24 ignores it).
+                cache.update(k, v, i, {"cache_position": torch.arange(n_cached, device=p.device)})
+        ids = torch.randint(0, cfg.vocab_size, (batch, n_new), generator=g).to(p.device)
+        with torch.no_grad():
+            embeds = text_model.embed_tokens(ids)  # the embedding is never compiled: no counters move
+        # (4, batch, n) positions: the text row then the t/h/w rows of M-RoPE, equal for text
+        # (the thinker's rope index arithmetic passes them as float32).
+        pos = torch.arange(n_cached, n_cached + n_new, device=p.device, dtype=torch.float32)
+        position_ids = pos.view(1, 1, -1).expand(4, batch, -1)
+        mask = None
+        if entry == "decode_step":
+            mask = torch.zeros(batch, 1, 1, cache_len, dtype=torch.bool, device=p.device)
+            mask[..., : n_cached + 1] = True
+        return {"attention_mask": mask, "position_ids": position_ids, _cache_kwarg(thinker): cache,
+                "inputs_embeds": embeds, "use_cache": True, "output_router_logits": False,
+                "deepstack_visual_embeds": None, "visual_pos_masks": None}
 
     def components(self, pipe: Qwen3OmniPipeline) -> dict[str, nn.Module]:
         """thinker, plus talker and code2wav when audio output is enabled."""
