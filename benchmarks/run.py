@@ -1,47 +1,213 @@
-"""The benchmark harness: one denoiser forward of a zoo model under several strategies.
+"""The benchmark harness: one entry-point call of any zoo model under several strategies.
 
     python -m benchmarks.run --model wan2.1-t2v-1.3b \
         --strategies eager,torch_compile,diffusers_regional,magi_zoo \
         --height 480 --width 832 --frames 81 --device cuda --out benchmarks/results/wan-1.3b
+    python -m benchmarks.run --model bagel-7b-mot --strategies eager,magi_zoo --shape text_len=32 \
+        --fp32-reference --no-warm-start --device cuda --out benchmarks/results
+    python -m benchmarks.run --model qwen3-omni-30b-a3b --entry decode_step --layers 4 \
+        --strategies eager,magi_zoo --no-warm-start --device cuda --out benchmarks/results
     python -m benchmarks.run --model wan2.1-tiny --strategies eager,torch_compile,magi_zoo \
         --device cpu --out /tmp/bench
 
-Setup: random weights at the published config (`weights="random"`), bf16 on GPU (fp32 on
-CPU), batch 1. Strategies are the real thing:
+What is timed is an entry point of the adapter contract (magi_zoo/adapters/base.py):
+`module, method = adapter.entry(pipe, --entry)` (default: the family's first entry point:
+a diffusion family's denoiser step "denoise", Qwen3-Omni's "prefill"), called as
+`getattr(module, method)(**adapter.example_inputs(pipe, variant, entry, **shape))`, where
+shape is --height / --width / --frames (default: the variant's call defaults, where it has
+them) plus family-specific `--shape key=value` pairs passed through as keyword arguments
+(BAGEL: text_len, cfg_img_scale; Qwen3-Omni: seq_len, ctx_len, batch). Each process builds
+the inputs once and every call reuses them, as a generation reuses its KV cache: a decode
+step writes its token into the static cache at the next slot, which its mask leaves out, so
+repeated calls return the same values (the cache has room for the variant's default
+`max_new_tokens` calls past ctx_len: keep warm-up + runs below that). FLOPs and the fp32
+reference run on their own fresh inputs.
 
-- eager:              the adapter's denoiser as the library builds it;
-- torch_compile:      `torch.compile(denoiser)`;
-- diffusers_regional: `denoiser.compile_repeated_blocks(fullgraph=True)` (diffusers' own);
+Setup: random weights at the published config (`weights="random"`), bf16 on GPU (fp32 on
+CPU), batch 1 unless `--shape batch=N`. Strategies are the real thing:
+
+- eager:              the entry as the library builds it. Where the entry's method is one
+                      an adapter preparation adds (Qwen3-Omni's prefill / decode_step), the
+                      adapter's preparations are installed (they keep values unchanged);
+                      otherwise the model is untouched;
+- torch_compile:      `torch.compile(module)` for a `forward` entry, `torch.compile` of the
+                      bound method otherwise (compiling the module would leave the method eager);
+- diffusers_regional: `module.compile_repeated_blocks(fullgraph=True)` (diffusers' own):
+                      only a diffusers model's forward with `_repeated_blocks`; for any other
+                      entry (BAGEL, Qwen3-Omni) it is refused before any process starts, and
+                      the refusal is recorded (status "refused", with the reason);
 - magi_zoo:           `magi_zoo.load(model, weights="random", gpu=<card>)` with its shipped
-                      spec, timed on the same denoiser.
+                      spec, timed on the same entry.
+
+`--backend B` puts every compiled region on backend B (magi_zoo: `specs.with_backend` over
+the spec's layers; torch_compile / diffusers_regional: torch.compile's `backend=`), e.g.
+eager / aot_eager for CPU smoke runs. `--layers N` builds the variant with N layers where the
+harness knows how for that family (LAYER_VARIANTS; today Qwen3-Omni: the published layer
+config with N thinker layers and no talker / Code2Wav; spec keys for the parts the build
+lacks are dropped and listed). `--smoke` allows fewer warm-up / timed runs than DESIGN.md §5
+asks, for tests; the record says so.
 
 Each strategy runs in its own process with fresh inductor and Triton cache directories, so
 cold compile times and memory peaks are honest. A second process then measures the
 warm-start first call: for magi_zoo, again with *fresh* inductor/Triton dirs, so only its
 own artifact cache (`cache_dir`) carries compiled code over; for torch_compile and
 diffusers_regional, with the inductor/Triton dirs of their cold run (torch's own on-disk
-caches are their warm start). Per strategy: cold and warm first-call seconds; ms per
-forward (CUDA events, >= 2 warm-up, >= 5 timed: median, min, max); peak GiB over the timed
-runs; relative error against eager on the same inputs; FLOPs of one forward from torch's
-flop counter, achieved TFLOP/s and % of the matmul rate measured on the same card in the
-same run. `--cfg` adds seconds per denoising step with classifier-free guidance (two
-forwards, as the diffusers pipelines run cond and uncond). Output: JSON, a markdown table
-and a PNG chart under --out. A strategy that fails is recorded with its error.
+caches are their warm start). Per strategy: cold and warm first-call seconds; ms per call
+(CUDA events, >= 2 warm-up, >= 5 timed: median, min, max); for a decode-step entry, tokens/s
+= batch x 1000 / ms; peak GiB over the timed runs; relative error (and max abs difference)
+against eager on the same inputs; FLOPs of one call from torch's flop counter, achieved
+TFLOP/s and % of the matmul rate measured on the same card in the same run; compiled frames,
+graph breaks, recompiles (magi_zoo.engine.counters). `--cfg` adds seconds per denoising step
+with classifier-free guidance (two forwards, as the diffusers pipelines run cond and uncond;
+BAGEL's denoise entry already is a whole CFG step). Output: JSON, a markdown table (with
+magi_zoo's region table) and a PNG chart under --out. A strategy that fails is recorded with
+its error.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import dataclasses
 import json
 import statistics
 import tempfile
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from benchmarks import common
 
 STRATEGIES = ("eager", "torch_compile", "diffusers_regional", "magi_zoo")
+DECODE_ENTRIES = ("decode_step",)  # one generated token per call: reported as tokens/s too
+
+
+# -- --layers: variants with fewer layers, per family ------------------------------------------
+
+def _qwen3_omni_layers(variant, n: int):
+    """The variant's layer config with `n` thinker text layers and no talker / Code2Wav
+    (the published 30B-A3B is ~60 GiB in bf16 and slow to initialise; per-token decode
+    cost scales ~linearly in layers)."""
+    from magi_zoo.adapters.qwen3_omni.configs import with_thinker_layers
+
+    total = variant.config["thinker"]["text_config"]["num_hidden_layers"]
+    if not 1 <= n <= total:
+        raise SystemExit(f"--layers {n}: {variant.name} has {total} thinker layers; choose 1..{total}")
+    # Its own name, so the compile cache never mixes it up with the registered variant.
+    derived = dataclasses.replace(variant, name=f"{variant.name}-{n}L",
+                                  config=with_thinker_layers(variant.config, n, talker=False))
+    note = (f"{variant.name} layer config with {n} of {total} thinker layers, no talker/code2wav, random "
+            "weights: per-token decode time scales ~linearly with layers")
+    return derived, note
+
+
+# family -> (registered variant, N) -> (derived Variant, one-line note for the results).
+LAYER_VARIANTS: dict[str, Callable] = {"qwen3_omni": _qwen3_omni_layers}
+
+
+def _variant(args):
+    """(adapter, variant, note): the registered variant, or the one --layers derives."""
+    from magi_zoo import adapters
+
+    adapter, variant = adapters.lookup(args.model)
+    if args.layers is None:
+        return adapter, variant, None
+    derive = LAYER_VARIANTS.get(adapter.family)
+    if derive is None:
+        raise SystemExit(f"--layers: the harness cannot derive a layer count for family {adapter.family!r} "
+                         f"(supported: {', '.join(LAYER_VARIANTS)})")
+    return (adapter, *derive(variant, args.layers))
+
+
+def _shape(args) -> dict[str, Any]:
+    """The shape keyword arguments of `example_inputs`: the flags that are set, then --shape."""
+    shape = {k: getattr(args, k) for k in ("height", "width", "frames") if getattr(args, k) is not None}
+    for pair in args.shape:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise SystemExit(f"--shape {pair!r}: expected key=value (e.g. --shape text_len=32)")
+        try:
+            value = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            value = raw  # a plain string
+        shape[key.strip()] = value
+    return shape
+
+
+# -- building a handle -------------------------------------------------------------------------
+
+def _assemble(adapter, variant, *, gpu: str, dtype, device, compiled: bool, backend: str | None,
+              cache_dir: str | None, derived: bool):
+    """What `magi_zoo.load` returns, for the two inputs load cannot be given: a derived
+    Variant (--layers; load takes a registered name, and the base `build` has no config=)
+    and compile layers with every backend overridden (--backend; `specs.with_backend` works
+    on layers, load takes override dicts). Rather than widen load's signature for a
+    benchmark (zoo.py stays the one loader for users), this assembles the handle from the
+    same public pieces in the same order -- spec layers -> adapter.build -> engine.apply ->
+    compile cache -> ZooPipeline -- so the harness measures what load would build.
+
+    For a derived variant, spec keys that match nothing in the smaller build (Qwen3-Omni's
+    talker / code2wav keys, with no talker built) are dropped and returned; the engine's own
+    `explain` decides, key by key, with the adapter's preparations installed."""
+    import torch.nn as nn
+
+    from magi_zoo.engine import apply
+    from magi_zoo.engine.cache import CompileCache, resolve_cache_dir
+    from magi_zoo.specs import get_profile, with_backend
+    from magi_zoo.zoo import ZooPipeline, spec_layers
+
+    profile = get_profile(gpu)
+    layers = spec_layers(adapter, profile)
+    if backend:
+        layers = with_backend(layers, backend)
+    native = adapter.build(variant, weights="random", dtype=dtype, device=device)
+    modules = nn.ModuleDict(adapter.components(native))
+    dropped: list[str] = []
+    if derived and compiled:
+        layers, dropped = _drop_unmatched(modules, layers, adapter.preparations(native))
+    report = apply(modules, layers=layers, gpu=profile, preparations=adapter.preparations(native)) if compiled else None
+    cache = None
+    directory = resolve_cache_dir(cache_dir)
+    if report is not None and directory is not None:
+        cache = CompileCache(directory, {"model": f"{adapter.family}/{variant.name}", "dtype": str(dtype),
+                                         "device": device.type, "gpu_profile": profile.name,
+                                         "plan": report.plan.digests()})
+        cache.load()
+    handle = ZooPipeline(native, modules, report, adapter=adapter, variant=variant, profile=profile, dtype=dtype,
+                         device=device, layers=layers, cache=cache)
+    return handle, dropped
+
+
+def _drop_unmatched(modules, layers, preparations) -> tuple[list, list[str]]:
+    """`layers` without the keys that resolve to nothing in `modules` (each key tried alone
+    through `magi_zoo.engine.explain`, which raises PlanError for a key or method that
+    matches nothing), and the dropped keys."""
+    from magi_zoo.engine import PlanError, explain
+    from magi_zoo.specs import PlanLayer
+
+    out, dropped = [], []
+    for name, layer in layers:
+        sections = {}
+        for section, entries in layer.sections.items():
+            sections[section] = {}
+            for key, entry in entries.items():
+                try:
+                    explain(modules, [(name, PlanLayer(sections={section: {key: entry}}))], preparations)
+                    sections[section][key] = entry
+                except PlanError:
+                    dropped.append(key)
+        out.append((name, PlanLayer(sections=sections)))
+    return out, sorted(set(dropped))
+
+
+def _regional_refusal(adapter, entry: str, module, method: str) -> str | None:
+    """Why diffusers_regional cannot apply to this entry (None: it can)."""
+    if method == "forward" and callable(getattr(module, "compile_repeated_blocks", None)) \
+            and getattr(module, "_repeated_blocks", None):
+        return None
+    return (f"diffusers_regional needs a diffusers model's forward with _repeated_blocks "
+            f"(compile_repeated_blocks); {adapter.family} entry {entry!r} is "
+            f"{type(module).__name__}.{method}, which is not one")
 
 
 # -- worker (one strategy, one process) ------------------------------------------------------
@@ -54,48 +220,70 @@ def _build(args, strategy: str):
     import torch
 
     import magi_zoo
+    from magi_zoo.engine.prepare import prepare
 
+    adapter, variant, _ = _variant(args)
     device = torch.device(args.device)
     gpu = "cpu" if device.type == "cpu" else "auto"
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    compile_arg = None if strategy == "magi_zoo" else False
-    handle = magi_zoo.load(args.model, gpu=gpu, weights="random", dtype=dtype, device=device,
-                           compile=compile_arg, cache_dir=args.zoo_cache if strategy == "magi_zoo" else None)
-    module = handle.adapter.denoiser(handle.pipe)
-    inputs = handle.adapter.denoiser_inputs(handle.pipe, handle.variant, height=args.height, width=args.width,
-                                            frames=args.frames, seed=0)
-    return handle, module, inputs, device, dtype
+    compiled = strategy == "magi_zoo"
+    cache_dir = args.zoo_cache if compiled else None
+    dropped: list[str] = []
+    if args.layers is None and not (compiled and args.backend):
+        handle = magi_zoo.load(args.model, gpu=gpu, weights="random", dtype=dtype, device=device,
+                               compile=None if compiled else False, cache_dir=cache_dir)
+    else:
+        handle, dropped = _assemble(adapter, variant, gpu=gpu, dtype=dtype, device=device, compiled=compiled,
+                                    backend=args.backend, cache_dir=cache_dir, derived=args.layers is not None)
+    module, method = adapter.entry(handle.pipe, args.entry)
+    if not compiled and not callable(getattr(module, method, None)):
+        # The method is one a preparation adds (apply installs them for magi_zoo).
+        prepare(handle.modules, adapter.preparations(handle.pipe))
+    make_inputs = lambda: adapter.example_inputs(handle.pipe, handle.variant, args.entry, **_shape(args))  # noqa: E731
+    return handle, module, method, make_inputs, device, dtype, dropped
 
 
-def _prepare(strategy: str, module):
+def _prepare(args, adapter, module, method: str):
     """The callable each strategy times (compilation itself happens on the first call)."""
     import torch
 
+    strategy = args.worker
+    kw = {"backend": args.backend} if args.backend else {}
     if strategy in ("eager", "magi_zoo"):
-        return module
+        return getattr(module, method)
     if strategy == "torch_compile":
-        return torch.compile(module)
+        return torch.compile(module, **kw) if method == "forward" else torch.compile(getattr(module, method), **kw)
     if strategy == "diffusers_regional":
-        if not hasattr(module, "compile_repeated_blocks"):
-            raise TypeError(f"{type(module).__name__} is not a diffusers model with _repeated_blocks")
-        module.compile_repeated_blocks(fullgraph=True)
+        why = _regional_refusal(adapter, args.entry, module, method)
+        if why:
+            raise TypeError(why)
+        module.compile_repeated_blocks(fullgraph=True, **kw)
         return module
     raise ValueError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
 
 
 def _first_tensor(out):
+    """The output that is compared: a tensor, the first of a tuple, a diffusers output's
+    `sample`, a transformers ModelOutput's first field (last_hidden_state)."""
     import torch
 
     while not isinstance(out, torch.Tensor):
-        out = out[0] if isinstance(out, (tuple, list)) else out.sample
+        if isinstance(out, (tuple, list)):
+            out = out[0]
+        elif hasattr(out, "sample"):
+            out = out.sample
+        elif isinstance(out, dict):
+            out = next(v for v in out.values() if v is not None)
+        else:
+            raise TypeError(f"no tensor output to compare in a {type(out).__name__}")
     return out
 
 
-def _fp32_reference(module, inputs: dict[str, Any], tmp: Path) -> None:
-    """One forward of the same weights and inputs in fp32 (see common.fp32_forward)."""
+def _fp32_reference(module, fn, inputs: dict[str, Any], tmp: Path) -> None:
+    """One call with the same weights and inputs in fp32 (see common.fp32_forward)."""
     import torch
 
-    out = common.fp32_forward(module, lambda up: _first_tensor(module(**up)), inputs)
+    out = common.fp32_forward(module, lambda up: _first_tensor(fn(**up)), inputs)
     torch.save(out.float().cpu(), tmp / "fp32.pt")
 
 
@@ -108,24 +296,34 @@ def worker(args) -> dict[str, Any]:
     strategy, phase = args.worker, args.phase
     rec: dict[str, Any] = {"strategy": strategy, "phase": phase, "status": "ok"}
     _progress(f"{strategy}/{phase}: building {args.model} (random weights) ...")
-    handle, module, inputs, device, dtype = _build(args, strategy)
+    handle, module, method, make_inputs, device, dtype, dropped = _build(args, strategy)
+    rec["entry_target"] = f"{type(module).__name__}.{method}"
+    if dropped:
+        rec["dropped_keys"] = dropped
     rec["resident_gib"] = common.gib(torch.cuda.memory_allocated()) if device.type == "cuda" else None
     if handle.cache is not None:
         rec["cache_status"], rec["cache_load_s"] = handle.cache.status, round(handle.cache.load_s, 3)
-    fn = _prepare(strategy, module)
+    fn = _prepare(args, handle.adapter, module, method)
+    inputs = make_inputs()
     call = lambda: fn(**inputs)  # noqa: E731
     before = counters.snapshot()
     with torch.no_grad():
         if strategy == "eager" and phase == "cold":
             with FlopCounterMode(display=False) as fc:
-                module(**inputs)
+                fn(**make_inputs())
             rec["flops"] = int(fc.get_total_flops())
             rec["matmul_tflops"] = common.matmul_peak_tflops(device, dtype)
             if args.fp32_reference and dtype != torch.float32:
-                _fp32_reference(module, inputs, Path(args.tmp))
+                try:
+                    _fp32_reference(module, fn, make_inputs(), Path(args.tmp))
+                except Exception as e:  # the eager row stands; only the fp32 column is missing
+                    rec["fp32_reference_error"] = f"{type(e).__name__}: {e}"
         _progress(f"{strategy}/{phase}: first call (compiles) ...")
         out, first_s = common.first_call(call, device)
         rec["first_call_s"] = round(first_s + rec.get("cache_load_s", 0.0), 3)
+        # Copied now: later calls may overwrite it (CUDA graphs reuse their output buffers).
+        first_out = _first_tensor(out).float().cpu()
+        del out
         d = counters.delta(before)
         rec.update(frames_compiled=d.frames, graph_breaks=d.n_graph_breaks, recompiles=len(d.recompiles),
                    compile_s=round(d.compile_s, 3), compile_breakdown_s=d.breakdown())
@@ -138,9 +336,10 @@ def worker(args) -> dict[str, Any]:
             rec.update(common.time_calls(call, device, warmup=args.warmup, runs=args.runs))
             rec["peak_gib"] = common.gib(torch.cuda.max_memory_allocated()) if device.type == "cuda" else None
             rec["recompiles_after_first_call"] = len(counters.delta(before).recompiles) - rec["recompiles"]
-            torch.save(_first_tensor(out).float().cpu(), Path(args.tmp) / f"{strategy}.pt")
+            torch.save(first_out, Path(args.tmp) / f"{strategy}.pt")
     if handle.report() is not None:
         rec["regions"] = handle.report().to_dict()["regions"]
+        rec["plan_table"] = handle.report().table()
     return rec
 
 
@@ -154,28 +353,62 @@ def _strategy_env(tmp: Path, strategy: str, phase: str, repeat: int = 0) -> dict
 
 
 def _worker_args(args, strategy: str, phase: str, tmp: Path, result: Path) -> list[str]:
-    out = ["--model", args.model, "--device", args.device, "--worker", strategy, "--phase", phase,
-           "--warmup", str(args.warmup), "--runs", str(args.runs), "--tmp", str(tmp), "--result", str(result),
-           "--zoo-cache", str(tmp / "zoo-cache")]
-    for k in ("height", "width", "frames"):
+    out = ["--model", args.model, "--entry", args.entry, "--device", args.device, "--worker", strategy,
+           "--phase", phase, "--warmup", str(args.warmup), "--runs", str(args.runs), "--tmp", str(tmp),
+           "--result", str(result), "--zoo-cache", str(tmp / "zoo-cache")]
+    for k in ("height", "width", "frames", "layers", "backend"):
         if getattr(args, k) is not None:
             out += [f"--{k}", str(getattr(args, k))]
+    for pair in args.shape:
+        out += ["--shape", pair]
     if args.fp32_reference:
         out.append("--fp32-reference")
     return out
 
 
-def _relative_error(tmp: Path, strategy: str, reference: str = "eager") -> float | None:
+def _compare(tmp: Path, strategy: str, reference: str = "eager") -> tuple[float | None, float | None]:
+    """(relative L2 error, max abs difference) of a strategy's output against a reference's."""
     import torch
 
     ref, mine = tmp / f"{reference}.pt", tmp / f"{strategy}.pt"
     if not (ref.is_file() and mine.is_file()):
-        return None
+        return None, None
     a, b = torch.load(ref), torch.load(mine)
-    return float((b - a).norm() / a.norm())
+    return float((b - a).norm() / a.norm()), float((b - a).abs().max())
 
 
-def _chart(rows: list[dict[str, Any]], path: Path, title: str) -> Path | None:
+def _preflight(args, adapter, variant, strategies: list[str]) -> dict[str, str]:
+    """Check the entry's example inputs at this shape and which strategies can apply, on a
+    build on the meta device (module tree only, no memory, seconds), before any process
+    starts. Bad shape arguments exit with the adapter's message; strategies that cannot
+    apply are returned with the reason. A family that cannot build on meta is checked in
+    the workers instead."""
+    import torch
+    import torch.nn as nn
+
+    from magi_zoo.engine.prepare import prepare
+
+    try:
+        native = adapter.build(variant, weights="random", dtype=torch.bfloat16, device=torch.device("meta"))
+        module, method = adapter.entry(native, args.entry)
+        prepare(nn.ModuleDict(adapter.components(native)), adapter.preparations(native))
+    except Exception as e:  # noqa: BLE001
+        print(f"[bench] no meta-device preflight for {variant.name} ({type(e).__name__}: {e}); "
+              "the workers check", flush=True)
+        return {}
+    try:
+        adapter.example_inputs(native, variant, args.entry, **_shape(args))
+    except (TypeError, ValueError) as e:
+        raise SystemExit(f"{variant.name} entry {args.entry!r}: example inputs at this shape fail: {e}") from None
+    refused = {}
+    if "diffusers_regional" in strategies:
+        why = _regional_refusal(adapter, args.entry, module, method)
+        if why:
+            refused["diffusers_regional"] = why
+    return refused
+
+
+def _chart(rows: list[dict[str, Any]], path: Path, title: str, ylabel: str) -> Path | None:
     try:
         import matplotlib
 
@@ -190,7 +423,7 @@ def _chart(rows: list[dict[str, Any]], path: Path, title: str) -> Path | None:
     names = [r["strategy"] for r in ok]
     a1.bar(names, [r["median_ms"] for r in ok], yerr=[[r["median_ms"] - r["min_ms"] for r in ok],
                                                       [r["max_ms"] - r["median_ms"] for r in ok]], color="#4c72b0")
-    a1.set_ylabel("ms per forward (median)")
+    a1.set_ylabel(ylabel)
     a2.bar(names, [r.get("first_call_s") or 0 for r in ok], color="#dd8452", label="cold")
     a2.bar(names, [r.get("warm_first_call_s") or 0 for r in ok], color="#55a868", label="warm", width=0.4)
     a2.set_ylabel("first call s")
@@ -206,17 +439,35 @@ def _chart(rows: list[dict[str, Any]], path: Path, title: str) -> Path | None:
 COLUMNS = ["strategy", "status", "median_ms", "min_ms", "max_ms", "first_call_s", "warm_first_call_s",
            "peak_gib", "rel_err_vs_eager", "rel_err_vs_fp32", "tflops", "pct_of_matmul_peak", "frames_compiled", "graph_breaks",
            "recompiles", "s_per_step_cfg"]
+DECODE_COLUMNS = ["tokens_per_s", "tokens_per_s_min", "tokens_per_s_max", "speedup_vs_eager"]
+
+
+def _shape_line(record: dict[str, Any], flops, peak) -> str:
+    shape = dict(record["shape"])
+    dims = ""
+    if shape.get("height") is not None or shape.get("width") is not None:
+        dims = f"{shape.pop('height', None)}x{shape.pop('width', None)}, frames {shape.pop('frames', None)}, "
+    extra = "".join(f"{k}={v}, " for k, v in shape.items() if v is not None and k != "batch")
+    unit = "forward" if record["entry_method"] in (None, "forward") else "call"
+    return (f"shape: {dims}{extra}batch {record['batch']}, {record['dtype']}; "
+            f"FLOPs/{unit} {flops / 1e12 if flops else float('nan'):.4g} TFLOP; measured matmul peak {peak} TFLOP/s")
 
 
 def parent(args) -> dict[str, Any]:
     import torch
 
-    from magi_zoo import adapters
-
-    defaults = adapters.lookup(args.model)[1].call_defaults  # record the shape actually run
+    adapter, variant, note = _variant(args)
+    if args.entry is None:
+        args.entry = adapter.entry_points[0] if adapter.entry_points else "denoise"
+    try:
+        adapter.check_entry(args.entry)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    defaults = variant.call_defaults  # record the shape actually run
     args.height = args.height or defaults.get("height")
     args.width = args.width or defaults.get("width")
     args.frames = args.frames or defaults.get("num_frames")
+    shape = _shape(args)
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     unknown = [s for s in strategies if s not in STRATEGIES]
     if unknown:
@@ -224,11 +475,18 @@ def parent(args) -> dict[str, Any]:
     if "eager" in strategies:
         strategies.remove("eager")
     strategies.insert(0, "eager")  # the reference for errors and FLOPs runs first
+    refused = _preflight(args, adapter, variant, strategies)
+    decode = args.entry in DECODE_ENTRIES
+    batch = shape.get("batch", 1)
     out_dir = Path(args.out)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="magi-bench-") as tmp_s:
         tmp = Path(tmp_s)
         for i, strategy in enumerate(strategies, 1):
+            if strategy in refused:
+                print(f"[{i}/{len(strategies)}] {strategy}: refused: {refused[strategy]}", flush=True)
+                rows.append({"strategy": strategy, "status": "refused", "error": refused[strategy]})
+                continue
             warm = 0 if strategy == "eager" or args.no_warm_start else args.warm_repeats
             phases = [("cold", 0)] + [("warm", k) for k in range(warm)]
             row: dict[str, Any] = {"strategy": strategy}
@@ -257,9 +515,9 @@ def parent(args) -> dict[str, Any]:
                 if rec.get("status") != "ok":
                     print(f"    {strategy}/{phase} failed: {str(rec.get('error'))[-400:]}", flush=True)
                     break
-            row["rel_err_vs_eager"] = _relative_error(tmp, strategy)
+            row["rel_err_vs_eager"], row["max_abs_diff_vs_eager"] = _compare(tmp, strategy)
             if args.fp32_reference:
-                row["rel_err_vs_fp32"] = _relative_error(tmp, strategy, "fp32")
+                row["rel_err_vs_fp32"] = _compare(tmp, strategy, "fp32")[0]
             rows.append(row)
     eager = rows[0]
     flops, peak = eager.get("flops"), eager.get("matmul_tflops")
@@ -267,29 +525,55 @@ def parent(args) -> dict[str, Any]:
         if r.get("status") == "ok" and flops and r.get("median_ms"):
             r["tflops"] = float(f"{flops / (r['median_ms'] / 1e3) / 1e12:.3g}")
             r["pct_of_matmul_peak"] = float(f"{100 * r['tflops'] / peak:.3g}") if peak else None
+        if r.get("status") == "ok" and r.get("median_ms") and eager.get("median_ms"):
+            r["speedup_vs_eager"] = round(eager["median_ms"] / r["median_ms"], 3)
+        if decode and r.get("status") == "ok" and r.get("median_ms"):
+            # one token per sequence per call
+            r["tokens_per_s"] = round(batch * 1000 / r["median_ms"], 1)
+            r["tokens_per_s_min"] = round(batch * 1000 / r["max_ms"], 1)
+            r["tokens_per_s_max"] = round(batch * 1000 / r["min_ms"], 1)
         if args.cfg and r.get("median_ms"):
             r["s_per_step_cfg"] = round(2 * r["median_ms"] / 1e3, 3)
-        for key in ("rel_err_vs_eager", "rel_err_vs_fp32"):
+        for key in ("rel_err_vs_eager", "rel_err_vs_fp32", "max_abs_diff_vs_eager"):
             if r.get(key) is not None:
                 r[key] = float(f"{r[key]:.2e}")
     device = torch.device(args.device)
     env = common.environment(device)
-    record = {"model": args.model, "shape": {"height": args.height, "width": args.width, "frames": args.frames},
-              "batch": 1, "dtype": "bfloat16" if device.type == "cuda" else "float32", "cfg": args.cfg,
+    target = eager.get("entry_target")
+    record = {"model": args.model, "variant": variant.name, "variant_note": note, "entry": args.entry,
+              "entry_target": target, "entry_method": target.rsplit(".", 1)[-1] if target else None,
+              "shape": {"height": args.height, "width": args.width, "frames": args.frames, **shape},
+              "batch": batch, "dtype": "bfloat16" if device.type == "cuda" else "float32", "cfg": args.cfg,
+              "backend": args.backend, "layers": args.layers, "smoke": args.smoke,
               "flops_per_forward": flops, "matmul_tflops_measured": peak, "env": env,
               "command": "python -m benchmarks.run " + " ".join(args.argv), "results": rows}
-    stem = args.stem or f"{args.model}"
-    md = [f"# {args.model}: one denoiser forward", "",
-          common.env_line(env), "",
-          f"shape: {args.height}x{args.width}, frames {args.frames}, batch 1, {record['dtype']}; "
-          f"FLOPs/forward {flops / 1e12 if flops else float('nan'):.4g} TFLOP; measured matmul peak {peak} TFLOP/s",
-          "", f"command: `{record['command']}`", "", common.results_table(rows, COLUMNS)]
+    default_entry = adapter.entry_points[0] if adapter.entry_points else args.entry
+    stem = args.stem or (args.model + (f"_{args.entry}" if args.entry != default_entry else "")
+                         + (f"_{args.layers}L" if args.layers is not None else ""))
+    what = "one denoiser forward" if args.entry == "denoise" else f"one {args.entry} call"
+    md = [f"# {args.model}: {what}" + (" (smoke run: too few runs to be a measurement)" if args.smoke else ""), "",
+          common.env_line(env), ""]
+    if note:
+        md += [note, ""]
+    if target and args.entry != "denoise":
+        md += [f"entry: `{args.entry}` = `{target}`", ""]
+    columns = COLUMNS[:2] + (DECODE_COLUMNS if decode else []) + COLUMNS[2:]
+    md += [_shape_line(record, flops, peak), "", f"command: `{record['command']}`", "",
+           common.results_table(rows, columns)]
     errors = [f"- {r['strategy']}: {str(r.get('error'))[-600:]}" for r in rows if r.get("status") != "ok"]
     errors += [f"- {r['strategy']} (warm): {str(r.get('warm_error'))[-600:]}" for r in rows if r.get("warm_error")]
+    errors += [f"- eager fp32 reference: {eager['fp32_reference_error']}"] if eager.get("fp32_reference_error") else []
     if errors:
         md += ["", "Failures:", *errors]
+    for r in rows:
+        if r.get("dropped_keys"):
+            md += ["", f"spec keys dropped ({r['strategy']}: no such part in this build): "
+                   + ", ".join(f"`{k}`" for k in r["dropped_keys"])]
+        if r.get("plan_table"):
+            md += ["", f"{r['strategy']} regions:", "", r["plan_table"]]
     paths = common.write_results(out_dir, stem, record, "\n".join(md))
-    chart = _chart(rows, out_dir / f"{stem}.png", f"{args.model} on {env['card']} (torch {env['torch']})")
+    ylabel = "ms per forward (median)" if record["entry_method"] in (None, "forward") else "ms per call (median)"
+    chart = _chart(rows, out_dir / f"{stem}.png", f"{args.model} on {env['card']} (torch {env['torch']})", ylabel)
     print("\n".join(md), flush=True)
     print("wrote " + ", ".join(str(p) for p in paths + ([chart] if chart else [])), flush=True)
     return record
@@ -298,21 +582,32 @@ def parent(args) -> dict[str, Any]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True)
+    p.add_argument("--entry", default=None,
+                   help="the adapter entry point to time (default: the family's first, e.g. denoise, prefill)")
     p.add_argument("--strategies", default=",".join(STRATEGIES))
     p.add_argument("--height", type=int, default=None)
     p.add_argument("--width", type=int, default=None)
     p.add_argument("--frames", type=int, default=None)
+    p.add_argument("--shape", action="append", default=[], metavar="KEY=VALUE",
+                   help="a family-specific example_inputs argument, repeatable (e.g. text_len=32, ctx_len=256)")
+    p.add_argument("--layers", type=int, default=None,
+                   help="build the variant with N layers (families in LAYER_VARIANTS: qwen3_omni thinker layers)")
+    p.add_argument("--backend", default=None,
+                   help="every compiled region's backend (e.g. eager / aot_eager for CPU smoke runs)")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--out", default="benchmarks/results")
-    p.add_argument("--stem", default=None, help="file name stem of the results (default: the model)")
+    p.add_argument("--stem", default=None,
+                   help="file name stem of the results (default: the model, plus _<entry> / _<N>L when given)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--smoke", action="store_true",
+                   help="a plumbing check, not a measurement: allows --warmup < 2 / --runs < 5")
     p.add_argument("--cfg", action="store_true", help="also report s/step with CFG (2 forwards)")
     p.add_argument("--no-warm-start", action="store_true", help="skip the warm-start processes")
     p.add_argument("--warm-repeats", type=int, default=1,
                    help="warm-start processes per strategy; the table shows their median")
     p.add_argument("--fp32-reference", action="store_true",
-                   help="also compare every strategy with an fp32 forward of the same weights")
+                   help="also compare every strategy with an fp32 call of the same weights")
     p.add_argument("--timeout", type=float, default=900, help="seconds per strategy process")
     # internal: one strategy in this process
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -329,9 +624,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     args.argv = argv
-    if args.warmup < 2 or args.runs < 5:
-        raise SystemExit("--warmup must be >= 2 and --runs >= 5 (DESIGN.md §5)")
     if args.worker is None:
+        if (args.warmup < 2 or args.runs < 5) and not args.smoke:
+            raise SystemExit("--warmup must be >= 2 and --runs >= 5 (DESIGN.md §5); --smoke for a plumbing check")
+        if args.warmup < 0 or args.runs < 1:
+            raise SystemExit("--warmup must be >= 0 and --runs >= 1")
         return parent(args)
     try:
         rec = worker(args)

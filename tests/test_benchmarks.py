@@ -1,5 +1,8 @@
-"""The benchmark harness stays alive: the issue's CPU command, run as a user would."""
+"""The benchmark harness stays alive: the issue's CPU command, run as a user would, and smoke
+runs of the families that are no diffusers pipeline (BAGEL's denoise step, Qwen3-Omni's
+decode step) through the same adapter entry points."""
 
+import itertools
 import json
 import subprocess
 import sys
@@ -29,12 +32,16 @@ def test_harness_cpu_command(tmp_path):
     # magi_zoo's warm process started with empty inductor dirs: only its own artifact
     # cache could have made it a hit
     assert rows["magi_zoo"]["warm_cache_status"] == "hit"
-    # the markdown table (the engine's format_table: padded cells) has one "ok" row per strategy
-    table = [line for line in (out / "wan2.1-tiny.md").read_text().splitlines() if line.startswith("|")]
+    # the results table (the engine's format_table: padded cells; the first table, before
+    # magi_zoo's region table) has one "ok" row per strategy
+    lines = (out / "wan2.1-tiny.md").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    table = list(itertools.takewhile(lambda line: line.startswith("|"), lines[start:]))
     header = [c.strip() for c in table[0].strip("|").split("|")]
     rows_md = [[c.strip() for c in line.strip("|").split("|")] for line in table[2:]]
     assert [(r[header.index("strategy")], r[header.index("status")]) for r in rows_md] == [
         ("eager", "ok"), ("torch_compile", "ok"), ("magi_zoo", "ok")]
+    assert "magi_zoo regions:" in lines
 
 
 def test_harness_rejects_unknown_strategy_and_too_few_runs():
@@ -44,3 +51,88 @@ def test_harness_rejects_unknown_strategy_and_too_few_runs():
         main(["--model", "wan2.1-tiny", "--strategies", "eager,turbo", "--device", "cpu"])
     with pytest.raises(SystemExit, match="--runs >= 5"):
         main(["--model", "wan2.1-tiny", "--runs", "3", "--device", "cpu"])
+
+
+def _smoke(model: str, out, *extra: str) -> dict:
+    """The harness on a tiny variant, as its CPU smoke run: plumbing, not a measurement
+    (a cheap backend, no warm-start process, 1 warm-up + 2 timed calls)."""
+    from benchmarks.run import main
+
+    return main(["--model", model, "--device", "cpu", "--out", str(out), "--no-warm-start", "--smoke",
+                 "--warmup", "1", "--runs", "2", *extra])
+
+
+ENV_FIELDS = {"card", "torch", "triton", "diffusers", "transformers", "commit"}
+
+
+def test_harness_bagel_denoise_step_with_cfg_on_cpu(tmp_path):
+    """BAGEL's entry point is one denoising step with CFG over three KV contexts (what the
+    former benchmarks/bagel_gpu.py measured); diffusers_regional cannot apply to it and is
+    refused without starting a process."""
+    rec = _smoke("bagel-tiny", tmp_path, "--entry", "denoise", "--strategies", "eager,diffusers_regional,magi_zoo",
+                 "--backend", "eager", "--shape", "text_len=8")
+    rows = {r["strategy"]: r for r in rec["results"]}
+    assert list(rows) == ["eager", "diffusers_regional", "magi_zoo"]
+    assert rows["diffusers_regional"]["status"] == "refused"
+    assert "compile_repeated_blocks" in rows["diffusers_regional"]["error"]
+    assert "Bagel.forward" in rows["diffusers_regional"]["error"]
+    for name in ("eager", "magi_zoo"):
+        r = rows[name]
+        assert r["status"] == "ok" and "error" not in r, r
+        assert r["entry_target"] == "Bagel.forward" and r["runs"] == 2 and r["min_ms"] <= r["median_ms"] <= r["max_ms"]
+    assert rec["entry"] == "denoise" and rec["shape"]["text_len"] == 8 and rec["shape"]["height"] == 64
+    assert rec["smoke"] and rec["flops_per_forward"] > 0 and ENV_FIELDS <= set(rec["env"])
+    z = rows["magi_zoo"]
+    # fp32 on CPU, eager backend: the compiled step is eager's computation
+    assert z["rel_err_vs_eager"] < 1e-4 and z["max_abs_diff_vs_eager"] < 1e-3
+    assert z["frames_compiled"] >= 1 and z["recompiles_after_first_call"] == 0
+    assert sum(r["calls"] for r in z["regions"]) > 0  # the step ran through compiled regions
+    assert "tokens_per_s" not in z  # a denoise step is not a decode step
+    md = (tmp_path / "bagel-tiny.md").read_text()
+    assert "rel_err_vs_eager" in md and "magi_zoo regions:" in md and "BagelMoTLayer" in md
+
+
+def test_harness_qwen3_omni_decode_step_on_cpu(tmp_path):
+    """Qwen3-Omni's decode tok/s (what the former benchmarks/qwen3_omni_gpu.py measured) is
+    the `decode_step` entry timed per call; `--layers` builds the layer config with fewer
+    thinker layers and no talker, and the spec keys for the parts it lacks are dropped."""
+    rec = _smoke("qwen3-omni-tiny", tmp_path, "--entry", "decode_step", "--layers", "1",
+                 "--strategies", "eager,diffusers_regional,magi_zoo", "--backend", "aot_eager",
+                 "--shape", "ctx_len=16")
+    rows = {r["strategy"]: r for r in rec["results"]}
+    assert list(rows) == ["eager", "diffusers_regional", "magi_zoo"]
+    assert rows["diffusers_regional"]["status"] == "refused"
+    assert "decode_step" in rows["diffusers_regional"]["error"]
+    for name in ("eager", "magi_zoo"):
+        r = rows[name]
+        assert r["status"] == "ok" and "error" not in r, r
+        assert r["entry_target"] == "Qwen3OmniMoeThinkerTextModel.decode_step"
+        assert r["tokens_per_s"] == round(1000 / r["median_ms"], 1)  # one token per call, batch 1
+    assert rec["variant"] == "qwen3-omni-tiny-1L" and "1 of 2 thinker layers" in rec["variant_note"]
+    assert rec["entry"] == "decode_step" and rec["shape"]["ctx_len"] == 16 and ENV_FIELDS <= set(rec["env"])
+    z = rows["magi_zoo"]
+    assert z["dropped_keys"] == ["code2wav", "talker.code_predictor.model", "talker.model"]
+    assert z["rel_err_vs_eager"] < 1e-4
+    # The decode step compiles once (static shapes); later calls on the same cache compile nothing.
+    assert z["frames_compiled"] == 1 and z["graph_breaks"] == 0 and z["recompiles_after_first_call"] == 0
+    decode = next(r for r in z["regions"] if r["region"].endswith("decode_step"))
+    assert decode["calls"] >= 4  # first call + 1 warm-up + 2 timed
+    md = (tmp_path / "qwen3-omni-tiny_decode_step_1L.md").read_text()
+    assert "tokens_per_s" in md and "1 of 2 thinker layers" in md
+
+
+def test_harness_rejects_bad_entry_shape_and_layers(tmp_path):
+    from benchmarks.run import main
+
+    base = ["--device", "cpu", "--out", str(tmp_path)]
+    with pytest.raises(SystemExit, match="no entry point 'decode'.*prefill, decode_step"):
+        main(["--model", "qwen3-omni-tiny", "--entry", "decode", *base])
+    with pytest.raises(SystemExit, match="--layers: .*'wan'"):
+        main(["--model", "wan2.1-tiny", "--layers", "2", *base])
+    with pytest.raises(SystemExit, match="has 2 thinker layers"):
+        main(["--model", "qwen3-omni-tiny", "--layers", "3", *base])
+    with pytest.raises(SystemExit, match="expected key=value"):
+        main(["--model", "bagel-tiny", "--shape", "text_len", *base])
+    # a shape argument the entry does not take: refused before any process starts
+    with pytest.raises(SystemExit, match="example inputs at this shape fail.*seq_len"):
+        main(["--model", "qwen3-omni-tiny", "--entry", "decode_step", "--shape", "seq_len=4", *base])
