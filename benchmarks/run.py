@@ -37,7 +37,11 @@ CPU), batch 1 unless `--shape batch=N`. Strategies are the real thing:
                       entry (BAGEL, Qwen3-Omni) it is refused before any process starts, and
                       the refusal is recorded (status "refused", with the reason);
 - magi_zoo:           `magi_zoo.load(model, weights="random", gpu=<card>)` with its shipped
-                      spec, timed on the same entry.
+                      spec, timed on the same entry;
+- magi_zoo_fp8:       the same with `precision="fp8"` (fp8 linears in the regions the spec
+                      declares; cards with fp8 matmuls only);
+- magi_zoo_sdpa:      the shipped spec with every attention region it names put back on
+                      torch SDPA (`backend="native"`): what the spec's attention choice buys.
 
 `--backend B` puts every compiled region on backend B (magi_zoo: `specs.with_backend` over
 the spec's layers; torch_compile / diffusers_regional: torch.compile's `backend=`), e.g.
@@ -78,7 +82,23 @@ from typing import Any, Callable
 
 from benchmarks import common
 
-STRATEGIES = ("eager", "torch_compile", "diffusers_regional", "magi_zoo")
+STRATEGIES = ("eager", "torch_compile", "diffusers_regional", "magi_zoo", "magi_zoo_fp8", "magi_zoo_sdpa")
+ZOO_STRATEGIES = ("magi_zoo", "magi_zoo_fp8", "magi_zoo_sdpa")  # magi_zoo.load with the shipped spec (+ one change)
+
+
+def _zoo_kwargs(strategy: str, adapter, gpu: str) -> dict[str, Any]:
+    """The one change a magi_zoo_* strategy makes to `magi_zoo.load`."""
+    if strategy == "magi_zoo_fp8":
+        return {"precision": "fp8"}
+    if strategy == "magi_zoo_sdpa":
+        from magi_zoo.specs import get_profile
+        from magi_zoo.zoo import spec_layers
+
+        keys = {k for _, layer in spec_layers(adapter, get_profile(gpu)) for k in layer.entries("attention")}
+        if not keys:
+            raise TypeError("magi_zoo_sdpa: the spec sets no attention backend here, so it equals magi_zoo")
+        return {"overrides": {"attention": {k: "native" for k in keys}}}
+    return {}
 DECODE_ENTRIES = ("decode_step",)  # one generated token per call: reported as tokens/s too
 
 
@@ -226,13 +246,16 @@ def _build(args, strategy: str):
     device = torch.device(args.device)
     gpu = "cpu" if device.type == "cpu" else "auto"
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    compiled = strategy == "magi_zoo"
+    compiled = strategy in ZOO_STRATEGIES
     cache_dir = args.zoo_cache if compiled else None
     dropped: list[str] = []
+    extra = _zoo_kwargs(strategy, adapter, gpu) if compiled else {}
     if args.layers is None and not (compiled and args.backend):
         handle = magi_zoo.load(args.model, gpu=gpu, weights="random", dtype=dtype, device=device,
-                               compile=None if compiled else False, cache_dir=cache_dir)
+                               compile=None if compiled else False, cache_dir=cache_dir, **extra)
     else:
+        if extra:
+            raise TypeError(f"{strategy} does not combine with --layers / --backend")
         handle, dropped = _assemble(adapter, variant, gpu=gpu, dtype=dtype, device=device, compiled=compiled,
                                     backend=args.backend, cache_dir=cache_dir, derived=args.layers is not None)
     module, method = adapter.entry(handle.pipe, args.entry)
@@ -249,7 +272,7 @@ def _prepare(args, adapter, module, method: str):
 
     strategy = args.worker
     kw = {"backend": args.backend} if args.backend else {}
-    if strategy in ("eager", "magi_zoo"):
+    if strategy == "eager" or strategy in ZOO_STRATEGIES:
         return getattr(module, method)
     if strategy == "torch_compile":
         return torch.compile(module, **kw) if method == "forward" else torch.compile(getattr(module, method), **kw)
@@ -327,7 +350,7 @@ def worker(args) -> dict[str, Any]:
         d = counters.delta(before)
         rec.update(frames_compiled=d.frames, graph_breaks=d.n_graph_breaks, recompiles=len(d.recompiles),
                    compile_s=round(d.compile_s, 3), compile_breakdown_s=d.breakdown())
-        if strategy == "magi_zoo" and phase == "cold":
+        if strategy in ZOO_STRATEGIES and phase == "cold":
             handle.save_compile_cache()
         if phase == "cold":
             if device.type == "cuda":
@@ -347,7 +370,7 @@ def worker(args) -> dict[str, Any]:
 
 def _strategy_env(tmp: Path, strategy: str, phase: str, repeat: int = 0) -> dict[str, str]:
     """Fresh compile caches per process; see the module docstring for the warm rules."""
-    run = "cold" if (phase == "cold" or strategy != "magi_zoo") else f"warm{repeat}"
+    run = "cold" if (phase == "cold" or strategy not in ZOO_STRATEGIES) else f"warm{repeat}"
     base = tmp / f"{strategy}-{run}"
     return {"TORCHINDUCTOR_CACHE_DIR": str(base / "inductor"), "TRITON_CACHE_DIR": str(base / "triton")}
 
