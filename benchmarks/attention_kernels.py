@@ -124,32 +124,23 @@ def bench_kernels(device, shapes: dict, kernels: list[str], runs: int, warmup: i
     return rows
 
 
-def _backend_override(layers, backend: str) -> dict:
-    """{key: {"backend": backend}} for every enabled compile entry of the shipped layers."""
-    out: dict = {}
-    for _, layer in layers:
-        for key, method, spec in layer.items("compile"):
-            if spec.enabled:
-                out.setdefault(key, {})[method or "forward"] = {"backend": backend}
-    return out
-
-
 def bench_model(device, model: str, runs: int, warmup: int, compile_backend: str | None,
                 gpu: str | None = None) -> list[dict]:
     import torch
 
     import magi_zoo
     from magi_zoo.engine import remove
-    from magi_zoo.specs.plan import PlanLayer
+    from magi_zoo.specs.plan import PlanLayer, with_backend
 
     gpu = gpu or ("auto" if device.type == "cuda" else "cpu")
     fa3 = {"attention": {"transformer": {"backend": "fa3"}}}
     # compile=False: build once, apply each plan below to the same weights
     h = magi_zoo.load(model, gpu=gpu, weights="random", device=device, compile=False, overrides=fa3)
     base = [(n, layer) for n, layer in h.layers if n != "user"]  # the shipped spec for this profile
-    user = PlanLayer(compile=_backend_override(base, compile_backend)) if compile_backend else PlanLayer()
-    shipped = [*base, ("user", user)]
-    with_fa3 = [*base, ("user", PlanLayer(**fa3).merged_over(user))]
+    if compile_backend:
+        base = with_backend(base, compile_backend)
+    shipped = base
+    with_fa3 = [*base, ("user", PlanLayer(**fa3))]
     kw = h.adapter.example_inputs(h.pipe, h.variant, "denoise")
     t = h.pipe.transformer
     rows, ref = [], None

@@ -12,12 +12,11 @@ import torch
 
 import magi_zoo
 from magi_zoo.engine import counters
+from magi_zoo.specs import with_backend
 from magi_zoo.zoo import spec_layers
 
 EAGER = {"backend": "eager"}
-# Every region on the plumbing backend: counters and numerics, no C++ build.
-ALL_EAGER = {"BagelMoTLayer": EAGER, "model.vit_model": EAGER,
-             "model": {"denoise_step": EAGER, "decode_step": EAGER}}
+ALL_EAGER = "every region on the eager backend"  # see _apply: counters and numerics, no C++ build
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +34,11 @@ def _clean(tiny):
 def _apply(handle, override):
     torch.compiler.reset()
     counters.reset()
-    return magi_zoo.apply(handle.modules, layers=spec_layers(handle.adapter, handle.profile, compile=override))
+    if override is ALL_EAGER:
+        layers = with_backend(spec_layers(handle.adapter, handle.profile), "eager")
+    else:
+        layers = spec_layers(handle.adapter, handle.profile, compile=override)
+    return magi_zoo.apply(handle.modules, layers=layers, gpu=handle.profile)
 
 
 def _image(w=70, h=50, seed=0):
