@@ -20,16 +20,29 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-_AE_RULES: list[tuple[re.Pattern, str]] = [(re.compile(p), r) for p, r in [
-    (r"^encoder\.down\.(\d+)\.block\.(\d+)\.", r"encoder.down_blocks.\1.resnets.\2."),
-    (r"^encoder\.down\.(\d+)\.downsample\.conv\.", r"encoder.down_blocks.\1.downsamplers.0.conv."),
-    (r"^(encoder|decoder)\.mid\.block_1\.", r"\1.mid_block.resnets.0."),
-    (r"^(encoder|decoder)\.mid\.block_2\.", r"\1.mid_block.resnets.1."),
-    (r"^(encoder|decoder)\.mid\.attn_1\.norm\.", r"\1.mid_block.attentions.0.group_norm."),
-    (r"^(encoder|decoder)\.mid\.attn_1\.(q|k|v)\.", r"\1.mid_block.attentions.0.to_\2."),
-    (r"^(encoder|decoder)\.mid\.attn_1\.proj_out\.", r"\1.mid_block.attentions.0.to_out.0."),
-    (r"^(encoder|decoder)\.norm_out\.", r"\1.conv_norm_out."),
-]]
+# BFL FLUX AE name <-> diffusers AutoencoderKL name, as templates: {i} {j} are indices,
+# {part} encoder|decoder, {qkv} q|k|v. Each pair compiles to a rule for either direction.
+_AE_NAMES = [
+    ("encoder.down.{i}.block.{j}.", "encoder.down_blocks.{i}.resnets.{j}."),
+    ("encoder.down.{i}.downsample.conv.", "encoder.down_blocks.{i}.downsamplers.0.conv."),
+    ("{part}.mid.block_1.", "{part}.mid_block.resnets.0."),
+    ("{part}.mid.block_2.", "{part}.mid_block.resnets.1."),
+    ("{part}.mid.attn_1.norm.", "{part}.mid_block.attentions.0.group_norm."),
+    ("{part}.mid.attn_1.{qkv}.", "{part}.mid_block.attentions.0.to_{qkv}."),
+    ("{part}.mid.attn_1.proj_out.", "{part}.mid_block.attentions.0.to_out.0."),
+    ("{part}.norm_out.", "{part}.conv_norm_out."),
+]
+_SLOTS = {"i": r"\d+", "j": r"\d+", "part": "encoder|decoder", "qkv": "q|k|v"}
+
+
+def _rule(src: str, dst: str) -> tuple[re.Pattern, str]:
+    """A prefix regex for template `src` and the replacement that writes template `dst`."""
+    rx = "^" + "".join(f"(?P<{tok[1:-1]}>{_SLOTS[tok[1:-1]]})" if tok.startswith("{") else re.escape(tok)
+                       for tok in re.split(r"(\{\w+\})", src) if tok)
+    return re.compile(rx), re.sub(r"\{(\w+)\}", r"\\g<\1>", dst)
+
+
+_AE_RULES = [_rule(bfl, hf) for bfl, hf in _AE_NAMES]
 _DEC_UP = re.compile(r"^decoder\.up\.(\d+)\.(block\.(\d+)|upsample\.conv)\.")
 
 
@@ -57,17 +70,8 @@ def convert_flux_ae(state: dict[str, torch.Tensor], num_up_blocks: int) -> dict[
     return out
 
 
-# diffusers AutoencoderKL -> BFL names: the inverse of `_AE_RULES` (decoder up blocks apart).
-_AE_RULES_BACK: list[tuple[re.Pattern, str]] = [(re.compile(p), r) for p, r in [
-    (r"^encoder\.down_blocks\.(\d+)\.resnets\.(\d+)\.", r"encoder.down.\1.block.\2."),
-    (r"^encoder\.down_blocks\.(\d+)\.downsamplers\.0\.conv\.", r"encoder.down.\1.downsample.conv."),
-    (r"^(encoder|decoder)\.mid_block\.resnets\.0\.", r"\1.mid.block_1."),
-    (r"^(encoder|decoder)\.mid_block\.resnets\.1\.", r"\1.mid.block_2."),
-    (r"^(encoder|decoder)\.mid_block\.attentions\.0\.group_norm\.", r"\1.mid.attn_1.norm."),
-    (r"^(encoder|decoder)\.mid_block\.attentions\.0\.to_(q|k|v)\.", r"\1.mid.attn_1.\2."),
-    (r"^(encoder|decoder)\.mid_block\.attentions\.0\.to_out\.0\.", r"\1.mid.attn_1.proj_out."),
-    (r"^(encoder|decoder)\.conv_norm_out\.", r"\1.norm_out."),
-]]
+# diffusers AutoencoderKL -> BFL names: the same templates the other way (decoder up blocks apart).
+_AE_RULES_BACK = [_rule(hf, bfl) for bfl, hf in _AE_NAMES]
 _DEC_UP_BACK = re.compile(r"^decoder\.up_blocks\.(\d+)\.(resnets\.(\d+)|upsamplers\.0\.conv)\.")
 
 
