@@ -35,7 +35,8 @@ def apply(module: nn.Module, plan: Any = None, *, gpu: str | GpuProfile | None =
     `PlanLayer`, a `SpecFile`, or a path to a TOML spec file (its `[default]` plus
     `[gpu.<gpu>]` tables). `layers` instead takes pre-stacked ``[(layer name, PlanLayer),
     ...]`` (what `magi_zoo.load` passes). `gpu` is a profile name or `GpuProfile` every step
-    is told (default "cpu": the engine never initialises CUDA by itself). `preparations` are
+    is told (default: the card the module's weights are on, or "cpu" -- the engine never
+    initialises CUDA by itself). `preparations` are
     an adapter's declared graph preparations. With no compile entry in any layer, the
     engine default compiles the root: exactly `torch.compile(module)`.
 
@@ -59,11 +60,11 @@ def apply(module: nn.Module, plan: Any = None, *, gpu: str | GpuProfile | None =
     Applying twice first removes the earlier plan, so wrappers never stack. A bad plan key
     raises before the tree is changed.
     """
+    profile = _profile(gpu, module)
     if layers is None:
-        layers = as_layers(plan if plan is not None else {}, gpu=_profile(gpu).name)
+        layers = as_layers(plan if plan is not None else {}, gpu=profile.name)
     elif plan is not None:
         raise TypeError("pass either plan= or layers=, not both")
-    profile = _profile(gpu)
     replaced = remove(module)
     records: list[StepRecord] = []
     ctx = None
@@ -87,10 +88,15 @@ def apply(module: nn.Module, plan: Any = None, *, gpu: str | GpuProfile | None =
     return Report(steps=records, regions=ctx.regions, plan=resolved, profile=profile.name)
 
 
-def _profile(gpu: str | GpuProfile | None) -> GpuProfile:
+def _profile(gpu: str | GpuProfile | None, module: nn.Module) -> GpuProfile:
+    """The profile named, else the card the module's weights are on (CUDA is then already
+    initialised, by whoever put them there), else "cpu"."""
     if isinstance(gpu, GpuProfile):
         return gpu
-    return get_profile(gpu if gpu is not None else "cpu")
+    if gpu is None:
+        first = next(module.parameters(), None)
+        gpu = "auto" if first is not None and first.device.type == "cuda" else "cpu"
+    return get_profile(gpu)
 
 
 def _undo(records: list[StepRecord]) -> None:
