@@ -100,7 +100,7 @@ def _init_fused_experts(model: nn.Module, std: float = 0.02) -> None:
                     p.normal_(0.0, std)
 
 
-# Prompt length of `example_inputs` (the thinker benchmark's fixed prompt, benchmarks/qwen3_omni_gpu.py).
+# Prompt length of `example_inputs`: the fixed prompt the thinker benchmarks used (benchmarks/results/qwen3_omni_gpu.md).
 PROMPT_LEN = 32
 
 
