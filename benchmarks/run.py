@@ -168,7 +168,7 @@ def _assemble(adapter, variant, *, gpu: str, dtype, device, compiled: bool, back
 
     For a derived variant, spec keys that match nothing in the smaller build (Qwen3-Omni's
     talker / code2wav keys, with no talker built) are dropped and returned; the engine's own
-    `explain` decides, key by key, with the adapter's preparations installed."""
+    `preview` decides, key by key, with the adapter's preparations installed."""
     import torch.nn as nn
 
     from magi_zoo.engine import apply
@@ -200,9 +200,9 @@ def _assemble(adapter, variant, *, gpu: str, dtype, device, compiled: bool, back
 
 def _drop_unmatched(modules, layers, preparations) -> tuple[list, list[str]]:
     """`layers` without the keys that resolve to nothing in `modules` (each key tried alone
-    through `magi_zoo.engine.explain`, which raises PlanError for a key or method that
+    through `magi_zoo.engine.preview`, which raises PlanError for a key or method that
     matches nothing), and the dropped keys."""
-    from magi_zoo.engine import PlanError, explain
+    from magi_zoo.engine import PlanError, preview
     from magi_zoo.specs import PlanLayer
 
     out, dropped = [], []
@@ -212,7 +212,7 @@ def _drop_unmatched(modules, layers, preparations) -> tuple[list, list[str]]:
             sections[section] = {}
             for key, entry in entries.items():
                 try:
-                    explain(modules, [(name, PlanLayer(sections={section: {key: entry}}))], preparations)
+                    preview(modules, [(name, PlanLayer(sections={section: {key: entry}}))], preparations)
                     sections[section][key] = entry
                 except PlanError:
                     dropped.append(key)

@@ -42,7 +42,7 @@ def cmd_spec(args) -> int:
     import torch.nn as nn
 
     from . import adapters
-    from .engine import STEP_ORDER, explain
+    from .engine import STEP_ORDER, preview
     from .engine.report import format_table
     from .specs import SECTIONS, get_profile
     from .zoo import spec_layers
@@ -52,7 +52,7 @@ def cmd_spec(args) -> int:
     layers = spec_layers(adapter, profile, spec_file=args.spec_file)
     # The meta device gives the real module tree at published sizes without allocating.
     native = adapter.build(variant, weights="random", dtype=torch.bfloat16, device=torch.device("meta"))
-    plan = explain(nn.ModuleDict(adapter.components(native)), layers, adapter.preparations(native))
+    plan = preview(nn.ModuleDict(adapter.components(native)), layers, adapter.preparations(native))
     _print(f"{variant.name} on {profile.name} ({profile.device}, default dtype {profile.default_dtype}); "
            f"spec {adapter.spec_file}, layers: {' < '.join(n for n, _ in layers)}")
     _print(f"apply steps, in order: {' -> '.join(STEP_ORDER)}")

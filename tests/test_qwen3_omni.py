@@ -21,7 +21,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import magi_zoo  # noqa: E402
 from magi_zoo.engine import counters  # noqa: E402
-from magi_zoo.engine import explain  # noqa: E402
+from magi_zoo.engine import preview  # noqa: E402
 from magi_zoo.engine.resolve import resolve  # noqa: E402
 from magi_zoo.specs import PlanLayer, SpecFile, spec_path  # noqa: E402
 
@@ -96,8 +96,8 @@ def compiled(eager):
 
 def test_shipped_spec_resolves_on_the_tiny_tree():
     h = magi_zoo.load(MODEL, gpu="cpu", compile=False)
-    # explain: resolve with the adapter's preparations installed (they add prefill / decode_step)
-    plan = explain(h.modules, h.layers, h.adapter.preparations(h.pipe))
+    # preview: resolve with the adapter's preparations installed (they add prefill / decode_step)
+    plan = preview(h.modules, h.layers, h.adapter.preparations(h.pipe))
     got = {(r["region"], r["method"]): r["spec"] for r in plan.table()}
     # prefill: variable prompt length -> dynamic; decode: static cache -> static shapes.
     assert got[("Qwen3OmniMoeThinkerTextModel", "prefill")] == "dynamic=True, fullgraph=True"
@@ -107,7 +107,7 @@ def test_shipped_spec_resolves_on_the_tiny_tree():
     assert len(got) == 7
     # The GPU section turns CUDA graphs on for the decode step only.
     h100 = SpecFile.from_toml(spec_path("qwen3_omni.toml")).layers_for("h100")
-    plan = explain(h.modules, h100, h.adapter.preparations(h.pipe))
+    plan = preview(h.modules, h100, h.adapter.preparations(h.pipe))
     modes = {(t.key, t.method): t.spec.mode for t in plan.targets}
     assert modes[("Qwen3OmniMoeThinkerTextModel", "decode_step")] == "reduce-overhead"
     assert modes[("Qwen3OmniMoeThinkerTextModel", "prefill")] is None
@@ -255,7 +255,7 @@ def test_bad_overrides_raise_clear_errors():
     h = magi_zoo.load(MODEL, gpu="cpu", compile=False)
     # A method the decoder lacks: the error names the real ones.
     with pytest.raises(magi_zoo.PlanError, match=r"no method 'decode'.*decode_step"):
-        explain(h.modules, h.layers + [("user", PlanLayer.coerce(
+        preview(h.modules, h.layers + [("user", PlanLayer.coerce(
             {"Qwen3OmniMoeThinkerTextModel": {"decode": {"dynamic": False}}}))], h.adapter.preparations(h.pipe))
     # A key that matches nothing (5.17-style path on 5.24, or a typo): close names listed.
     with pytest.raises(magi_zoo.PlanError, match="Qwen3OmniMoeThinkerTextModel"):

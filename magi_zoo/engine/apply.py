@@ -114,7 +114,7 @@ def remove(module: nn.Module) -> int:
     return len(records) + compile_mod.uninstall_all(module)
 
 
-def explain(module: nn.Module, layers: Sequence[tuple[str, PlanLayer]],
+def preview(module: nn.Module, layers: Sequence[tuple[str, PlanLayer]],
             preparations: Sequence[Preparation] = ()) -> ResolvedPlan:
     """Resolve a plan without applying it (what `magi-zoo spec` shows): the preparations are
     installed for the resolution (they may add methods a key names) and undone after."""

@@ -32,7 +32,7 @@ import torch.nn as nn
 import magi_zoo
 from magi_zoo.adapters import all_adapters
 from magi_zoo.adapters.base import FLAGS
-from magi_zoo.engine import counters, explain
+from magi_zoo.engine import counters, preview
 from magi_zoo.engine.prepare import prepare
 from magi_zoo.specs import SpecFile, get_profile
 from magi_zoo.zoo import spec_layers
@@ -147,7 +147,7 @@ def test_every_spec_section_resolves_on_the_module_tree(adapter, variant, meta_b
     failed = {}
     for name, layers in sections.items():
         try:  # raises PlanError for a key that matches nothing or names a missing method
-            explain(nn.ModuleDict(adapter.components(native)), layers, adapter.preparations(native))
+            preview(nn.ModuleDict(adapter.components(native)), layers, adapter.preparations(native))
         except Exception as e:  # collect every section's failure, not just the first
             failed[name] = f"{type(e).__name__}: {e}"
     assert not failed, f"{variant.name}: spec sections that do not resolve: {failed}"
