@@ -195,3 +195,70 @@ def test_nothing_to_save_stays_miss(tmp_path, fresh_dynamo, monkeypatch):
     h(output_type="np", **dict(h.variant.call_defaults, prompt="x", num_inference_steps=1))
     assert (h.report().frames, h.cache.status, h.cache.saved_frames) == (1, "miss", 0)
     assert not h.cache.path.exists()
+
+
+# -- a failing cache never costs the result ------------------------------------------------
+def test_save_when_torch_raises_warns_and_returns_false(tmp_path, monkeypatch):
+    def broken():
+        raise RuntimeError("artifact serialization failed")
+
+    monkeypatch.setattr(torch.compiler, "save_cache_artifacts", broken)
+    c = CompileCache(tmp_path, FIELDS)
+    with pytest.warns(RuntimeWarning, match="could not save the compile cache.*RuntimeError.*unaffected"):
+        assert c.save() is False
+    assert c.status == "unused" and not c.path.exists()
+
+
+def test_save_into_a_dir_that_became_a_file_warns(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: (b"x", None))
+    (tmp_path / "zoo").write_text("a file where the cache directory was")
+    c = CompileCache(tmp_path / "zoo", FIELDS)
+    with pytest.warns(RuntimeWarning, match="could not save the compile cache.*FileExistsError"):
+        assert c.save() is False
+
+
+def test_save_into_an_unwritable_dir_warns_and_leaves_no_temp(tmp_path, monkeypatch):
+    # Tests may run as root, which chmod cannot stop: make the write itself fail instead.
+    import tempfile
+
+    monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: (b"x", None))
+
+    def denied(*a, **k):
+        raise PermissionError(13, "Permission denied", str(tmp_path))
+
+    monkeypatch.setattr(tempfile, "mkstemp", denied)
+    c = CompileCache(tmp_path, FIELDS)
+    with pytest.warns(RuntimeWarning, match="could not save the compile cache.*PermissionError"):
+        assert c.save() is False
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_load_from_an_unreadable_dir_warns_and_misses(tmp_path, monkeypatch):
+    import builtins
+
+    real_open = builtins.open
+    c = CompileCache(tmp_path, FIELDS)
+
+    def denied(file, *a, **k):
+        if str(file) == str(c.path):
+            raise PermissionError(13, "Permission denied", str(file))
+        return real_open(file, *a, **k)
+
+    monkeypatch.setattr(builtins, "open", denied)
+    with pytest.warns(RuntimeWarning, match="could not read the compile cache.*PermissionError"):
+        assert c.load() is False
+    assert c.status == "miss"
+
+
+def test_cache_dir_removed_mid_run_keeps_the_output(tmp_path, fresh_dynamo, monkeypatch):
+    # The case, after the build: the cache directory turns into a file between load
+    # and the first call's save. The call still returns its output; the save only warns.
+    import shutil
+
+    monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: (b"artifacts", None))
+    h = _load_wan(tmp_path)
+    shutil.rmtree(tmp_path / "zoo", ignore_errors=True)
+    (tmp_path / "zoo").write_text("not a directory any more")
+    with pytest.warns(RuntimeWarning, match="could not save the compile cache"):
+        out = h(output_type="np", **dict(h.variant.call_defaults, prompt="x", num_inference_steps=1))
+    assert out.frames is not None and h.cache.status != "saved"

@@ -190,3 +190,62 @@ def test_missing_spec_file():
 def test_shipped_wan_spec_validates():
     sf = SpecFile.from_toml(spec_path("wan.toml"))
     assert {"h100", "h200", "cpu"} <= set(sf.gpu)
+
+
+# -- a spec file is data: options naming programs or paths come only from Python ------------
+@pytest.mark.parametrize("option, value", [
+    ('"cpp.cxx"', '"/tmp/evil-g++"'),
+    ('"cuda.cuda_cxx"', '"/tmp/nvcc"'),
+    ('"trace.debug_dir"', '"/tmp/dbg"'),
+    ('"global_cache_dir"', '"/tmp/c"'),
+    ('"cpp.march"', '"native -fplugin=/tmp/x.so"'),
+    ('"aot_inductor.custom_op_libs"', '["/tmp/x.so"]'),
+    ('cpp.cxx', '"g++"'),                  # unquoted dotted key: a nested TOML table, same option
+    ('"cuda.some_future_dir"', '"/x"'),    # not listed, but named like a path: refused too
+])
+def test_spec_file_refuses_program_and_path_options(tmp_path, option, value):
+    p = tmp_path / "evil.toml"
+    p.write_text(f"[gpu.h100.compile]\nBlock = {{ options = {{ {option} = {value} }} }}\n")
+    name = option.strip('"')
+    with pytest.raises(ValueError) as e:
+        SpecFile.from_toml(p)
+    msg = str(e.value)
+    assert "evil.toml" in msg and "[gpu.h100.compile]" in msg and repr(name) in msg and "'Block'" in msg
+    assert "allowed only from Python" in msg and "magi_zoo.load(..., compile=" in msg and "apply(" in msg
+
+
+def test_spec_file_refuses_them_in_method_tables_and_from_dict():
+    data = {"default": {"compile": {"vae": {"decode": {"options": {"trace.debug_dir": "/tmp/d"}}}}}}
+    with pytest.raises(ValueError, match=r"region 'vae.decode' sets inductor option 'trace.debug_dir'"):
+        SpecFile.from_dict(data)
+
+
+def test_spec_file_keeps_ordinary_options(tmp_path):
+    p = tmp_path / "ok.toml"
+    p.write_text('[default.compile]\nBlock = { options = { "max_autotune" = true, "triton.cudagraphs" = false,'
+                 ' "cpp.descriptive_names" = "torch" } }\n')
+    spec = SpecFile.from_toml(p).default.entries("compile")["Block"]
+    assert spec.options == {"max_autotune": True, "triton.cudagraphs": False, "cpp.descriptive_names": "torch"}
+
+
+def test_refused_options_are_allowed_from_python(tmp_path):
+    # The same options from Python code (load's compile=, apply's plan) are the caller's choice.
+    from magi_zoo.specs import as_layers
+
+    opts = {"cpp.cxx": "g++", "trace.debug_dir": str(tmp_path)}
+    (_, layer), = as_layers({"Block": {"options": opts}})
+    assert layer.entries("compile")["Block"].compile_kwargs()["options"] == opts
+    assert PlanLayer(compile={"Block": {"options": opts}}).entries("compile")["Block"].options == opts
+
+
+def test_refused_option_names_exist_in_this_torch():
+    # The list is read from torch/_inductor/config.py: every listed name but the 'debug_dir'
+    # alias is a real option of the installed torch (a rename in torch shows up here).
+    import torch._inductor.config as inductor_config
+
+    from magi_zoo.specs.plan import REFUSED_FILE_OPTIONS, refused_file_option
+
+    known = set(inductor_config.get_config_copy())
+    assert sorted(set(REFUSED_FILE_OPTIONS) - known - {"debug_dir"}) == []
+    # and nothing harmless is caught by the suffix rule
+    assert refused_file_option("max_autotune") is None and refused_file_option("triton.cudagraphs") is None

@@ -7,7 +7,10 @@ Python / diffusers / transformers versions, the device name). One file per key, 
 a temporary name and renamed into place, so concurrent writers never leave a torn file
 (the last complete writer wins) and readers never see a partial one. A file that fails its
 checksum, does not parse, or belongs to another key is ignored with a warning and rebuilt
--- never a crash.
+-- never a crash; it is removed only if it is still the file that was read (see
+`CompileCache._discard`), so a reader never deletes a fresh entry another process just
+wrote. Neither `load` nor `save` raises for a cache problem: they warn, and the caller's
+result is never lost to the cache.
 
 File format: MAGIC, a 4-byte big-endian header length, a JSON header
 ({"format", "key", "fields", "sha256", "size"}), then the artifact bytes.
@@ -15,6 +18,7 @@ File format: MAGIC, a 4-byte big-endian header length, a JSON header
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import importlib.metadata
@@ -29,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from ..io import fsync_dir
 
 ENV_VAR = "MAGI_ZOO_CACHE_DIR"
 FORMAT = 1
@@ -100,13 +106,24 @@ class CompileCache:
         return self.directory / f"{self.key[:32]}.bin"
 
     # -- read -------------------------------------------------------------------------------
-    def _read(self) -> bytes:
-        raw = self.path.read_bytes()
+    def _read_file(self) -> tuple[bytes, tuple[int, int]]:
+        """The entry's bytes and the (device, inode) of the file they came from: a later
+        `_discard` removes that file only, never one another process renamed into place since."""
+        with open(self.path, "rb") as f:
+            st = os.fstat(f.fileno())
+            return f.read(), (st.st_dev, st.st_ino)
+
+    def _parse(self, raw: bytes) -> bytes:
         if not raw.startswith(MAGIC) or len(raw) < len(MAGIC) + 4:
             raise ValueError("not a magi_zoo compile-cache file")
         (n,) = struct.unpack(">I", raw[len(MAGIC):len(MAGIC) + 4])
         start = len(MAGIC) + 4
-        header = json.loads(raw[start:start + n])
+        try:
+            header = json.loads(raw[start:start + n])
+        except ValueError:
+            raise ValueError("unreadable header (truncated or corrupt file)") from None
+        if not isinstance(header, dict):
+            raise ValueError("unreadable header (truncated or corrupt file)")
         payload = raw[start + n:]
         if header.get("format") != FORMAT or header.get("key") != self.key:
             raise LookupError(f"entry was written for another configuration "
@@ -115,39 +132,77 @@ class CompileCache:
             raise ValueError("checksum mismatch (truncated or corrupt file)")
         return payload
 
+    def _read(self) -> bytes:
+        """The verified payload of the entry (raises if absent, corrupt or another key's)."""
+        return self._parse(self._read_file()[0])
+
     def load(self) -> bool:
-        """Hot-load the entry into torch's caches. False (and a warning) if absent or bad."""
+        """Hot-load the entry into torch's caches. False (and a warning) if absent or bad;
+        never raises for a cache problem: the cache only ever saves time."""
         t0 = time.perf_counter()
         try:
             return self._load()
+        except Exception as e:  # e.g. an unreadable directory: run without the warm start
+            warnings.warn(f"magi_zoo: could not read the compile cache {self.path} ({type(e).__name__}: {e}); "
+                          "compiling from scratch", RuntimeWarning, stacklevel=2)
+            self.status = "miss"
+            return False
         finally:
             self.load_s = time.perf_counter() - t0
 
     def _load(self) -> bool:
-        if not self.path.is_file():
+        try:
+            raw, ident = self._read_file()
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             self.status = "miss"
             return False
         try:
-            payload = self._read()
+            payload = self._parse(raw)
             info = torch.compiler.load_cache_artifacts(payload)
             if info is None:
                 raise ValueError("torch could not deserialize the artifacts")
         except Exception as e:  # corrupt, incompatible, or from another torch: rebuild
             kind = "incompatible" if isinstance(e, LookupError) else "corrupt"
             warnings.warn(f"magi_zoo: ignoring {kind} compile-cache entry {self.path} ({e}); "
-                          "compiling from scratch and rewriting it", RuntimeWarning, stacklevel=2)
+                          "compiling from scratch and rewriting it", RuntimeWarning, stacklevel=3)
             self.status = "rebuilt"
-            try:
-                self.path.unlink()
-            except OSError:
-                pass
+            self._discard(ident)
             return False
         self.status = "hit"
         return True
 
+    def _discard(self, ident: tuple[int, int]) -> None:
+        """Remove the bad file just read -- but only if it is still that file. Between our
+        read and this unlink another process may have renamed a fresh, valid entry into
+        place; deleting it would lose that process's work. The check (same inode) and the
+        unlink run under the directory lock that writers hold around their rename, so no
+        rename can fall between them. Without `fcntl` (Windows) the file is left: the next
+        save replaces it anyway."""
+        try:
+            with _dir_lock(self.directory) as locked:
+                if not locked:
+                    return
+                st = os.stat(self.path)
+                if (st.st_dev, st.st_ino) == ident:
+                    os.unlink(self.path)
+        except OSError:
+            pass
+
     # -- write ------------------------------------------------------------------------------
     def save(self, frames_compiled: int | None = None) -> bool:
-        """Serialize this process's compile artifacts and atomically replace the entry."""
+        """Serialize this process's compile artifacts and atomically replace the entry.
+
+        Never raises for a cache problem (an unwritable or vanished directory, a full disk,
+        torch failing to serialize): it warns and returns False, because a failed cache
+        write must never cost the result the caller just computed."""
+        try:
+            return self._save(frames_compiled)
+        except Exception as e:
+            warnings.warn(f"magi_zoo: could not save the compile cache to {self.directory} "
+                          f"({type(e).__name__}: {e}); the result is unaffected", RuntimeWarning, stacklevel=2)
+            return False
+
+    def _save(self, frames_compiled: int | None) -> bool:
         result = torch.compiler.save_cache_artifacts()
         if result is None:
             return False
@@ -156,17 +211,43 @@ class CompileCache:
                              "sha256": hashlib.sha256(payload).hexdigest(), "size": len(payload)},
                             sort_keys=True, default=str).encode()
         self.directory.mkdir(parents=True, exist_ok=True)
+        # mkstemp: a unique name per writer (O_EXCL), in the entry's directory so the rename
+        # below stays on one filesystem and is atomic.
         fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.directory)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(MAGIC + struct.pack(">I", len(header)) + header + payload)
                 f.flush()
                 os.fsync(f.fileno())
-            os.replace(tmp, self.path)  # atomic on POSIX: readers see old or new, never half
+            with _dir_lock(self.directory):  # see _discard: a reader's check-then-unlink is atomic to us
+                os.replace(tmp, self.path)  # atomic on POSIX: readers see old or new, never half
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+        fsync_dir(self.directory)  # make the rename durable, not only atomic
         self.status = "saved"
         if frames_compiled is not None:
             self.saved_frames = frames_compiled
         return True
+
+
+@contextlib.contextmanager
+def _dir_lock(directory: Path):
+    """An exclusive `flock` on the cache directory itself (no lock file to leave behind),
+    held only around a rename or a check-then-unlink: microseconds. Yields whether the lock
+    is held (False where `fcntl` or directory locks are unavailable)."""
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        yield False
+        return
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        yield False
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield True
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock

@@ -145,6 +145,89 @@ class PlanLayer(BaseModel):
         return any(self.sections.values())
 
 
+# Inductor options a spec FILE may not set: each names a program, a library, a path, or
+# pastes raw text onto a compiler command line (from which `-fplugin=...` / `-B<dir>`
+# would load any code). A spec file is data -- reading one must never decide what runs
+# or where files go -- so these come only from Python, where the caller is already
+# running code: `magi_zoo.load(..., compile={key: {"options": {...}}})` or
+# `magi_zoo.apply(module, plan)`. Read from torch/_inductor/config.py (torch 2.11 and
+# 2.13; `debug_dir` is the name some versions' docs use for `trace.debug_dir`);
+# `_REFUSED_SUFFIXES` also catches options of those kinds that a later torch adds.
+REFUSED_FILE_OPTIONS: dict[str, str] = {
+    # programs and the libraries linked into generated code
+    "cpp.cxx": "the C++ compiler to run",
+    "cuda.cuda_cxx": "the CUDA compiler (nvcc) to run",
+    "aot_inductor.custom_op_libs": "libraries to link",
+    "aot_inductor.aoti_shim_library": "a library to link",
+    "aot_inductor.aoti_shim_library_path": "a library directory",
+    # text pasted onto the compiler's command line
+    "cpp.march": "a compiler flag",
+    "cpp.enable_floating_point_contract_flag": "a compiler flag",
+    "aot_inductor.compile_wrapper_opt_level": "a compiler flag",
+    "cuda.compile_opt_level": "a compiler flag",
+    "cutlass.compile_opt_level": "a compiler flag",
+    "xpu.compile_opt_level": "a compiler flag",
+    "rocm.compile_opt_level": "a compiler flag",
+    # directories and files read or written (headers found there are compiled in)
+    "debug_dir": "a debug output directory",
+    "trace.debug_dir": "a debug output directory",
+    "global_cache_dir": "a cache directory",
+    "cuda.cutlass_dir": "a source directory compiled in",
+    "cutlass.cutlass_dir": "a source directory compiled in",
+    "xpu.cutlass_dir": "a source directory compiled in",
+    "xpu.oneapi_root": "a toolchain directory",
+    "rocm.rocm_home": "a toolchain directory",
+    "rocm.ck_dir": "a source directory compiled in",
+    "aot_inductor.output_path": "an output path",
+    "aot_inductor.model_name_for_generated_files": "an output file name",
+    "triton.proton_output_dir": "an output directory",
+    "profile_bandwidth_output": "an output file",
+    "autoheuristic_log_path": "a log file",
+    "worker_log_path": "a log file",
+    "torchinductor_worker_logpath": "a log file",
+    "aten_distributed_optimizations.profile_guided_estimations_profile_path": "an input file",
+    # test-only switches that make generated code wrong on purpose
+    "cpp.inject_relu_bug_TESTING_ONLY": "a deliberate miscompile (testing only)",
+    "cpp.inject_log1p_bug_TESTING_ONLY": "a deliberate miscompile (testing only)",
+    "triton.inject_relu_bug_TESTING_ONLY": "a deliberate miscompile (testing only)",
+}
+_REFUSED_SUFFIXES = {"_dir": "a directory", "_path": "a path", "logpath": "a log file", "_root": "a directory",
+                     "_home": "a directory", "_cxx": "a compiler to run", "_libs": "libraries to link",
+                     "_library": "a library to link", "_TESTING_ONLY": "a testing-only switch"}
+
+
+def _flat_options(options: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
+    # TOML's `options = { cpp.cxx = "..." }` (unquoted dotted key) is a nested table; name
+    # it as inductor does, "cpp.cxx". Inductor also reads '-' as '_'.
+    for k, v in options.items():
+        name = f"{prefix}{str(k).replace('-', '_')}"
+        if isinstance(v, Mapping):
+            yield from _flat_options(v, f"{name}.")
+        yield name
+
+
+def refused_file_option(name: str) -> str | None:
+    """Why a spec file may not set inductor option `name` (None if it may)."""
+    if name in REFUSED_FILE_OPTIONS:
+        return REFUSED_FILE_OPTIONS[name]
+    leaf = name.rsplit(".", 1)[-1]
+    return next((why for suffix, why in _REFUSED_SUFFIXES.items() if leaf.endswith(suffix)), None)
+
+
+def _check_file_options(layer: "PlanLayer", where: str) -> None:
+    """Refuse `REFUSED_FILE_OPTIONS` in a layer read from a spec file."""
+    for key, method, spec in layer.items("compile"):
+        for name in _flat_options(spec.options or {}):
+            why = refused_file_option(name)
+            if why is not None:
+                at = key if method == "forward" else f"{key}.{method}"
+                raise ValueError(
+                    f"{where}: region {at!r} sets inductor option {name!r} ({why}); a spec file is data "
+                    "and may not name programs, libraries, compiler flags or paths; such options are allowed "
+                    f"only from Python: magi_zoo.load(..., compile={{{key!r}: {{'options': {{{name!r}: ...}}}}}}) "
+                    "or magi_zoo.apply(module, plan)")
+
+
 class SpecFile(BaseModel):
     """A model's spec file: a default layer plus one layer per GPU profile."""
 
@@ -170,6 +253,9 @@ class SpecFile(BaseModel):
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str | None = None) -> "SpecFile":
+        """Validate a spec file's parsed tables. A spec file is data: inductor options that
+        name programs or paths (`REFUSED_FILE_OPTIONS`) are refused here and allowed only
+        from Python (`load(..., compile=...)`, `apply`)."""
         from .gpu_profiles import PROFILES  # profiles are data too; checked here, early
 
         where = f"spec file {source!r}" if source else "spec"
@@ -196,9 +282,11 @@ class SpecFile(BaseModel):
                                  f"{', '.join(SECTIONS)}{', inherits' if allow_inherits else ''} "
                                  f"(region keys go under [{name}.<section>])")
             try:
-                return PlanLayer(**table), parent
+                layer = PlanLayer(**table)
             except ValueError as e:
                 raise ValueError(f"{where}, [{name}]: {flat_error(e)}") from None
+            _check_file_options(layer, f"{where}, [{name}.compile]")
+            return layer, parent
 
         default, _ = section("default", data.get("default"), allow_inherits=False)
         own = {k: section(f"gpu.{k}", v, allow_inherits=True) for k, v in gpus.items()}

@@ -121,18 +121,74 @@ def save_bagel_checkpoint(model: nn.Module, vae: nn.Module, cfg: dict[str, Any],
     return path
 
 
-def _load_exact(module: nn.Module, state: dict[str, torch.Tensor], what: str, *, optional: tuple[str, ...] = ()) -> int:
-    """Copy `state` into `module`, requiring an exact match of names and shapes (entries in
-    `optional` may be absent). Returns how many tensors were copied."""
+def _safetensors_problem(path: Path) -> str | None:
+    """Why a safetensors file cannot be read, from its own header (format: an 8-byte
+    little-endian header length, a JSON header {name: {dtype, shape, data_offsets}}, then
+    the data section): which tensor is the first one the file does not hold whole. None if
+    the header and sizes look right (the library's own message then stands)."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            return f"the file is {size} bytes, shorter than a safetensors header (truncated)"
+        n = int.from_bytes(head, "little")
+        if 8 + n > size:
+            return f"its header says {n} bytes but the file is {size} bytes (truncated inside the header)"
+        try:
+            header = json.loads(f.read(n))
+        except ValueError:
+            return "its header is not valid JSON (corrupt file)"
+    if not isinstance(header, dict):
+        return "its header is not a table of tensors (corrupt file)"
+    data = size - 8 - n
+    tensors = sorted(((name, info) for name, info in header.items() if name != "__metadata__"),
+                     key=lambda item: tuple(item[1].get("data_offsets", (0, 0))))
+    for i, (name, info) in enumerate(tensors):
+        begin, end = info.get("data_offsets", (0, 0))
+        if end > data:
+            return (f"truncated: tensor {name!r} (the first incomplete one, {i} of {len(tensors)} tensors "
+                    f"are whole) needs bytes {begin}..{end} of the data section, which has {data}")
+    return None
+
+
+def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
+    """`safetensors.torch.load_file` (never pickle) with an error that names the file and,
+    for a truncated file, the first tensor it does not hold whole."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    try:
+        return load_file(str(path))
+    except Exception as e:  # SafetensorError: torn download, wrong file, disk corruption
+        why = _safetensors_problem(path) or f"{type(e).__name__}: {e}"
+        raise ValueError(f"{path} cannot be read as safetensors: {why} -- download or save the checkpoint "
+                         "again") from e
+
+
+def _load_exact(module: nn.Module, state: dict[str, torch.Tensor], file: str | Path, *,
+                optional: tuple[str, ...] = (), file_name=lambda k: k) -> int:
+    """Copy `state` (read from `file`) into `module`, requiring an exact match of names and
+    shapes (entries in `optional` may be absent). Returns how many tensors were copied.
+
+    Errors name the file and the first bad tensor in the module's own order (`file_name`
+    maps a module key to the name the file uses, where the two differ)."""
     own = module.state_dict()
-    missing = sorted(set(own) - set(state) - set(optional))
-    unexpected = sorted(set(state) - set(own))
+    missing = [k for k in own if k not in state and k not in optional]
+    unexpected = [k for k in state if k not in own]
     if missing or unexpected:
-        raise ValueError(f"{what}: {len(missing)} missing keys {missing[:5]}, {len(unexpected)} unexpected keys "
-                         f"{unexpected[:5]} -- is this the checkpoint of this variant?")
-    bad = [(k, tuple(v.shape), tuple(own[k].shape)) for k, v in state.items() if v.shape != own[k].shape]
+        parts = []
+        if missing:
+            parts.append(f"tensor {file_name(missing[0])!r} is missing (the first of {len(missing)} missing)")
+        if unexpected:
+            parts.append(f"tensor {file_name(unexpected[0])!r} is not in the model (the first of "
+                         f"{len(unexpected)} unexpected)")
+        raise ValueError(f"{file}: {'; '.join(parts)} -- is this the checkpoint of this variant?")
+    bad = [k for k in own if k in state and state[k].shape != own[k].shape]
     if bad:
-        raise ValueError(f"{what}: shape mismatches (key, file, model): {bad[:5]}")
+        k = bad[0]
+        raise ValueError(f"{file}: tensor {file_name(k)!r} has shape {tuple(state[k].shape)} in the file but the "
+                         f"model expects {tuple(own[k].shape)} (the first of {len(bad)} shape mismatches) -- is "
+                         "this the checkpoint of this variant?")
     with torch.no_grad():
         for k, v in state.items():
             own[k].copy_(v)
@@ -142,17 +198,17 @@ def _load_exact(module: nn.Module, state: dict[str, torch.Tensor], what: str, *,
 def load_bagel_checkpoint(model: nn.Module, vae: nn.Module, path: str | Path) -> dict[str, int]:
     """Load `ema.safetensors` into the Bagel module and `ae.safetensors` into the diffusers
     AutoencoderKL. Every tensor of both modules must be in the files (the frozen sin-cos
-    position tables may be absent: the official resume code regenerates them too)."""
-    from safetensors.torch import load_file
-
+    position tables may be absent: the official resume code regenerates them too). A
+    truncated or mismatched file is an error naming the file and its first bad tensor."""
     path = Path(path)
     for f in ("ema.safetensors", "ae.safetensors"):
         if not (path / f).is_file():
             raise FileNotFoundError(f"{path / f} is missing: a BAGEL checkpoint directory holds ema.safetensors "
                                     "and ae.safetensors")
-    ema = load_file(str(path / "ema.safetensors"))
-    n_model = _load_exact(model, ema, "ema.safetensors",
+    ema_file, ae_file = path / "ema.safetensors", path / "ae.safetensors"
+    n_model = _load_exact(model, read_safetensors(ema_file), ema_file,
                           optional=("vit_pos_embed.pos_embed", "latent_pos_embed.pos_embed"))
-    ae = convert_flux_ae(load_file(str(path / "ae.safetensors")), len(vae.decoder.up_blocks))
-    n_vae = _load_exact(vae, ae, "ae.safetensors")
+    n_up = len(vae.decoder.up_blocks)
+    ae = convert_flux_ae(read_safetensors(ae_file), n_up)
+    n_vae = _load_exact(vae, ae, ae_file, file_name=lambda k: flux_ae_key_back(k, n_up))
     return {"model": n_model, "vae": n_vae}

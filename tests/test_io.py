@@ -1,0 +1,75 @@
+"""`magi_zoo.io.atomic_write`: the target is the old file or the new one, never half of one."""
+
+import os
+import stat
+import wave
+
+import pytest
+
+from magi_zoo.io import atomic_write, atomic_write_bytes, atomic_write_text
+
+
+def test_writes_via_a_temp_with_the_same_suffix_in_the_same_dir(tmp_path):
+    seen = []
+
+    def writer(tmp):
+        seen.append(tmp)
+        assert tmp.parent == tmp_path / "sub"  # same filesystem: the rename cannot become a copy
+        assert tmp.suffix == ".mp4"  # writers pick the format from the extension
+        assert not (tmp_path / "sub" / "out.mp4").exists()  # nothing at the target yet
+        tmp.write_bytes(b"video")
+
+    assert atomic_write(tmp_path / "sub" / "out.mp4", writer) == tmp_path / "sub" / "out.mp4"
+    assert (tmp_path / "sub" / "out.mp4").read_bytes() == b"video"
+    assert not seen[0].exists()
+    assert os.listdir(tmp_path / "sub") == ["out.mp4"]
+
+
+def test_failing_writer_keeps_the_old_file_and_leaves_no_temp(tmp_path):
+    out = atomic_write_text(tmp_path / "out.txt", "old\n")
+
+    def half_then_fail(tmp):
+        tmp.write_text("half of the new")
+        raise RuntimeError("encoder crashed")
+
+    with pytest.raises(RuntimeError, match="encoder crashed"):
+        atomic_write(out, half_then_fail)
+    assert out.read_text() == "old\n"
+    assert os.listdir(tmp_path) == ["out.txt"]
+
+
+def test_writer_that_writes_nothing_is_an_error(tmp_path):
+    with pytest.raises(RuntimeError, match="did not write"):
+        atomic_write(tmp_path / "x.png", lambda tmp: tmp.unlink())
+    assert os.listdir(tmp_path) == []
+
+
+def test_mode_is_a_normal_new_file_or_the_old_file_s(tmp_path):
+    mask = os.umask(0o022)
+    try:
+        new = atomic_write_bytes(tmp_path / "a.bin", b"x")
+        assert stat.S_IMODE(new.stat().st_mode) == 0o644  # 0o666 less the umask, not mkstemp's 0o600
+        os.chmod(new, 0o640)
+        atomic_write_bytes(new, b"y")
+        assert stat.S_IMODE(new.stat().st_mode) == 0o640 and new.read_bytes() == b"y"
+    finally:
+        os.umask(mask)
+
+
+def test_works_with_path_taking_writers(tmp_path):
+    # what cli.write_wav / write_output hand it: libraries that open the path themselves
+    def wav(tmp):
+        with wave.open(str(tmp), "wb") as w:
+            w.setnchannels(1)
+            w.setsampwidth(2)
+            w.setframerate(16000)
+            w.writeframes(b"\0\0" * 160)
+
+    out = atomic_write(tmp_path / "speech.wav", wav)
+    with wave.open(str(out), "rb") as w:
+        assert w.getnframes() == 160
+
+    from PIL import Image
+
+    img = atomic_write(tmp_path / "img.png", lambda tmp: Image.new("RGB", (4, 3)).save(tmp))
+    assert Image.open(img).size == (4, 3) and Image.open(img).format == "PNG"
