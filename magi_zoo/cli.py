@@ -4,6 +4,10 @@
     magi-zoo spec wan2.1 --gpu h100
     magi-zoo demo
     magi-zoo run wan2.1-tiny --prompt "a corgi surfing" --out corgi.mp4
+    magi-zoo explain wan2.1-tiny --gpu cpu --out explain/
+
+Errors in what the user gave (flags, paths, weights, CUDA) print one line,
+`magi-zoo: error: ...`, and exit 2; `--debug` shows the traceback.
 """
 
 from __future__ import annotations
@@ -58,12 +62,27 @@ def cmd_spec(args) -> int:
     _print(f"apply steps, in order: {' -> '.join(STEP_ORDER)}")
     for p in adapter.preparations(native):
         _print(f"  prepare: {p.name}: {p.why}")
+    ops = family_custom_ops(adapter)
+    _print(f"custom ops of this model: {', '.join(ops) or 'none'}")
     for name in sorted(SECTIONS, key=lambda n: STEP_ORDER.index(n) if n in STEP_ORDER else len(STEP_ORDER)):
         rows = plan.section(name).table()
         _print(f"[{name}]")
         _print(format_table([{k: v for k, v in r.items() if k != "section"} for r in rows]) if rows
                else "  (nothing set: library default)")
     return 0
+
+
+def family_custom_ops(adapter) -> list[str]:
+    """Names of the registered custom ops defined by the adapter's own modules (its package,
+    or its module for a one-file family): the registry itself is process-wide."""
+    from .engine import _torch_compat as compat
+    from .engine.custom_ops import list_custom_ops
+
+    mod = type(adapter).__module__
+    pkg = getattr(sys.modules.get(mod), "__package__", None) or mod
+    prefix = mod if pkg == __package__ + ".adapters" else pkg
+    return [i.name for i in list_custom_ops()
+            if (compat.custom_op_module(i.op) or "").split(".")[:len(prefix.split("."))] == prefix.split(".")]
 
 
 class _Ticker:
@@ -194,32 +213,111 @@ def generate_to(handle, *, prompt: str, out: str | Path, progress: bool = True, 
     return write_output(output, out, given.get("audio_out"))
 
 
+def parse_compile_overrides(items: list[str] | None) -> dict | None:
+    """`--compile KEY=JSON` (repeatable) -> a compile override {key: spec}, every spec
+    validated now (unknown field, bad value: the error names the flag), before any build."""
+    import json
+
+    from .specs.compile_spec import TorchCompileSpec
+
+    if not items:
+        return None
+    out: dict = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--compile {item!r}: expected KEY=JSON, e.g. "
+                             "--compile 'WanTransformerBlock={\"dynamic\": false}'")
+        try:
+            spec = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--compile {key}: the value is not JSON ({e.msg} at column {e.colno}): {text!r}; "
+                             "e.g. '{\"dynamic\": false}' or false") from None
+        if isinstance(spec, bool):  # KEY=false: the enabled switch alone
+            spec = {"enabled": spec}
+        if not isinstance(spec, dict):
+            raise ValueError(f"--compile {key}: expected a JSON object of TorchCompileSpec fields "
+                             f"(or true/false), got {text!r}")
+        fields = set(TorchCompileSpec.model_fields)
+        methods = spec if spec and not fields & set(spec) and all(isinstance(v, dict) for v in spec.values()) else None
+        try:
+            for one in (methods.values() if methods else [spec]):  # {method: spec} or one spec
+                TorchCompileSpec.model_validate(one)
+        except Exception as e:  # pydantic's ValidationError names the field and the choices
+            errors = getattr(e, "errors", None)
+            text = "; ".join(f"{'.'.join(map(str, x['loc'])) or 'spec'}: {x['msg']}" for x in errors()) \
+                if callable(errors) else _one_line(e)
+            if "extra" in text.lower() or "not permitted" in text:
+                text += f" (fields: {', '.join(TorchCompileSpec.model_fields)})"
+            raise ValueError(f"--compile {key}: {text}") from None
+        out[key.strip()] = spec
+    return out
+
+
+def _one_line(e: object) -> str:
+    return " ".join(str(e).split())
+
+
 def cmd_run(args) -> int:
     from . import adapters, load
+    from .engine.cache import resolve_cache_dir
 
     opts = dict(image=args.image, audio_out=args.audio_out, num_inference_steps=args.steps, height=args.height,
                 width=args.width, num_frames=args.frames, max_new_tokens=args.max_new_tokens, seed=args.seed)
     adapter, variant = adapters.lookup(args.model)
     adapter.check_run(variant, opts, Path(args.out))  # before the build: a bad option costs nothing
-    handle = load(args.model, gpu=args.gpu, weights=args.weights, dtype=args.dtype,
-                  compile=None if args.compile else False, precision="fp8" if args.fp8 else None)
-    if handle.report() is not None:
-        _print(f"compiling on the first call ({len(handle.report().regions)} regions of spec "
-               f"{handle.adapter.spec_file}, [gpu.{handle.profile.name}]); later steps reuse the code")
-    for path in generate_to(handle, prompt=args.prompt, out=args.out, progress=True, **opts):
+    overrides = parse_compile_overrides(args.compile_overrides)
+    if overrides is not None and not args.compile:
+        raise ValueError("--compile and --no-compile contradict each other; pass one")
+    if args.spec_file is not None and not Path(args.spec_file).is_file():
+        raise ValueError(f"--spec-file {args.spec_file!r}: no such file")
+    directory = resolve_cache_dir(args.cache_dir)
+    if directory is not None and directory.exists() and not directory.is_dir():
+        raise ValueError(f"--cache-dir {str(directory)!r} exists and is not a directory; pass a directory "
+                         "(created if missing)")
+    compile_arg = False if not args.compile else overrides
+    handle = load(args.model, gpu=args.gpu, weights=args.weights, dtype=args.dtype, compile=compile_arg,
+                  precision="fp8" if args.fp8 else None, spec_file=args.spec_file, cache_dir=args.cache_dir)
+    report = handle.report()
+    if report is not None:
+        n = sum(1 for r in report.regions if r.spec.enabled)
+        _print(f"compiling {n} region(s) on the first call (spec {args.spec_file or handle.adapter.spec_file}, "
+               f"[gpu.{handle.profile.name}]); later steps reuse the code")
+    written = generate_to(handle, prompt=args.prompt, out=args.out, progress=True, **opts)
+    for path in written:
         _print(f"wrote {path}")
-    if handle.report() is not None:
-        _print(handle.report().table())
-        details = handle.report().details()  # graph-break and recompile reasons, one per line
+    if report is not None:  # after the output is written: a report problem never costs it
+        _print(report.table())
+        details = report.details()  # graph-break and recompile reasons, one per line
         if details:
             _print(details)
+    return 0
+
+
+def cmd_explain(args) -> int:
+    from . import load
+
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {str(out)!r} exists and is not a directory; pass a directory")
+    handle = load(args.model, gpu=args.gpu, weights=args.weights, spec_file=args.spec_file)
+    if args.entry is not None:
+        handle.adapter.check_entry(args.entry)
+    _print(f"explaining {handle.variant.name}: one call of its "
+           f"{args.entry or handle.adapter.entry_points[0]!r} entry point on example inputs, compile trace on ...")
+    ex = handle.explain(out, entry=args.entry)
+    _print(ex.summary)
+    _print(f"wrote {out}/ (start with {out / 'summary.md'})")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     from .specs.gpu_profiles import GPU_CHOICES
 
+    from . import __version__
+
     p = argparse.ArgumentParser(prog="magi-zoo", description=__doc__.split("\n")[0])
+    p.add_argument("--version", action="version", version=f"magi-zoo {__version__}")
     p.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("list", help="models and their variants").set_defaults(fn=cmd_list)
@@ -253,7 +351,21 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--no-compile", dest="compile", action="store_false", help="run eager")
     r.add_argument("--fp8", action="store_true",
                    help="fp8 matmuls in the regions the spec declares (cards with fp8 matmuls only)")
+    r.add_argument("--spec-file", default=None, help="a TOML spec replacing the shipped one")
+    r.add_argument("--compile", dest="compile_overrides", action="append", default=None, metavar="KEY=JSON",
+                   help="override one compile key (repeatable), e.g. 'WanTransformerBlock={\"dynamic\": false}'")
+    r.add_argument("--cache-dir", default=None,
+                   help="warm-start cache of compile artifacts (default: $MAGI_ZOO_CACHE_DIR)")
     r.set_defaults(fn=cmd_run)
+
+    e = sub.add_parser("explain", help="one call with torch's compile trace on: graphs, breaks, guards, code")
+    e.add_argument("model")
+    e.add_argument("--gpu", default="auto", type=str.lower, choices=GPU_CHOICES)
+    e.add_argument("--out", default="magi-zoo-explain", help="folder to write (default: ./magi-zoo-explain)")
+    e.add_argument("--entry", default=None, help="the entry point to call (default: the family's first)")
+    e.add_argument("--weights", default=None, help="a local directory, a hub id, or 'random'")
+    e.add_argument("--spec-file", default=None, help="a TOML spec replacing the shipped one")
+    e.set_defaults(fn=cmd_explain)
     return p
 
 
@@ -261,15 +373,21 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
-    except (ValueError, TypeError, OSError, KeyError, RuntimeError) as e:
-        # User errors (unknown model, bad spec, bad option, missing CUDA, unreadable
-        # weights): one clear line, exit 2; --debug shows the traceback.
+    except KeyboardInterrupt:
+        print("magi-zoo: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:
+        # Every error ends as one line and exit 2, never a traceback (--debug shows it).
+        # User errors (bad flag, path, weights, spec, no CUDA) carry a message that says
+        # what to do; anything else is named by its type so a bug report can start there.
         if args.debug:
             raise
-        if isinstance(e, (ValueError, TypeError, KeyError)):
-            print(f"magi-zoo: error: {e}", file=sys.stderr)
+        text = e.args[0] if isinstance(e, KeyError) and e.args else e  # KeyError's str() adds quotes
+        msg = _one_line(text) or type(e).__name__
+        if isinstance(e, (ValueError, TypeError, KeyError, OSError, RuntimeError, NotImplementedError, ImportError)):
+            print(f"magi-zoo: error: {msg}", file=sys.stderr)
         else:
-            print(f"magi-zoo: error: {type(e).__name__}: {e} (magi-zoo --debug ... shows the traceback)",
+            print(f"magi-zoo: error: {type(e).__name__}: {msg} (magi-zoo --debug ... shows the traceback)",
                   file=sys.stderr)
         return 2
 

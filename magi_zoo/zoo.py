@@ -93,6 +93,27 @@ class ZooPipeline:
                              preparations=self.adapter.preparations(self.pipe))
         return self._report
 
+    def explain(self, out_dir: str | Path, entry: str | None = None):
+        """Call one entry point (default: the family's first, e.g. the denoiser step) once on
+        the adapter's example inputs with torch's compile trace captured, and write a folder
+        a user can read under `out_dir`: per region the graphs captured, every graph break
+        with the user's file:line and a fix, guards and recompile reasons, inductor's
+        output code and a one-page summary.md. Returns the `Explanation`.
+
+        Resets torch's in-process compile caches first, so what is shown is a real compile.
+        """
+        from .engine.explain import explain_call
+
+        if self._report is None:
+            raise ValueError("explain needs the plan applied: load without compile=False, or call apply_plan()")
+        entry = entry or (self.adapter.entry_points[0] if self.adapter.entry_points else None)
+        if entry is None:
+            raise ValueError(f"{self.adapter.family} declares no entry point to explain")
+        self.adapter.check_entry(entry)
+        module, method = self.adapter.entry(self.pipe, entry)
+        kwargs = self.adapter.example_inputs(self.pipe, self.variant, entry)
+        return explain_call(getattr(module, method), kwargs, out_dir, report=self._report)
+
     def report(self) -> Report | None:
         """The live report: regions, specs, compile seconds, graphs, breaks, recompiles."""
         return self._report

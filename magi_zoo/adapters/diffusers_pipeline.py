@@ -4,12 +4,42 @@ generation for `magi-zoo run`."""
 
 from __future__ import annotations
 
+import os
 from typing import Any, ClassVar
 
 import torch
 import torch.nn as nn
 
 from .base import Adapter, Output, Variant
+
+
+def LOAD_ERRORS() -> tuple[type[BaseException], ...]:
+    """What a library's loader raises for unreadable or missing weights (a corrupt
+    safetensors file raises safetensors' own error type)."""
+    try:
+        from safetensors import SafetensorError
+    except ImportError:  # pragma: no cover
+        return (OSError, ValueError, RuntimeError)
+    return (OSError, ValueError, RuntimeError, SafetensorError)
+
+
+def _offline() -> bool:
+    return any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on")
+               for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def weights_error(variant: Variant, source: str, local: bool, e: BaseException) -> ValueError:
+    """One error for weights that cannot be loaded, in every family's `load_pretrained`:
+    it says what to pass instead (a library's own advice, e.g. `local_files_only=False`,
+    names arguments our API does not have, so it is not repeated; `--debug` shows it)."""
+    instead = ("Pass weights='random' (CLI: --weights random; the published config with random "
+               "weights, no download) or a local directory saved by save_pretrained (--weights DIR)")
+    if local:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0].rstrip(". ")
+        return ValueError(f"{variant.name}: cannot load the weights in directory {source!r}: {first}. {instead}")
+    why = ("offline (HF_HUB_OFFLINE is set) and not in the local hub cache" if _offline()
+           else "not in the local hub cache and not downloadable (no network, or no such hub id)")
+    return ValueError(f"{variant.name}: the weights {source!r} are {why}. {instead}")
 
 
 class DiffusersPipelineAdapter(Adapter):
@@ -25,17 +55,17 @@ class DiffusersPipelineAdapter(Adapter):
 
     def load_pretrained(self, variant: Variant, source: str, local: bool, dtype: torch.dtype,
                         device: torch.device):
+        import diffusers
         from diffusers import DiffusionPipeline
+        from packaging.version import Version
 
+        # diffusers >= 0.42 takes `dtype=` and warns (FutureWarning) on `torch_dtype=`.
+        dtype_kw = "dtype" if Version(diffusers.__version__).release >= (0, 42) else "torch_dtype"
         # A path loads strictly offline; anything else is a hub id, fetched by diffusers.
         try:
-            pipe = DiffusionPipeline.from_pretrained(source, torch_dtype=dtype, local_files_only=local)
-        except OSError as e:
-            where = "directory" if local else "hub id"
-            raise FileNotFoundError(
-                f"{variant.name}: could not load the diffusers pipeline from {where} {source!r} ({e}). "
-                "Pass a local directory saved by save_pretrained, a reachable hub id, or weights='random'"
-            ) from None
+            pipe = DiffusionPipeline.from_pretrained(source, local_files_only=local, **{dtype_kw: dtype})
+        except LOAD_ERRORS() as e:
+            raise weights_error(variant, source, local, e) from e
         for name in self.fp32_components:
             getattr(pipe, name).to(torch.float32)
         return pipe.to(device)

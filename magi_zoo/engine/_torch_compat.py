@@ -54,3 +54,68 @@ HAS_METRICS = _get_metrics is not None
 def clear_counters() -> None:
     """Zero dynamo's counters (torch's tests do this between cases)."""
     _counters.clear()
+
+
+# -- explain: torch's structured compile trace, read in-process -------------------------------
+
+def structured_trace(handler: "logging.Handler"):
+    """Context manager: `handler` receives torch's structured compile records while open.
+
+    Why private: `torch._logging.trace_structured` (what TORCH_TRACE / tlparse read) emits
+    each record on the logger `torch._logging._internal.trace_log` ("torch.__trace"), with
+    the event as `record.metadata` (a dict) and its text as `record.payload`; torch emits
+    only while that logger has a handler. There is no public way to receive the records in
+    process (TORCH_TRACE is read once at import), so we attach a handler for the call.
+    Same logger and record shape on torch 2.11 and 2.13.
+    """
+    import contextlib
+    import logging
+
+    from torch._logging._internal import trace_log
+
+    @contextlib.contextmanager
+    def _cm():
+        old_level = trace_log.level
+        trace_log.setLevel(logging.DEBUG)
+        trace_log.addHandler(handler)
+        try:
+            yield
+        finally:
+            trace_log.removeHandler(handler)
+            trace_log.setLevel(old_level)
+
+    return _cm()
+
+
+def graph_break_in_flight() -> tuple[list[Any], BaseException | None]:
+    """(user stack as FrameSummary list, the exception) of the graph break dynamo is logging
+    right now (call from a structured-trace handler on a `dynamo_graph_break_reason` record).
+
+    Why private: dynamo logs a graph break from inside the `except` of its
+    `torch._dynamo.exc.Unsupported`, whose `real_stack` is the user's stack at the break
+    (what its own message prints); otherwise `torch._guards.TracingContext.extract_stack()`
+    is where dynamo itself reads it. Reading the structured stack avoids parsing the text.
+    """
+    import sys
+
+    exc = sys.exc_info()[1]
+    stack = getattr(exc, "real_stack", None)
+    if not stack:
+        try:
+            from torch._guards import TracingContext
+
+            stack = TracingContext.extract_stack()
+        except Exception:  # pragma: no cover - no tracing context
+            stack = []
+    return list(stack or []), exc
+
+
+def custom_op_module(op: Any) -> str | None:
+    """The module that defined a `torch.library.custom_op`'s Python function (which family
+    registered it), or None.
+
+    Why private: `CustomOpDef` keeps the decorated function as `_init_fn` and has no
+    public accessor (same attribute on torch 2.11 and 2.13).
+    """
+    fn = getattr(op, "_init_fn", None)
+    return getattr(fn, "__module__", None)

@@ -78,10 +78,13 @@ def apply(module: nn.Module, plan: Any = None, *, gpu: str | GpuProfile | None =
     except BaseException:
         _undo(records)
         raise
-    ops = ", ".join(i.name for i in list_custom_ops()) or "none"
+    # The registry is process-wide (every imported family's ops), and which of them this
+    # tree calls is not knowable before tracing: give the count, not other models' names.
+    n_ops = len(list_custom_ops())
+    ops = (f"{n_ops}, by any model imported (`magi-zoo spec MODEL` lists a model's own)" if n_ops else "none")
     for r in records:
         if r.step == "attention":
-            r.did += f"; custom ops registered: {ops}"
+            r.did += f"; custom ops registered in this process: {ops}"
         if r.step == "compile" and replaced:
             r.did += f"; replaced an earlier plan ({replaced} step(s) undone)"
     module.__dict__[_APPLIED] = records

@@ -109,6 +109,18 @@ class ResolvedPlan:
         """Rows of every section that has targets, in section order."""
         return [row for s in self.sections.values() for row in s.table()]
 
+    def __repr__(self) -> str:
+        """The resolved table (one row per region and section), not every target's spec:
+        a published Wan has ~600 targets, which is what `print(plan)` used to dump."""
+        from .report import format_table
+
+        rows = self.table()
+        n = sum(len(s.targets) for s in self.sections.values())
+        head = f"ResolvedPlan: {len(rows)} region(s) over {n} target(s)"
+        return head + ("\n" + format_table(rows) if rows else " (nothing set: library defaults)")
+
+    __str__ = __repr__
+
     def digests(self) -> list[tuple[str, str, str | None, str]]:
         """(section, path, method, spec digest) for every target: what a cache key needs."""
         return [(s.section, t.path, t.method, t.spec.digest()) for s in self.sections.values() for t in s.targets]

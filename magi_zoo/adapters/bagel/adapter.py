@@ -76,7 +76,12 @@ class BagelAdapter(Adapter):
         else:
             from huggingface_hub import snapshot_download
 
-            path = Path(snapshot_download(source))
+            from ..diffusers_pipeline import LOAD_ERRORS, weights_error
+
+            try:
+                path = Path(snapshot_download(source))
+            except LOAD_ERRORS() as e:  # offline, not cached, or no such id
+                raise weights_error(variant, source, local, e) from e
         return self._pipeline(variant, config_from_dir(path, dict(variant.config)), path, dtype, device)
 
     def _pipeline(self, variant: Variant, cfg: dict[str, Any], local: Path | None, dtype: torch.dtype,

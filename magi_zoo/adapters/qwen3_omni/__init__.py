@@ -151,8 +151,13 @@ class Qwen3OmniAdapter(Adapter):
         from .tokenizer import build_tokenizer
 
         # A path loads strictly offline; anything else is a hub id, fetched by transformers.
-        model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(
-            source, dtype=dtype, local_files_only=local).to(device)
+        from ..diffusers_pipeline import LOAD_ERRORS, weights_error
+
+        try:
+            model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(
+                source, dtype=dtype, local_files_only=local).to(device)
+        except LOAD_ERRORS() as e:
+            raise weights_error(variant, source, local, e) from e
         try:
             tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local)
         except (OSError, ValueError):  # a checkpoint saved without its tokenizer
