@@ -60,3 +60,16 @@ def test_cache_save_failure_is_a_warning_not_a_lost_result(tmp_path, monkeypatch
     with pytest.warns(RuntimeWarning, match="could not save the compile cache"):
         out = h(prompt="a corgi", output_type="np")
     assert out.frames.shape[1] == 9  # the generation came back
+
+
+def test_qwen_run_has_a_progress_bar_and_says_when_nothing_decodes(tmp_path, capsys):
+    from magi_zoo.cli import main
+
+    out = tmp_path / "a.txt"
+    assert main(["run", "qwen3-omni-tiny", "--gpu", "cpu", "--no-compile", "--prompt", "hi",
+                 "--out", str(out), "--max-new-tokens", "3"]) == 0
+    cap = capsys.readouterr()
+    assert "thinker tokens" in cap.err and "3/3" in cap.err  # tqdm writes to stderr
+    # random weights decode to special tokens only: the run says so instead of a silent blank file
+    if not out.read_text().strip():
+        assert "decode to no text" in cap.out

@@ -120,6 +120,26 @@ def _fresh_static_cache(cfg, batch: int, length: int, dtype: torch.dtype, device
     return cache
 
 
+class _TokenProgress:
+    """A `generate` streamer that advances a tqdm bar per new token: transformers calls
+    `put` with the prompt first, then with each new token, then `end`."""
+
+    def __init__(self, total: int):
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=total, desc="thinker tokens", unit="tok")
+        self.seen_prompt = False
+
+    def put(self, value) -> None:
+        if not self.seen_prompt:
+            self.seen_prompt = True
+            return
+        self.bar.update(value.numel())
+
+    def end(self) -> None:
+        self.bar.close()
+
+
 class Qwen3OmniAdapter(Adapter):
     """Adapter for Qwen3-Omni: builds the model + an offline (or shipped) tokenizer."""
 
@@ -261,6 +281,8 @@ class Qwen3OmniAdapter(Adapter):
             torch.manual_seed(seed)  # greedy decoding ignores it; kept for parity with other families
         d = handle.variant.call_defaults
         extra = {"talker_max_new_tokens": d["talker_max_new_tokens"]} if audio_out else {}
+        if progress:  # a bar over the thinker's tokens, fed by transformers' streamer protocol
+            extra["thinker_streamer"] = _TokenProgress(max_new_tokens or d["max_new_tokens"])
         res: OmniOutput = handle(prompt, return_audio=audio_out is not None,
                                  **({"max_new_tokens": max_new_tokens} if max_new_tokens else {}), **extra)
         note = f"{len(res.token_ids)} tokens: {res.token_ids}"
