@@ -73,3 +73,11 @@ def test_qwen_run_has_a_progress_bar_and_says_when_nothing_decodes(tmp_path, cap
     # the tiny model's seeded random weights decode to special tokens only: the run says so
     # instead of leaving a silent blank file
     assert out.read_text().strip() == "" and "decode to no text" in cap.out
+
+
+def test_known_library_notices_are_quiet(capfd):
+    # transformers' torchvision fallback and Qwen3-Omni's rope keys notice are not actionable
+    magi_zoo.load("qwen3-omni-tiny", gpu="cpu", compile=False)
+    magi_zoo.load("flux-tiny", gpu="cpu", compile=False)
+    err = capfd.readouterr().err
+    assert "requires torchvision" not in err and "rope_parameters" not in err
