@@ -83,7 +83,10 @@ class Adapter:
         weights: None (tiny: random; published: the variant's hub id), "random" (random
         init at the published config, no download), a local directory, or a hub id.
         """
+        from ._notices import quiet_library_notices
+
         source = self.weights_source(variant, weights)
+        quiet_library_notices()
         torch.manual_seed(0)  # random weights (and anything a loader initialises) are reproducible
         if source == "random":
             native = self.build_random(variant, dtype, device)
