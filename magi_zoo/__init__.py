@@ -9,12 +9,12 @@ Importing this package is cheap: it imports neither diffusers nor transformers a
 not initialise CUDA. Adapters load lazily when a model is asked for.
 """
 
-from .engine import apply, register_custom_op
+from .engine import apply, register_custom_op, remove
 from .engine.resolve import PlanError
-from .specs import GpuProfile, PlanLayer, SpecFile, TorchCompileSpec, get_profile
+from .specs import AttentionSpec, GpuProfile, PlanLayer, PrecisionSpec, SpecFile, TorchCompileSpec, get_profile
 from .zoo import ZooPipeline, list_models, load
 
 __version__ = "0.1.0"
 
-__all__ = ["TorchCompileSpec", "PlanLayer", "SpecFile", "GpuProfile", "get_profile", "apply",
+__all__ = ["TorchCompileSpec", "AttentionSpec", "PrecisionSpec", "remove", "PlanLayer", "SpecFile", "GpuProfile", "get_profile", "apply",
            "register_custom_op", "list_models", "load", "ZooPipeline", "PlanError", "__version__"]

@@ -247,3 +247,9 @@ def test_report_renders(net, fresh_dynamo):
     assert "6 x Block" in text and "disabled" in text
     d = rep.to_dict()
     assert d["totals"]["frames_compiled"] == 1 and d["regions"][0]["spec"]["backend"] == "eager"
+
+
+def test_public_api_names_what_the_readme_documents():
+    # README "The API": these are reachable from the top-level package
+    for name in ("apply", "remove", "load", "TorchCompileSpec", "AttentionSpec", "PrecisionSpec", "PlanLayer"):
+        assert hasattr(magi_zoo, name), name
