@@ -42,21 +42,31 @@ def _rule(src: str, dst: str) -> tuple[re.Pattern, str]:
     return re.compile(rx), re.sub(r"\{(\w+)\}", r"\\g<\1>", dst)
 
 
-_AE_RULES = [_rule(bfl, hf) for bfl, hf in _AE_NAMES]
-_DEC_UP = re.compile(r"^decoder\.up\.(\d+)\.(block\.(\d+)|upsample\.conv)\.")
+# One naming per direction: the decoder up-block prefix regex, how to write an up block's
+# resnet / upsampler prefix, the template rules, and the shortcut-conv rename. The up-block
+# index is reversed both ways (BFL counts from the highest resolution, diffusers from the lowest).
+_TO_DIFFUSERS = (re.compile(r"^decoder\.up\.(\d+)\.(block\.(\d+)|upsample\.conv)\."),
+                 "decoder.up_blocks.{i}.", "resnets.{j}.", "upsamplers.0.conv.",
+                 [_rule(bfl, hf) for bfl, hf in _AE_NAMES], (".nin_shortcut.", ".conv_shortcut."))
+_TO_BFL = (re.compile(r"^decoder\.up_blocks\.(\d+)\.(resnets\.(\d+)|upsamplers\.0\.conv)\."),
+           "decoder.up.{i}.", "block.{j}.", "upsample.conv.",
+           [_rule(hf, bfl) for bfl, hf in _AE_NAMES], (".conv_shortcut.", ".nin_shortcut."))
+
+
+def _map_ae_key(key: str, num_up_blocks: int, naming) -> str:
+    up_rx, up_prefix, block, upsample, rules, (old, new) = naming
+    m = up_rx.match(key)
+    if m:
+        inner = block.format(j=m.group(3)) if m.group(3) is not None else upsample
+        key = up_prefix.format(i=num_up_blocks - 1 - int(m.group(1))) + inner + key[m.end():]
+    for rx, rep in rules:
+        key = rx.sub(rep, key)
+    return key.replace(old, new)
 
 
 def flux_ae_key(key: str, num_up_blocks: int) -> str:
-    """One BFL FLUX AE key -> the diffusers AutoencoderKL key (decoder up-block index reversed:
-    the original counts from the highest resolution, diffusers from the lowest)."""
-    m = _DEC_UP.match(key)
-    if m:
-        i = num_up_blocks - 1 - int(m.group(1))
-        inner = f"resnets.{m.group(3)}." if m.group(3) is not None else "upsamplers.0.conv."
-        key = f"decoder.up_blocks.{i}.{inner}" + key[m.end():]
-    for rx, rep in _AE_RULES:
-        key = rx.sub(rep, key)
-    return key.replace(".nin_shortcut.", ".conv_shortcut.")
+    """One BFL FLUX AE key -> the diffusers AutoencoderKL key."""
+    return _map_ae_key(key, num_up_blocks, _TO_DIFFUSERS)
 
 
 def convert_flux_ae(state: dict[str, torch.Tensor], num_up_blocks: int) -> dict[str, torch.Tensor]:
@@ -70,21 +80,9 @@ def convert_flux_ae(state: dict[str, torch.Tensor], num_up_blocks: int) -> dict[
     return out
 
 
-# diffusers AutoencoderKL -> BFL names: the same templates the other way (decoder up blocks apart).
-_AE_RULES_BACK = [_rule(hf, bfl) for bfl, hf in _AE_NAMES]
-_DEC_UP_BACK = re.compile(r"^decoder\.up_blocks\.(\d+)\.(resnets\.(\d+)|upsamplers\.0\.conv)\.")
-
-
 def flux_ae_key_back(key: str, num_up_blocks: int) -> str:
     """One diffusers AutoencoderKL key -> the BFL FLUX AE key (the inverse of `flux_ae_key`)."""
-    m = _DEC_UP_BACK.match(key)
-    if m:
-        i = num_up_blocks - 1 - int(m.group(1))
-        inner = f"block.{m.group(3)}." if m.group(3) is not None else "upsample.conv."
-        key = f"decoder.up.{i}.{inner}" + key[m.end():]
-    for rx, rep in _AE_RULES_BACK:
-        key = rx.sub(rep, key)
-    return key.replace(".conv_shortcut.", ".nin_shortcut.")
+    return _map_ae_key(key, num_up_blocks, _TO_BFL)
 
 
 def flux_ae_state(vae: nn.Module) -> dict[str, torch.Tensor]:
