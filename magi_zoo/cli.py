@@ -280,7 +280,6 @@ def _one_line(e: object) -> str:
 
 def cmd_run(args) -> int:
     from . import adapters, load
-    from .engine.cache import resolve_cache_dir
 
     opts = dict(image=args.image, audio_out=args.audio_out, num_inference_steps=args.steps, height=args.height,
                 width=args.width, num_frames=args.frames, max_new_tokens=args.max_new_tokens, seed=args.seed)
@@ -291,10 +290,6 @@ def cmd_run(args) -> int:
         raise ValueError("--compile and --no-compile contradict each other; pass one")
     if args.spec_file is not None and not Path(args.spec_file).is_file():
         raise ValueError(f"--spec-file {args.spec_file!r}: no such file")
-    directory = resolve_cache_dir(args.cache_dir)
-    if directory is not None and directory.exists() and not directory.is_dir():
-        raise ValueError(f"--cache-dir {str(directory)!r} exists and is not a directory; pass a directory "
-                         "(created if missing)")
     compile_arg = False if not args.compile else overrides
     handle = load(args.model, gpu=args.gpu, weights=args.weights, dtype=args.dtype, compile=compile_arg,
                   precision="fp8" if args.fp8 else None, spec_file=args.spec_file, cache_dir=args.cache_dir)

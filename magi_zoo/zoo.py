@@ -8,8 +8,6 @@ from typing import Any, Mapping
 import torch
 import torch.nn as nn
 
-import warnings
-
 from . import adapters
 from .engine import apply
 from .engine.cache import CompileCache, resolve_cache_dir
@@ -79,12 +77,8 @@ class ZooPipeline:
         directly (as benchmarks do)."""
         if self.cache is None:
             return False
-        try:
-            return self.cache.save(self._report.frames if self._report else None)
-        except OSError as e:  # a failing cache write must never cost the result
-            warnings.warn(f"magi_zoo: could not save the compile cache to {self.cache.directory} ({e}); "
-                          "the result is unaffected", RuntimeWarning, stacklevel=2)
-            return False
+        # CompileCache.save never raises: a failing write is a warning, never a lost result.
+        return self.cache.save(self._report.frames if self._report else None)
 
     def apply_plan(self) -> Report:
         """Apply the resolved spec layers now (after a `compile=False` load, e.g. to time
