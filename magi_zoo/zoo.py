@@ -145,10 +145,32 @@ def spec_layers(adapter: adapters.Adapter, profile: GpuProfile, *, compile: Any 
     return layers
 
 
+def _build_device(adapter, variant, layers, profile: GpuProfile, dev: torch.device, dt: torch.dtype,
+                  compile: Any) -> torch.device:
+    """Where to build: the card, unless the offload plan streams weights (then host memory,
+    and the offload step places them: the card may not hold the model even for a moment).
+    The plan is made on the real module tree at its real sizes, built on the meta device."""
+    if dev.type != "cuda" or not any(layer.entries("offload") for _, layer in layers):
+        return dev
+    from .engine.offload import needs_streaming
+
+    meta = adapter.build(variant, weights="random", dtype=dt, device=torch.device("meta"))
+    plan = needs_streaming(nn.ModuleDict(adapter.components(meta)), layers, profile, adapter.preparations(meta))
+    if plan is None:
+        return dev
+    if compile is False:
+        raise ValueError(f"{variant.name} does not fit the {plan.budget / 2**30:.1f} GiB budget on {profile.name} and "
+                         "must stream weights, which is part of the plan; compile=False applies no plan. Load with "
+                         "compile={...} overrides instead (e.g. {'WanTransformerBlock': {'enabled': False}} for eager "
+                         "blocks), or a larger memory_budget_gib")
+    return torch.device("cpu")
+
+
 def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
          dtype: str | torch.dtype | None = None, device: str | torch.device | None = None,
          compile: Any = None, overrides: Any = None, precision: str | None = None,
-         spec_file: str | Path | None = None, cache_dir: str | Path | None = None) -> ZooPipeline:
+         spec_file: str | Path | None = None, cache_dir: str | Path | None = None,
+         memory_budget_gib: float | None = None) -> ZooPipeline:
     """Build a model with its compile spec for a GPU applied.
 
     name: a model variant or alias (`magi_zoo.list_models()`).
@@ -167,6 +189,10 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
     cache_dir: warm-start cache of compile artifacts (default: $MAGI_ZOO_CACHE_DIR; unset =
         off). Loaded before the first compile, saved after it; keyed by plan, versions,
         device, dtype and model, so a stale entry is never used.
+    memory_budget_gib: device memory for weights + streaming buffers + activations (default:
+        the GPU profile's memory). When the model does not fit, the blocks and components
+        the spec's offload section names stream from pinned host memory (README, "Weight
+        offload"); the model is then built in host memory and placed by the offload step.
     """
     adapter, variant = adapters.lookup(name)
     profile = get_profile(gpu)
@@ -188,7 +214,12 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
     if directory is not None and directory.exists() and not directory.is_dir():
         raise ValueError(f"cache_dir {str(directory)!r} exists and is not a directory; pass a directory "
                          "(it is created if missing) or leave the cache off")
-    native = adapter.build(variant, weights=weights, dtype=dt, device=dev)
+    if memory_budget_gib is not None:
+        from .specs.offload_spec import with_memory_budget
+
+        layers = with_memory_budget(layers, memory_budget_gib)
+    build_dev = _build_device(adapter, variant, layers, profile, dev, dt, compile)
+    native = adapter.build(variant, weights=weights, dtype=dt, device=build_dev)
     modules = nn.ModuleDict(adapter.components(native))
     report = None if compile is False else apply(modules, layers=layers, gpu=profile,
                                                  preparations=adapter.preparations(native))

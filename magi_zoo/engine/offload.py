@@ -1,37 +1,524 @@
-"""The offload step. No `offload` plan section exists yet, so nothing is moved; the step
-reads the GPU profile's memory and says whether the resident weights fit in it, so a plan
-for a card that cannot hold the model fails loudly in the report instead of at the first
-out-of-memory error deep inside a forward."""
+"""The offload step: keep what fits on the card, stream the rest from pinned host memory.
+
+The `offload` plan section (`specs/offload_spec.py`) names the *units* that may stream
+(repeated block classes, whole components) and the budget (root key ""; default: the GPU
+profile's memory). `plan_units` measures the units' weight bytes and hands them to the pure
+planner (`offload_plan.plan_offload`); when everything fits the step changes nothing and
+says so. Otherwise `OffloadRuntime` moves the weights:
+
+- resident units and every weight outside a unit go to the device;
+- a streamed unit's weights live in one pinned host buffer (per unit); its parameters'
+  `.data` point there between uses;
+- a forward pre-hook on the unit binds its parameters to a device buffer of its group
+  (buffers are allocated once and reused, so nothing fragments), waiting on the event of the
+  copy that filled it, and issues the copies the schedule starts at this unit on a side
+  CUDA stream; a forward post-hook points the parameters back to the host and records the
+  event after which the buffer may be overwritten. Events, never synchronizes.
+
+Why hooks work with regional compile: the compile step installs the compiled `forward` on
+each block *instance*; `nn.Module.__call__` runs the module's hooks around it, so the
+copies happen outside the compiled region, never traced into. Dynamo guards a parameter by
+its metadata (shape, stride, dtype, device), not its storage, and each group's buffers
+have the layout of the weights they replace, so swapping storages recompiles nothing (tests
+count it). Regions that would trace *into* a streamed unit (a compiled ancestor) and
+CUDA graphs (which bake weight addresses into the graph) are refused.
+
+On a CPU profile the same code runs with the host as the "device" (copies are synchronous
+clones, streams and events are no-ops): that is how the mechanics are tested in CI.
+Inference only: a streamed unit called with gradients on raises (its weights would change
+under autograd's saved tensors).
+"""
 
 from __future__ import annotations
 
+import collections
+import dataclasses
+import os
 import warnings
+from typing import Any, Sequence
 
+import torch
 import torch.nn as nn
 
+from .offload_plan import GIB, OffloadPlan, OffloadPlanError, Unit, plan_offload
 from .steps import StepContext, StepRecord, register_step
 
-GIB = 1024 ** 3
+_RUNTIME = "_magi_zoo_offload"  # root instance attr: the live OffloadRuntime
+_ALIGN = 256  # byte alignment of each tensor inside a unit's host buffer
 
 
 def resident_bytes(root: nn.Module, device_type: str) -> int:
     """Bytes of parameters and buffers on `device_type` under `root` (shared tensors once)."""
     seen, total = set(), 0
     for t in [*root.parameters(), *root.buffers()]:
-        if t.device.type == device_type and t.data_ptr() not in seen:
-            seen.add(t.data_ptr())
+        if t.device.type == device_type and id(t) not in seen:
+            seen.add(id(t))
             total += t.numel() * t.element_size()
     return total
 
 
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()  # works on meta tensors too
+
+
+# -- which tensors belong to which unit -------------------------------------------------------
+
+@dataclasses.dataclass
+class UnitSpec:
+    """A unit found in the tree: its module and the tensors it owns (not a nested unit's)."""
+
+    path: str
+    module: nn.Module
+    mode: str
+    once: bool
+    tensors: list[torch.Tensor]  # parameters and buffers, each once
+    layout: tuple  # ((shape, dtype) per tensor): units with one layout share buffers
+
+    @property
+    def nbytes(self) -> int:
+        return sum(_nbytes(t) for t in self.tensors)
+
+
+def _owned(module: nn.Module, path: str, unit_paths: set[str]) -> list[torch.Tensor]:
+    """Tensors under `module` not under a nested unit (each once, in registration order)."""
+    out, seen = [], set()
+    for sub_path, sub in module.named_modules(prefix=path):
+        owner = sub_path
+        while owner != path and owner not in unit_paths:  # the nearest unit at or above sub
+            owner = owner.rpartition(".")[0]
+        if owner != path:
+            continue
+        for t in [*sub._parameters.values(), *sub._buffers.values()]:
+            if t is not None and id(t) not in seen:
+                seen.add(id(t))
+                out.append(t)
+    return out
+
+
+def find_units(ctx_plan, root: nn.Module) -> tuple[list[UnitSpec], dict[str, Any]]:
+    """The units the resolved offload section names, in execution (tree) order, and the
+    plan-wide settings of the root key. Errors: a unit field on the root, a plan-wide field
+    on a unit, a unit with no weights."""
+    section = ctx_plan.section("offload")
+    settings: dict[str, Any] = {}
+    chosen = []
+    for t in section.targets:
+        spec = t.spec
+        if t.path == "":
+            if "mode" in spec.model_fields_set:
+                raise ValueError("offload key '' (the root): the root is never a unit; set mode on the blocks "
+                                 "or components that may stream (e.g. WanTransformerBlock = 'auto')")
+            settings = spec.root_fields()
+            continue
+        wrong = spec.root_fields()
+        if wrong:
+            raise ValueError(f"offload key {t.key!r}: {', '.join(wrong)} apply to the whole plan; set them on "
+                             "the root key '' (e.g. load(..., memory_budget_gib=24) or [default.offload] \"\" = "
+                             "{ memory_budget_gib = 24 })")
+        chosen.append(t)
+    paths = {t.path for t in chosen}
+    units = []
+    for t in chosen:
+        tensors = _owned(t.module, t.path, paths)
+        if not tensors:
+            continue  # a component whose weights all sit in nested units
+        units.append(UnitSpec(t.path, t.module, t.spec.mode, t.spec.once, tensors,
+                              tuple((tuple(x.shape), x.dtype) for x in tensors)))
+    return units, settings
+
+
+def _groups(units: list[UnitSpec]) -> dict[str, str]:
+    """unit path -> group label: the class name, suffixed when one class has several layouts."""
+    layouts: dict[str, list[tuple]] = {}
+    out = {}
+    for u in units:
+        cls = type(u.module).__name__
+        seen = layouts.setdefault(cls, [])
+        if u.layout not in seen:
+            seen.append(u.layout)
+        i = seen.index(u.layout)
+        out[u.path] = cls if i == 0 else f"{cls}#{i}"
+    return out
+
+
+def plan_units(root: nn.Module, resolved_plan, profile, *, budget_gib: float | None = None,
+               times_s: dict[str, float] | None = None) -> tuple[OffloadPlan | None, list[UnitSpec], list[Unit], dict]:
+    """Measure the units and run the planner. Returns (plan or None when the section names no
+    unit, unit specs, planner units, settings). Works on meta-device trees (sizes only)."""
+    specs, settings = find_units(resolved_plan, root)
+    if not specs:
+        return None, [], [], settings
+    budget = budget_gib if budget_gib is not None else settings.get("memory_budget_gib") or profile.memory_gib
+    activation = settings.get("activation_gib")
+    activation = 0.1 * budget if activation is None else activation
+    groups = _groups(specs)
+    owned = {id(t) for u in specs for t in u.tensors}
+    fixed, seen = 0, set()
+    for t in [*root.parameters(), *root.buffers()]:
+        if id(t) not in owned and id(t) not in seen:
+            seen.add(id(t))
+            fixed += _nbytes(t)
+    units = [Unit(u.path, u.nbytes, groups[u.path], u.path.split(".")[0], u.mode, (times_s or {}).get(u.path), u.once)
+             for u in specs]
+    plan = plan_offload(units, fixed_bytes=fixed, activation_bytes=int(activation * GIB),
+                        budget_bytes=int(budget * GIB),
+                        bandwidth_bytes_s=settings.get("host_bandwidth_gbs", 55.0) * 1e9,
+                        prefetch=settings.get("prefetch", 1))
+    return plan, specs, units, {**settings, "memory_budget_gib": budget, "activation_gib": activation}
+
+
+# -- host memory ------------------------------------------------------------------------------
+
+def available_host_bytes() -> int | None:
+    """Memory the host can still give (psutil, else /proc/meminfo; None if unknown)."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except Exception:
+        pass
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_host_memory(need: int, *, already_on_host: int = 0) -> None:
+    """Refuse a plan whose pinned host buffers the host cannot hold (pinned memory cannot be
+    swapped: running out would stall the whole machine, not just this process)."""
+    avail = available_host_bytes()
+    if avail is None:
+        return
+    extra = need - already_on_host  # weights already in host memory are copied, then freed, unit by unit
+    if extra > avail:
+        raise MemoryError(
+            f"weight streaming needs {need / GIB:.1f} GiB of pinned host memory; this host has "
+            f"{avail / GIB:.1f} GiB available ({already_on_host / GIB:.1f} GiB of it already held by the "
+            "weights). Raise memory_budget_gib (fewer streamed blocks), use a host with more memory, "
+            "or free memory first")
+
+
+# -- the runtime ------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class OffloadCounters:
+    """What the runtime did (cumulative since apply)."""
+
+    copies: int = 0  # units copied host -> device
+    bytes_copied: int = 0
+    prefetched: int = 0  # copies started ahead of use by the schedule
+    demand: int = 0  # copies started by the unit's own pre-hook (the compute waits for all of it)
+    deferred: int = 0  # scheduled copies postponed because no buffer was free
+
+    def to_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+class _Group:
+    """Device buffers shared by the streamed units of one layout."""
+
+    def __init__(self, label: str, layout: tuple, n_slots: int, transient: bool):
+        self.label, self.layout, self.transient = label, layout, transient
+        self.slots: list[list[torch.Tensor] | None] = [None] * n_slots
+        self.free = collections.deque(range(n_slots))
+        self.free_event: list[Any] = [None] * n_slots  # event after which the slot may be overwritten
+
+
+class _Streamed:
+    def __init__(self, spec: UnitSpec, group: _Group, host: list[torch.Tensor]):
+        self.spec, self.group, self.host = spec, group, host
+        self.slot: int | None = None
+        self.ready: Any = None  # event recorded after its copy
+        self.checks = 0
+
+
+class OffloadRuntime:
+    """The live state of one applied offload plan (see the module docstring)."""
+
+    def __init__(self, root: nn.Module, plan: OffloadPlan, specs: list[UnitSpec], units: list[Unit],
+                 device: torch.device, budget_bytes: int):
+        self.root, self.plan, self.device, self.budget = root, plan, device, budget_bytes
+        self.cuda = device.type == "cuda"
+        self.counters = OffloadCounters()
+        self.stream = torch.cuda.Stream(device) if self.cuda else None
+        self._originals: list[tuple[torch.Tensor, torch.device]] = []  # (tensor, original device)
+        self._handles: list[Any] = []
+        self.units: dict[str, _Streamed] = {}
+        self.over_budget_warned = False
+        self._install(specs, units)
+
+    # -- setup / undo -----------------------------------------------------------------------
+    def _install(self, specs: list[UnitSpec], units: list[Unit]) -> None:
+        streamed = set(self.plan.streamed)
+        group_of = {u.name: u.group for u in units}
+        by_path = {s.path: s for s in specs}
+        seen: set[int] = set()
+        for t in [*self.root.parameters(), *self.root.buffers()]:
+            if id(t) not in seen:
+                seen.add(id(t))
+                self._originals.append((t, t.device))
+        stream_ids = {id(t) for p in streamed for t in by_path[p].tensors}
+        # Stream first, then move the rest: weights built on the card leave it before the
+        # resident ones arrive from the host, so the peak never holds both.
+        groups: dict[str, _Group] = {}
+        try:
+            for path in self.plan.streamed:
+                s = by_path[path]
+                g = group_of[path]
+                if g not in groups:
+                    n, _ = self.plan.slots.get(g, (1, 0))
+                    groups[g] = _Group(g, s.layout, n, transient=g not in self.plan.slots)
+                host = self._to_host(s.tensors)
+                self.units[path] = _Streamed(s, groups[g], host)
+            with torch.no_grad():
+                for t, _ in self._originals:
+                    if id(t) not in stream_ids and t.device != self.device:
+                        t.data = t.data.to(self.device)
+            for path, u in self.units.items():
+                m = u.spec.module
+                self._handles.append(m.register_forward_pre_hook(self._pre_hook(u)))
+                self._handles.append(m.register_forward_hook(self._post_hook(u), always_call=True))
+            if self.cuda:
+                torch.cuda.empty_cache()  # the weights that left: give their memory back
+                torch.cuda.reset_peak_memory_stats(self.device)
+        except BaseException:
+            self.remove()
+            raise
+
+    def _to_host(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """One host buffer for a unit's tensors (pinned when CUDA is there: only pinned memory
+        copies asynchronously, at ~55 GB/s against ~4.4 pageable); returns the views and
+        points each tensor's .data at its view."""
+        offs, total = [], 0
+        for t in tensors:
+            offs.append(total)
+            total += (_nbytes(t) + _ALIGN - 1) // _ALIGN * _ALIGN
+        flat = torch.empty(total, dtype=torch.uint8, pin_memory=self.cuda)
+        views = []
+        with torch.no_grad():
+            for t, off in zip(tensors, offs):
+                v = flat[off:off + _nbytes(t)].view(t.dtype).view(t.shape)
+                v.copy_(t.data)
+                t.data = v
+                views.append(v)
+        return views
+
+    def remove(self) -> None:
+        """Exact undo: every tensor back on its original device with its values, hooks gone."""
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        if self.cuda:
+            torch.cuda.current_stream(self.device).wait_stream(self.stream)
+        streamed = {id(x) for u in self.units.values() for x in u.spec.tensors}
+        with torch.no_grad():
+            for t, dev in self._originals:
+                if t.device != dev or id(t) in streamed:
+                    # A copy, never a view: a streamed tensor lives in its unit's (pinned)
+                    # host buffer, which must not outlive the plan.
+                    t.data = t.data.to(dev, copy=True)
+        self._originals.clear()
+        self.units.clear()
+        if self.cuda:
+            torch.cuda.empty_cache()
+
+    # -- copies -----------------------------------------------------------------------------
+    def _alloc(self, g: _Group) -> list[torch.Tensor]:
+        with torch.inference_mode(False), torch.no_grad():
+            # Plain tensors even inside inference_mode: the parameters must keep the same
+            # dispatch keys call after call, or dynamo's guards would see a new tensor kind.
+            return [torch.empty(shape, dtype=dtype, device=self.device) for shape, dtype in g.layout]
+
+    def _issue(self, u: _Streamed, demand: bool) -> bool:
+        """Start the copy of `u` into a free buffer of its group; False if none is free."""
+        g = u.group
+        if not g.free:
+            return False
+        i = g.free.popleft()
+        fresh = g.slots[i] is None
+        if fresh:
+            g.slots[i] = self._alloc(g)
+        dst = g.slots[i]
+        if self.cuda:
+            compute = torch.cuda.current_stream(self.device)
+            with torch.cuda.stream(self.stream):
+                if fresh:  # the new memory may still be read by queued compute kernels
+                    self.stream.wait_stream(compute)
+                elif g.free_event[i] is not None:
+                    self.stream.wait_event(g.free_event[i])
+                with torch.no_grad():
+                    for d, s in zip(dst, u.host):
+                        d.copy_(s, non_blocking=True)
+                u.ready = torch.cuda.Event()
+                u.ready.record(self.stream)
+        else:
+            with torch.no_grad():
+                for d, s in zip(dst, u.host):
+                    d.copy_(s)
+        u.slot = i
+        c = self.counters
+        c.copies += 1
+        c.bytes_copied += u.spec.nbytes
+        if demand:
+            c.demand += 1
+        else:
+            c.prefetched += 1
+        return True
+
+    def _steal(self, u: _Streamed) -> None:
+        """No buffer free for a unit about to run: take one from a prefetched unit that has
+        not run yet (it will be copied again on demand). Happens only when the calls do not
+        follow the planned order."""
+        for v in self.units.values():
+            if v is not u and v.group is u.group and v.slot is not None and v.spec.module not in self._running:
+                v.group.free.appendleft(v.slot)
+                v.slot, v.ready = None, None
+                return
+        raise RuntimeError(f"offload: no free buffer for {u.spec.path}; every buffer of group "
+                           f"{u.group.label} is in use (a streamed unit called inside another of its group?)")
+
+    # -- hooks ------------------------------------------------------------------------------
+    _running: set = frozenset()
+
+    def _pre_hook(self, u: _Streamed):
+        def hook(module, args):
+            if torch.is_grad_enabled() and any(t.requires_grad for t in u.spec.tensors):
+                raise RuntimeError(f"{u.spec.path} streams its weights (offload), which is inference-only; call it "
+                                   "under torch.no_grad() / torch.inference_mode(), or raise the memory budget so "
+                                   "it stays resident")
+            if u.slot is None:
+                if not self._issue(u, demand=True):
+                    self._steal(u)
+                    self._issue(u, demand=True)
+            if self.cuda:
+                torch.cuda.current_stream(self.device).wait_event(u.ready)
+            with torch.no_grad():
+                for t, d in zip(u.spec.tensors, u.group.slots[u.slot]):
+                    t.data = d
+            self._running = self._running | {module}
+            for name in self.plan.schedule.get(u.spec.path, ()):
+                v = self.units.get(name)
+                if v is not None and v.slot is None and not self._issue(v, demand=False):
+                    self.counters.deferred += 1
+        return hook
+
+    def _post_hook(self, u: _Streamed):
+        def hook(module, args, output):
+            self._running = self._running - {module}
+            with torch.no_grad():
+                for t, h in zip(u.spec.tensors, u.host):
+                    t.data = h
+            g, i = u.group, u.slot
+            if i is None:
+                return
+            if self.cuda:
+                ev = torch.cuda.Event()
+                ev.record(torch.cuda.current_stream(self.device))
+                g.free_event[i] = ev
+                if u.checks < 2:  # the first calls: does the measured peak hold the budget?
+                    u.checks += 1
+                    self._check_peak()
+            if g.transient:
+                # A one-of-a-kind unit (a component): its buffer is freed on the compute
+                # stream, ordered after its use, so the memory is back for the next phase.
+                g.slots[i] = None
+                g.free_event[i] = None
+            g.free.append(i)
+            u.slot, u.ready = None, None
+        return hook
+
+    def _check_peak(self) -> None:
+        peak = torch.cuda.max_memory_reserved(self.device)
+        if peak > self.budget and not self.over_budget_warned:
+            self.over_budget_warned = True
+            warnings.warn(f"magi_zoo offload: the measured peak ({peak / GIB:.2f} GiB reserved) exceeds the "
+                          f"{self.budget / GIB:.2f} GiB budget; the activations need more than the reserve. Set "
+                          "a larger activation reserve (offload '' = {activation_gib = ...}) or a larger budget",
+                          RuntimeWarning, stacklevel=2)
+
+    def stats(self) -> dict[str, Any]:
+        """Counters, plus the measured device peaks on CUDA (since apply)."""
+        out: dict[str, Any] = self.counters.to_dict()
+        if self.cuda:
+            out["max_allocated_gib"] = round(torch.cuda.max_memory_allocated(self.device) / GIB, 3)
+            out["max_reserved_gib"] = round(torch.cuda.max_memory_reserved(self.device) / GIB, 3)
+        return out
+
+
+def needs_streaming(root: nn.Module, layers, profile, preparations=()) -> OffloadPlan | None:
+    """The offload plan for a tree (typically built on the meta device: sizes only) when it
+    streams anything, else None. `load` asks this before building on the card, so a model
+    that does not fit is built in host memory and the offload step places it."""
+    from .apply import preview
+
+    plan, _, _, _ = plan_units(root, preview(root, layers, preparations), profile)
+    return plan if plan is not None and plan.streams else None
+
+
+def runtime(root: nn.Module) -> OffloadRuntime | None:
+    """The live offload runtime of an applied plan (None when nothing streams)."""
+    return root.__dict__.get(_RUNTIME)
+
+
+def _check_compile(ctx: StepContext, streamed: Sequence[str]) -> None:
+    """Refuse compile regions that would trace into a streamed unit's hooks, and CUDA graphs
+    over one (they replay fixed weight addresses)."""
+    for t in ctx.plan.section("compile").targets:
+        if not t.spec.enabled:
+            continue
+        for s in streamed:
+            inside = t.path == "" or s.startswith(t.path + ".")
+            under_or_at = t.path == s or t.path.startswith(s + ".")
+            if inside:
+                raise ValueError(
+                    f"offload streams {s!r}, which is inside the compiled region {t.key!r} ({t.path or '<root>'}): "
+                    "its weight copies would be traced into the graph. Compile the repeated blocks (regional "
+                    f"compile) instead of an enclosing module, or pin {s!r} (mode='resident')")
+            if under_or_at and t.spec.mode in ("reduce-overhead", "max-autotune"):
+                raise ValueError(
+                    f"compile region {t.key!r} uses mode={t.spec.mode!r} (CUDA graphs) on the streamed unit {s!r}: "
+                    "a graph replays fixed weight addresses, but streamed weights move between buffers. Use "
+                    "mode='default' or 'max-autotune-no-cudagraphs' there, or pin the unit")
+
+
 @register_step("offload")
 def offload_step(ctx: StepContext) -> StepRecord:
+    """Plan residency under the budget; stream what does not fit (module docstring)."""
     p = ctx.profile
-    used = resident_bytes(ctx.root, p.device) / GIB
-    did = f"none requested; weights {used:.2f} GiB on {p.device}, profile {p.name} has {p.memory_gib:g} GiB"
-    if used > p.memory_gib:
-        did += " -- does not fit"
-        warnings.warn(f"magi_zoo: the module's weights ({used:.1f} GiB) exceed the {p.name} profile's "
-                      f"{p.memory_gib:g} GiB; pick the profile of the card you run on (gpu=...)",
-                      RuntimeWarning, stacklevel=3)
-    return StepRecord("offload", did, None, {"resident_gib": round(used, 3), "budget_gib": p.memory_gib})
+    plan, specs, units, settings = plan_units(ctx.root, ctx.plan, p)
+    if plan is None:
+        used = resident_bytes(ctx.root, p.device) / GIB
+        did = f"no offload units in the plan; weights {used:.2f} GiB on {p.device}, profile {p.name} has {p.memory_gib:g} GiB"
+        if used > p.memory_gib:
+            did += " -- does not fit"
+            warnings.warn(f"magi_zoo: the module's weights ({used:.1f} GiB) exceed the {p.name} profile's "
+                          f"{p.memory_gib:g} GiB; pick the profile of the card you run on (gpu=...), or name "
+                          "the units that may stream in an [offload] section", RuntimeWarning, stacklevel=3)
+        return StepRecord("offload", did, None, {"resident_gib": round(used, 3), "budget_gib": p.memory_gib})
+    details = {"plan": plan.to_dict(), "settings": settings}
+    if not plan.streams:
+        return StepRecord("offload", plan.summary(units), None, details)
+    _check_compile(ctx, plan.streamed)
+    device = torch.device(p.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"offload for profile {p.name!r} needs CUDA, which is not available here")
+    pinned = sum(_nbytes(t) for path in plan.streamed for s in specs if s.path == path for t in s.tensors)
+    on_host = sum(_nbytes(t) for path in plan.streamed for s in specs if s.path == path for t in s.tensors
+                  if t.device.type == "cpu")
+    details["pinned_host_gib"] = round(pinned / GIB, 3)
+    if os.environ.get("MAGI_ZOO_SKIP_HOST_CHECK") != "1":
+        check_host_memory(pinned, already_on_host=on_host)
+    rt = OffloadRuntime(ctx.root, plan, specs, units, device, plan.budget)
+    ctx.root.__dict__[_RUNTIME] = rt
+    details["counters"] = rt.counters  # live: what the runtime did (`offload.runtime(root).stats()`)
+
+    def undo() -> None:
+        ctx.root.__dict__.pop(_RUNTIME, None)
+        rt.remove()
+
+    did = plan.summary(units) + f"; pinned host memory {pinned / GIB:.2f} GiB"
+    return StepRecord("offload", did, undo, details)

@@ -1,0 +1,339 @@
+"""The offload planner: which units stay on the card, which stream, and when each copy starts.
+
+Pure functions of sizes and timings (no torch), so every decision is unit-tested on CPU.
+
+Inputs: the units that may stream (one per repeated block instance, or a whole component),
+each with its weight bytes, a *group* (units with one parameter layout share device
+buffers: all WanTransformerBlocks are one group), a *phase* (the component it belongs to:
+units of different phases never run interleaved) and optionally its compute time per call;
+the bytes that are always on the card (everything not in a unit); the activation peak; the
+budget; the host->device copy rate.
+
+Memory model (what `expected_peak` adds up)::
+
+    peak = fixed (weights outside units) + resident units
+         + streaming pools (per group with streamed units: (prefetch + 1) buffers of one unit)
+         + the largest streamed one-of-a-kind unit (a component streamed whole: its buffer
+           exists only while it runs)
+         + activations
+
+Which units stay: all of them if they fit. Otherwise units are demoted to streaming until
+the peak fits, one-of-a-kind units (components, run once per generation) first, largest
+first; then repeated blocks (run every step), largest first. Within a group the streamed
+instances are spread evenly over the depth, so every streamed block is followed by resident
+ones whose compute hides its copy.
+
+When each copy starts ("JIT prefetch"): as late as possible but finished before use. With
+per-unit times, the copy of streamed unit j is issued at the start of the latest unit b
+such that the compute from b up to j covers the copy time (bytes / bandwidth), but never
+more than `prefetch` streamed units ahead (each copy in flight holds a buffer). Without
+times, the copy of streamed unit j is issued when streamed unit j - prefetch starts. The
+schedule is cyclic within a phase: the last blocks prefetch the first ones of the next call
+(a denoising loop calls the transformer again).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+GIB = 1024 ** 3
+
+
+class OffloadPlanError(ValueError):
+    """A budget no plan can meet; the message names the minimum that would work."""
+
+    def __init__(self, msg: str, minimum_bytes: int):
+        super().__init__(msg)
+        self.minimum_bytes = minimum_bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class Unit:
+    """One unit that may stream: a repeated block instance or a whole component."""
+
+    name: str  # module path, e.g. "transformer.blocks.3"
+    nbytes: int
+    group: str  # units with one parameter layout share device buffers
+    phase: str  # the component it runs in ("transformer", "text_encoder", ...)
+    mode: str = "auto"  # auto | resident | stream
+    time_s: float | None = None  # compute time of one call (None: unknown)
+    once: bool = False  # runs once per generation (encoders, VAE): streamed before per-step blocks
+
+
+@dataclasses.dataclass
+class OffloadPlan:
+    """What the planner decided (every number in bytes / seconds)."""
+
+    budget: int
+    fixed: int
+    activation: int
+    resident: list[str]
+    streamed: list[str]
+    slots: dict[str, tuple[int, int]]  # group -> (buffers, bytes per buffer), for groups that stream
+    transient: int  # largest streamed one-of-a-kind unit (its buffer lives only while it runs)
+    schedule: dict[str, list[str]]  # unit name -> streamed units whose copy starts at its pre-hook
+    copy_s: dict[str, float]  # phase -> copy seconds per call of that phase
+    expected_peak: int
+    minimum_budget: int  # the smallest budget that has a plan (everything streamable streamed)
+    resident_bytes: int
+    streamed_bytes: int
+    stall_s: dict[str, float] = dataclasses.field(default_factory=dict)  # phase -> simulated wait per call (times known)
+    prefetch: int = 1  # copies in flight ahead of use (0: one buffer per group, copies never overlap)
+
+    @property
+    def streams(self) -> bool:
+        return bool(self.streamed)
+
+    def summary(self, units: Sequence[Unit] | None = None) -> str:
+        """One line for the report."""
+        if not self.streamed:
+            return (f"all weights resident: {self.resident_bytes / GIB:.2f} GiB in units + {self.fixed / GIB:.2f} "
+                    f"GiB other, expected peak {self.expected_peak / GIB:.2f} of {self.budget / GIB:.2f} GiB budget")
+        by_group: dict[str, list[int]] = {}
+        if units is not None:
+            for u in units:
+                if u.group in self.slots or u.name in self.streamed:
+                    by_group.setdefault(u.group, [0, 0])[u.name in self.streamed] += 1
+        groups = ", ".join(f"{g}: {n_res} resident / {n_str} streamed" for g, (n_res, n_str) in by_group.items())
+        copy = ", ".join(f"{p} {s * 1e3:.0f} ms" for p, s in self.copy_s.items() if s)
+        return (f"budget {self.budget / GIB:.2f} GiB: {len(self.resident)} unit(s) resident "
+                f"({self.resident_bytes / GIB:.2f} GiB), {len(self.streamed)} streamed "
+                f"({self.streamed_bytes / GIB:.2f} GiB from pinned host memory){f' [{groups}]' if groups else ''}; "
+                f"expected copy per call: {copy}; expected peak {self.expected_peak / GIB:.2f} GiB")
+
+    def to_dict(self) -> dict:
+        g = lambda b: round(b / GIB, 3)  # noqa: E731
+        return {"budget_gib": g(self.budget), "expected_peak_gib": g(self.expected_peak),
+                "minimum_budget_gib": g(self.minimum_budget), "fixed_gib": g(self.fixed),
+                "activation_gib": g(self.activation), "resident_gib": g(self.resident_bytes),
+                "streamed_gib": g(self.streamed_bytes), "resident": list(self.resident),
+                "streamed": list(self.streamed),
+                "buffers": {k: {"count": n, "gib_each": g(b)} for k, (n, b) in self.slots.items()},
+                "transient_gib": g(self.transient), "prefetch": self.prefetch,
+                "copy_ms_per_call": {p: round(s * 1e3, 2) for p, s in self.copy_s.items()},
+                **({"simulated_stall_ms_per_call": {p: round(s * 1e3, 2) for p, s in self.stall_s.items()}}
+                   if self.stall_s else {}),
+                "prefetch_schedule": {k: list(v) for k, v in self.schedule.items()}}
+
+
+def _groups(units: Sequence[Unit]) -> dict[str, list[Unit]]:
+    out: dict[str, list[Unit]] = {}
+    for u in units:
+        out.setdefault(u.group, []).append(u)
+    return out
+
+
+def _peak(units: Sequence[Unit], streamed: set[str], *, fixed: int, activation: int,
+          prefetch: int) -> tuple[int, dict[str, tuple[int, int]], int]:
+    """(peak bytes, pools {group: (buffers, bytes)}, transient bytes) for one streamed set."""
+    resident = sum(u.nbytes for u in units if u.name not in streamed)
+    pools: dict[str, tuple[int, int]] = {}
+    transient = 0
+    for g, us in _groups(units).items():
+        n_str = sum(u.name in streamed for u in us)
+        if not n_str:
+            continue
+        size = max(u.nbytes for u in us)
+        if len(us) == 1:  # one of a kind: a buffer only while it runs
+            transient = max(transient, size)
+        else:
+            pools[g] = (min(prefetch + 1, n_str), size)
+    return fixed + resident + sum(n * b for n, b in pools.values()) + transient + activation, pools, transient
+
+
+def _spread(n_total: int, n_streamed: int) -> list[int]:
+    """Indices of `n_streamed` of `n_total` positions, evenly spaced (the last one last)."""
+    if n_streamed <= 0:
+        return []
+    if n_streamed >= n_total:
+        return list(range(n_total))
+    # Position i*N/S shifted so the spacing is even and the last block streams: its copy
+    # then overlaps the resident blocks at the start of the next call.
+    return sorted({n_total - 1 - int(i * n_total / n_streamed) for i in range(n_streamed)})
+
+
+def plan_offload(units: Sequence[Unit], *, fixed_bytes: int, activation_bytes: int, budget_bytes: int,
+                 bandwidth_bytes_s: float = 55e9, prefetch: int = 1) -> OffloadPlan:
+    """Decide residency and the prefetch schedule (rules: module docstring).
+
+    `units` are in execution order within each phase. Raises `OffloadPlanError` (with
+    `.minimum_bytes`) when even streaming every streamable unit does not fit the budget.
+    """
+    if prefetch < 0:
+        raise ValueError("prefetch must be >= 0")
+    names = [u.name for u in units]
+    if len(set(names)) != len(names):
+        raise ValueError("unit names must be unique")
+    for u in units:
+        if u.mode not in ("auto", "resident", "stream"):
+            raise ValueError(f"unit {u.name}: mode {u.mode!r}; choices: auto, resident, stream")
+    forced = {u.name for u in units if u.mode == "stream"}
+    auto = [u for u in units if u.mode == "auto"]
+    every = forced | {u.name for u in auto}
+    # The smallest plan streams everything streamable through one buffer per group (no
+    # copy overlaps compute: slow, but it runs). A budget between that and the requested
+    # prefetch depth gets the deepest prefetch that fits.
+    minimum, _, _ = _peak(units, every, fixed=fixed_bytes, activation=activation_bytes, prefetch=0)
+    while prefetch > 0 and _peak(units, every, fixed=fixed_bytes, activation=activation_bytes,
+                                 prefetch=prefetch)[0] > budget_bytes:
+        prefetch -= 1
+    kw = dict(fixed=fixed_bytes, activation=activation_bytes, prefetch=prefetch)
+    if minimum > budget_bytes:
+        pins = sum(u.nbytes for u in units if u.mode == "resident")
+        biggest = max((u.nbytes for u in units if u.name in every), default=0)
+        raise OffloadPlanError(
+            f"a memory budget of {budget_bytes / GIB:.2f} GiB cannot hold this model even with every "
+            f"streamable unit streamed: it needs at least {minimum / GIB:.2f} GiB (weights outside units "
+            f"{fixed_bytes / GIB:.2f} + pinned units {pins / GIB:.2f} + streaming buffers (largest unit "
+            f"{biggest / GIB:.2f}) + activations {activation_bytes / GIB:.2f}). Raise memory_budget_gib to "
+            f">= {minimum / GIB:.2f}, lower the activation reserve, or unpin units (mode='auto')", minimum)
+
+    streamed = set(forced)
+    peak, _, _ = _peak(units, streamed, **kw)
+    groups = _groups(units)
+    # Demotion order: what runs once per generation before what runs every step (a copy
+    # once vs a copy per step); within each, one-of-a-kind units (whole components) before
+    # repeated blocks, largest first; a group's streamed blocks spread over its depth.
+    for once in (True, False):
+        if peak <= budget_bytes:
+            break
+        singles = sorted((u for u in auto if u.once == once and len(groups[u.group]) == 1), key=lambda u: -u.nbytes)
+        for u in singles:
+            streamed.add(u.name)
+            peak, _, _ = _peak(units, streamed, **kw)
+            if peak <= budget_bytes:
+                break
+        if peak <= budget_bytes:
+            break
+        cands = {g: [u for u in us if u.mode == "auto" and u.once == once]
+                 for g, us in groups.items() if len(us) > 1}
+        order = sorted((g for g in cands if cands[g]), key=lambda g: -max(u.nbytes for u in cands[g]))
+        count: dict[str, int] = {}
+        base = set(streamed)
+
+        def chosen() -> set[str]:
+            out = set(base)
+            for g, n in count.items():
+                out |= {cands[g][i].name for i in _spread(len(cands[g]), n)}
+            return out
+
+        for g in order:
+            while count.get(g, 0) < len(cands[g]) and peak > budget_bytes:
+                count[g] = count.get(g, 0) + 1
+                peak, _, _ = _peak(units, chosen(), **kw)
+            if peak <= budget_bytes:
+                break
+        streamed = chosen()
+    peak, pools, transient = _peak(units, streamed, **kw)
+    assert peak <= budget_bytes  # guaranteed by the minimum check: streaming everything fits
+    schedule = prefetch_schedule(units, streamed, prefetch, bandwidth_bytes_s)
+    copy_s: dict[str, float] = {}
+    for u in units:
+        copy_s.setdefault(u.phase, 0.0)
+        if u.name in streamed:
+            copy_s[u.phase] += u.nbytes / bandwidth_bytes_s
+    stall = {}
+    for phase in copy_s:
+        us = [u for u in units if u.phase == phase]
+        if copy_s[phase] and all(u.time_s is not None for u in us):
+            stall[phase] = simulate(us, streamed, schedule, pools, bandwidth_bytes_s)
+    return OffloadPlan(
+        budget=budget_bytes, fixed=fixed_bytes, activation=activation_bytes,
+        resident=[u.name for u in units if u.name not in streamed], streamed=[u.name for u in units if u.name in streamed],
+        slots=pools, transient=transient, schedule=schedule, copy_s=copy_s, expected_peak=peak,
+        minimum_budget=minimum, resident_bytes=sum(u.nbytes for u in units if u.name not in streamed),
+        streamed_bytes=sum(u.nbytes for u in units if u.name in streamed), stall_s=stall, prefetch=prefetch)
+
+
+def prefetch_schedule(units: Sequence[Unit], streamed: set[str], prefetch: int,
+                      bandwidth_bytes_s: float) -> dict[str, list[str]]:
+    """unit name -> streamed units whose copy starts when that unit starts (rules: module
+    docstring). One-of-a-kind streamed units are loaded by their own pre-hook (no
+    prefetch: they run once, and an early copy would only hold memory longer)."""
+    groups = _groups(units)
+    out: dict[str, list[str]] = {}
+    phases: dict[str, list[Unit]] = {}
+    for u in units:
+        phases.setdefault(u.phase, []).append(u)
+    for us in phases.values():
+        n = len(us)
+        s_idx = [i for i, u in enumerate(us) if u.name in streamed and len(groups[u.group]) > 1]
+        n_s = len(s_idx)
+        if prefetch == 0:  # one buffer: each copy waits for the previous block to finish
+            continue
+        known = all(u.time_s is not None for u in us)
+        issues: list[tuple[int, int]] = []  # (unrolled issue position, use position)
+        for j, p in enumerate(s_idx):
+            # Earliest allowed start, in unrolled positions (negative = the previous call):
+            # the start of the streamed unit `prefetch` before this one, whose buffer
+            # count then holds it; with no more streamed units than that, right after this
+            # unit's own use in the previous call.
+            if n_s > prefetch:
+                k = j - prefetch
+                limit = s_idx[k] if k >= 0 else s_idx[k + n_s] - n
+            else:
+                limit = p - n + 1
+            issue = limit
+            if known:  # as late as possible: the compute from `issue` up to p covers the copy
+                need, acc, b = us[p].nbytes / bandwidth_bytes_s, 0.0, p
+                while b - 1 >= limit and (acc < need or b == p):
+                    b -= 1
+                    acc += us[b % n].time_s
+                issue = b
+            issues.append((issue, p))
+        # Per issuing unit, copies in the order they are used (the copy engine is serial).
+        for issue, p in sorted(issues, key=lambda ip: (ip[0] % n, ip[1] - ip[0])):
+            out.setdefault(us[issue % n].name, []).append(us[p].name)
+    return out
+
+
+def simulate(units: Sequence[Unit], streamed: set[str], schedule: dict[str, list[str]],
+             pools: dict[str, tuple[int, int]], bandwidth_bytes_s: float, calls: int = 3) -> float:
+    """Simulated wait for copies per call in steady state (the last of `calls` calls), in
+    seconds: compute runs units in order; one copy engine runs copies in issue order; a
+    copy needs a free buffer of its group (freed when the unit that held it finishes); a
+    streamed unit waits for its copy. Times must be known."""
+    t = 0.0  # compute clock
+    engine = 0.0  # copy engine clock
+    ready: dict[str, float] = {}  # unit -> time its copy finishes
+    busy: dict[str, list[float]] = {g: [0.0] * n for g, (n, _) in pools.items()}  # buffer free times
+    group = {u.name: u.group for u in units}
+    nbytes = {u.name: u.nbytes for u in units}
+    held: dict[str, int] = {}
+    wait_last = 0.0
+    for c in range(calls):
+        wait = 0.0
+        for u in units:
+            for v in schedule.get(u.name, []):
+                if v in ready:
+                    continue
+                slots = busy[group[v]]
+                i = min(range(len(slots)), key=lambda k: slots[k])
+                start = max(t, engine, slots[i])
+                engine = start + nbytes[v] / bandwidth_bytes_s
+                ready[v], held[v] = engine, i
+                slots[i] = float("inf")
+            if u.name in streamed and u.group in pools:
+                if u.name not in ready:  # not prefetched: a demand copy
+                    slots = busy[u.group]
+                    i = min(range(len(slots)), key=lambda k: slots[k])
+                    start = max(t, engine, slots[i])
+                    engine = start + u.nbytes / bandwidth_bytes_s
+                    ready[u.name], held[u.name] = engine, i
+                    slots[i] = float("inf")
+                if ready[u.name] > t:
+                    wait += ready[u.name] - t
+                    t = ready[u.name]
+                t += u.time_s
+                busy[u.group][held.pop(u.name)] = t
+                del ready[u.name]
+            elif u.name in streamed:  # one of a kind: loaded on demand
+                start = max(t, engine)
+                engine = start + u.nbytes / bandwidth_bytes_s
+                wait += engine - t
+                t = engine + u.time_s
+            else:
+                t += u.time_s
+        wait_last = wait
+    return wait_last
