@@ -118,11 +118,36 @@ class WanAdapter(DiffusersPipelineAdapter):
     component_names = ("transformer", "text_encoder", "vae", "image_encoder")
     fp32_components = ("vae",)  # the Wan VAE runs in fp32, as published
     output_kind, fps = "video", 16
+    cfg_option = "guidance_scale"  # WanPipeline: do_classifier_free_guidance = guidance_scale > 1
     run_options = ("num_inference_steps", "height", "width", "num_frames", "seed")
     output_suffixes = (".mp4", ".gif")
 
     def build_random(self, variant: Variant, dtype: torch.dtype, device: torch.device):
         return _random_pipeline(variant, dtype, device)
+
+    def load_pretrained(self, variant: Variant, source: str, local: bool, dtype: torch.dtype,
+                        device: torch.device):
+        """A hub id or a diffusers-format directory: diffusers' `from_pretrained`. A directory in
+        the original Wan release layout (Wan-AI/Wan2.1-T2V-*, as the Wan repository, LightX2V
+        and Self-Forcing read it): converted on load (`wan_original`). The layout is detected;
+        an unknown one is an error naming both."""
+        if local:
+            from . import wan_original
+            from .diffusers_pipeline import weights_error
+
+            try:
+                layout = wan_original.detect_layout(source)
+            except ValueError as e:
+                raise ValueError(f"{variant.name}: {e}") from e
+            if layout == "original":
+                try:
+                    pipe = wan_original.load_pipeline(source, variant.config, dtype=dtype, device=device)
+                except ValueError as e:
+                    raise ValueError(f"{variant.name}: {e}") from e
+                except OSError as e:
+                    raise weights_error(variant, source, local, e) from e
+                return pipe
+        return super().load_pretrained(variant, source, local, dtype, device)
 
     def denoiser_inputs(self, pipe, variant: Variant, *, height=None, width=None, frames=None,
                         batch: int = 1, seed: int = 0) -> dict[str, Any]:

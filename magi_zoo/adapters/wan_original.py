@@ -1,0 +1,351 @@
+"""Wan2.1 weights in the original release layout, loaded into diffusers' Wan pipeline.
+
+The original layout is what the Wan-AI/Wan2.1-T2V-* repositories ship and what the Wan
+repository, LightX2V and Self-Forcing read (a checkpoint directory, `--ckpt_dir`)::
+
+    config.json                            WanModel's config, original names (dim, num_heads, in_dim, ...)
+    diffusion_pytorch_model*.safetensors   the DiT, original key names (blocks.N.self_attn.q, ...);
+                                           14B: shards + diffusion_pytorch_model.safetensors.index.json
+                                           (a single diffusion_pytorch_model.pth is read too)
+    models_t5_umt5-xxl-enc-bf16.pth        the UMT5-XXL encoder as Wan's own T5 module (wan/modules/t5.py)
+    Wan2.1_VAE.pth                         the VAE as Wan's own module (wan/modules/vae.py)
+    google/umt5-xxl/                       the tokenizer
+
+What converts what:
+- DiT: diffusers' own `convert_wan_transformer_to_diffusers` (diffusers.loaders.single_file_utils,
+  the function `WanTransformer3DModel.from_single_file` uses). The config is read from
+  config.json; the fields WanModel leaves out of it (`ignore_for_config`: patch_size,
+  text_dim, qk_norm, cross_attn_norm) are read from the weights' shapes and names.
+- VAE: diffusers' own `convert_wan_vae_to_diffusers`. That converter is written for the
+  published VAE's block structure (dim_mult [1, 2, 4, 4], 2 res blocks: it hard-codes the
+  decoder's block indices), so the structure is the published one and only the widths
+  (base_dim, z_dim) are read from the file.
+- T5: neither diffusers nor transformers ships a converter for Wan's T5 module (diffusers'
+  `scripts/convert_wan_to_diffusers.py` takes google/umt5-xxl from the hub instead), so
+  `t5_key` below maps its names onto transformers' `UMT5EncoderModel`: a one-to-one
+  rename, no tensor changes (Wan's gated FFN `fc1(x) * gelu_tanh(gate(x))` is UMT5's
+  `wi_1(x) * gelu_new(wi_0(x))`; each block owns its relative position bias in both).
+- Refused, with the reason: I2V / FLF2V checkpoints (their CLIP image encoder is an
+  open-clip XLM-RoBERTa ViT-H .pth with no converter in diffusers or transformers) and
+  Wan2.2 checkpoints (two-expert subfolders; the Wan2.2 VAE converter exists only as a
+  diffusers script, not in the library). Use their -Diffusers directories.
+
+Every load is strict: a missing, unexpected or misshapen tensor names itself and the file.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+import torch.nn as nn
+
+TRANSFORMER_GLOB = "diffusion_pytorch_model*"
+T5_FILE = "models_t5_umt5-xxl-enc-bf16.pth"
+VAE_FILE = "Wan2.1_VAE.pth"
+TOKENIZER_DIR = "google/umt5-xxl"
+CLIP_FILE = "models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth"
+
+_DIFFUSERS_LAYOUT = ("a diffusers-format directory (model_index.json with transformer/, vae/, text_encoder/, "
+                     "... as save_pretrained and the Wan-AI/*-Diffusers repositories write)")
+_ORIGINAL_LAYOUT = (f"the original Wan release layout (config.json with WanModel's dim/num_heads, "
+                    f"{TRANSFORMER_GLOB}.safetensors or .pth, {T5_FILE}, {VAE_FILE}, {TOKENIZER_DIR}/)")
+
+
+# -- layout detection ------------------------------------------------------------------------
+def detect_layout(path: str | Path) -> str:
+    """'diffusers' or 'original' for a local Wan checkpoint directory; anything else is a
+    ValueError that names both layouts and what the directory holds."""
+    path = Path(path)
+    if (path / "model_index.json").is_file():
+        return "diffusers"
+    if (path / "high_noise_model").is_dir() or (path / "low_noise_model").is_dir():
+        raise ValueError(f"{str(path)!r} is a Wan2.2 A14B checkpoint in the original layout (high_noise_model/, "
+                         "low_noise_model/); only Wan2.1 loads from the original layout. Pass the -Diffusers "
+                         "directory (Wan-AI/Wan2.2-T2V-A14B-Diffusers)")
+    cfg = _read_config(path) if (path / "config.json").is_file() else None
+    weights = _transformer_files(path)
+    if cfg is not None and {"dim", "num_heads"} <= set(cfg) and weights:
+        return "original"
+    held = sorted(p.name + ("/" if p.is_dir() else "") for p in path.iterdir())[:12] if path.is_dir() else []
+    why = ("config.json has no WanModel fields (dim, num_heads)" if cfg is not None and weights
+           else f"no {TRANSFORMER_GLOB}.safetensors/.pth" if cfg is not None else "no model_index.json or config.json")
+    raise ValueError(f"{str(path)!r} is not a Wan checkpoint directory in a known layout ({why}; it holds: "
+                     f"{', '.join(held) or 'nothing'}). Wan loads {_DIFFUSERS_LAYOUT} or {_ORIGINAL_LAYOUT}")
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    try:
+        cfg = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{str(path / 'config.json')!r} is not readable JSON ({e}); the original Wan layout "
+                         "needs WanModel's config.json") from e
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{str(path / 'config.json')!r} holds {type(cfg).__name__}, not a JSON object")
+    return cfg
+
+
+def _transformer_files(path: Path) -> list[Path]:
+    """The DiT's weight files: safetensors shards if any, else one .pth/.pt."""
+    st = sorted(path.glob(f"{TRANSFORMER_GLOB}.safetensors"))
+    return st or sorted(p for p in path.glob(TRANSFORMER_GLOB) if p.suffix in (".pth", ".pt"))
+
+
+# -- reading tensors --------------------------------------------------------------------------
+class _TensorSource:
+    """Tensors by name from safetensors shards or a torch pickle, read one at a time (a 14B
+    DiT is 57 GB in fp32 on disk: reading lazily and casting each tensor keeps the peak at
+    the loaded model's size)."""
+
+    def __init__(self, files: list[Path]):
+        self.files = files
+        self._where: dict[str, Any] = {}
+        for f in files:
+            if f.suffix == ".safetensors":
+                from safetensors import safe_open
+
+                handle = safe_open(str(f), framework="pt")
+                for k in handle.keys():
+                    self._where[k] = (handle, f)
+            else:
+                sd = torch.load(str(f), map_location="cpu", weights_only=True, mmap=True)
+                if not isinstance(sd, Mapping) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+                    raise ValueError(f"{str(f)!r} is not a flat state dict of tensors (got {type(sd).__name__}); "
+                                     "save the model's state_dict() itself")
+                for k, v in sd.items():
+                    self._where[k] = (v, f)
+
+    def keys(self) -> list[str]:
+        return list(self._where)
+
+    def file_of(self, key: str) -> Path:
+        return self._where[key][1]
+
+    def get(self, key: str) -> torch.Tensor:
+        obj, f = self._where[key]
+        if isinstance(obj, torch.Tensor):
+            return obj
+        try:
+            return obj.get_tensor(key)
+        except Exception as e:  # a truncated shard raises safetensors' own error type
+            raise ValueError(f"{str(f)!r}: cannot read tensor {key!r} ({e}); the file is damaged or truncated") from e
+
+
+def _open(files: list[Path]) -> _TensorSource:
+    try:
+        return _TensorSource(files)
+    except ValueError:
+        raise
+    except Exception as e:  # safetensors / pickle errors for a damaged file
+        raise ValueError(f"cannot read {', '.join(repr(str(f)) for f in files)} ({type(e).__name__}: {e}); "
+                         "the file is damaged, truncated or not a checkpoint") from e
+
+
+# -- strict load into an empty model ----------------------------------------------------------
+def _dtype_for(name: str, dtype: torch.dtype, keep_fp32: tuple[str, ...]) -> torch.dtype:
+    """diffusers' from_pretrained rule: a tensor whose dotted name contains a
+    `_keep_in_fp32_modules` entry as one segment stays float32, every other float becomes
+    `dtype` (diffusers.models.model_loading_utils.load_model_dict_into_meta)."""
+    return torch.float32 if any(m in name.split(".") for m in keep_fp32) else dtype
+
+
+def _load_strict(model: nn.Module, names: Mapping[str, str], src: _TensorSource, what: str,
+                 dtype: torch.dtype, keep_fp32: tuple[str, ...] = ()) -> nn.Module:
+    """Fill `model` (built with empty weights) from `src`: `names` maps each of the model's
+    state-dict keys to the key in the file. Missing / unexpected / misshapen tensors are
+    one error naming the first of each and the file."""
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in names]
+    unexpected = [names[k] for k in names if k not in expected]
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} tensor(s) the model needs are not in the file (first: {missing[0]!r})")
+        if unexpected:
+            parts.append(f"{len(unexpected)} tensor(s) in the file have no place in the model (first: {unexpected[0]!r})")
+        files = sorted({str(f) for f in src.files})
+        raise ValueError(f"{what} in {', '.join(map(repr, files))}: {'; '.join(parts)}. The file is not a "
+                         "Wan2.1 checkpoint of this kind, or the config.json beside it does not describe it")
+    state = {}
+    for k, want in expected.items():
+        t = src.get(names[k])
+        if tuple(t.shape) != tuple(want.shape):
+            raise ValueError(f"{what} in {str(src.file_of(names[k]))!r}: tensor {names[k]!r} has shape "
+                             f"{tuple(t.shape)} but the model expects {tuple(want.shape)} (from config.json and "
+                             "the published structure)")
+        # copy=True: a tensor of its own, in freshly allocated (aligned) memory, not a view into
+        # the file's buffer (a safetensors read or an mmap'd pickle).
+        state[k] = t.to(dtype=_dtype_for(k, dtype, keep_fp32) if t.is_floating_point() else t.dtype, copy=True)
+    model.load_state_dict(state, strict=True, assign=True)
+    return model.eval()
+
+
+def _empty(factory):
+    """Build a module with parameters on the meta device (no memory, no init) and real
+    buffers (RoPE tables are computed at construction and are not in the checkpoint)."""
+    from accelerate import init_empty_weights
+
+    with init_empty_weights():
+        return factory()
+
+
+# -- the DiT ----------------------------------------------------------------------------------
+def transformer_config(original: Mapping[str, Any], src: _TensorSource | None = None) -> dict[str, Any]:
+    """WanTransformer3DModel kwargs from WanModel's config.json (+ the weights, for the fields
+    WanModel does not write to config.json). Refuses what diffusers' Wan DiT cannot run."""
+    cfg = dict(original)
+    model_type = cfg.get("model_type", "t2v")
+    if model_type != "t2v":
+        raise ValueError(f"config.json says model_type={model_type!r}: only text-to-video (t2v) Wan2.1 checkpoints "
+                         f"load from the original layout (the I2V/FLF2V image encoder {CLIP_FILE} is an open-clip "
+                         "model with no converter in diffusers or transformers). Pass the -Diffusers directory, "
+                         "e.g. Wan-AI/Wan2.1-I2V-14B-720P-Diffusers")
+    if tuple(cfg.get("window_size", (-1, -1))) != (-1, -1):
+        raise ValueError(f"config.json sets window_size={cfg['window_size']}: local-window attention has no "
+                         "counterpart in diffusers' WanTransformer3DModel")
+    dim, heads = int(cfg["dim"]), int(cfg["num_heads"])
+    if dim % heads:
+        raise ValueError(f"config.json: dim={dim} is not divisible by num_heads={heads}")
+    keys = set(src.keys()) if src is not None else set()
+    strip = "model.diffusion_model." if any(k.startswith("model.diffusion_model.") for k in keys) else ""
+    shape = lambda k: tuple(src.get(strip + k).shape) if strip + k in keys else None  # noqa: E731
+    text_w, patch_w = shape("text_embedding.0.weight"), shape("patch_embedding.weight")
+    return dict(
+        patch_size=tuple(patch_w[2:]) if patch_w else tuple(cfg.get("patch_size", (1, 2, 2))),
+        num_attention_heads=heads, attention_head_dim=dim // heads,
+        in_channels=int(cfg.get("in_dim", 16)), out_channels=int(cfg.get("out_dim", 16)),
+        text_dim=text_w[1] if text_w else int(cfg.get("text_dim", 4096)),
+        freq_dim=int(cfg.get("freq_dim", 256)), ffn_dim=int(cfg["ffn_dim"]), num_layers=int(cfg["num_layers"]),
+        # WanModel's defaults are qk_norm=True, cross_attn_norm=True; the weights say which is used.
+        cross_attn_norm=(strip + "blocks.0.norm3.weight" in keys) if keys else bool(cfg.get("cross_attn_norm", True)),
+        qk_norm=("rms_norm_across_heads" if ((strip + "blocks.0.self_attn.norm_q.weight" in keys) if keys
+                                              else cfg.get("qk_norm", True)) else None),
+        eps=float(cfg.get("eps", 1e-6)),
+        # WanModel's RoPE table has 1024 positions (`rope_params(1024, ...)`).
+        rope_max_seq_len=1024,
+    )
+
+
+def transformer_key_names(original_keys: list[str]) -> dict[str, str]:
+    """diffusers key -> original key, by diffusers' own converter. It only renames (for
+    Wan2.1's keys), so it is run on the names themselves: the tensors are then read one by
+    one (see `_TensorSource`)."""
+    from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
+
+    return convert_wan_transformer_to_diffusers({k: k for k in original_keys})
+
+
+def load_transformer(path: str | Path, *, dtype: torch.dtype, device: torch.device | str = "cpu",
+                     config: Mapping[str, Any] | None = None):
+    """WanTransformer3DModel from an original-layout directory (config.json + the DiT's
+    weight files); `config` replaces config.json (original names)."""
+    from diffusers import WanTransformer3DModel
+
+    path = Path(path)
+    files = _transformer_files(path)
+    if not files:
+        raise ValueError(f"{str(path)!r}: no {TRANSFORMER_GLOB}.safetensors or .pth (the Wan DiT's weights)")
+    src = _open(files)
+    cfg = transformer_config(config if config is not None else _read_config(path), src)
+    model = _empty(lambda: WanTransformer3DModel(**cfg))
+    keep = tuple(WanTransformer3DModel._keep_in_fp32_modules or ())
+    _load_strict(model, transformer_key_names(src.keys()), src, "the Wan DiT", dtype, keep)
+    return model.to(device)
+
+
+# -- the VAE ----------------------------------------------------------------------------------
+def load_vae(path: str | Path, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
+    """AutoencoderKLWan from Wan2.1_VAE.pth via diffusers' `convert_wan_vae_to_diffusers`
+    (the published structure; base_dim and z_dim read from the file)."""
+    from diffusers import AutoencoderKLWan
+    from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
+
+    file = Path(path)
+    src = _open([file])
+    keys = src.keys()
+    if "encoder.conv1.weight" not in keys or "conv2.weight" not in keys:
+        raise ValueError(f"{str(file)!r} is not a Wan2.1 VAE checkpoint (no encoder.conv1.weight / conv2.weight)")
+    base_dim, z_dim = src.get("encoder.conv1.weight").shape[0], src.get("conv2.weight").shape[0]
+    model = _empty(lambda: AutoencoderKLWan(base_dim=base_dim, z_dim=z_dim))
+    _load_strict(model, convert_wan_vae_to_diffusers({k: k for k in keys}), src, "the Wan VAE", dtype)
+    return model.to(device)
+
+
+# -- the T5 text encoder ------------------------------------------------------------------------
+# Wan's T5 (wan/modules/t5.py: T5Encoder with shared_pos=False) -> transformers' UMT5EncoderModel.
+# No library ships this mapping (see the module docstring); each entry is one module renamed.
+_T5_BLOCK = {
+    "norm1.weight": "layer.0.layer_norm.weight",
+    "attn.q.weight": "layer.0.SelfAttention.q.weight",
+    "attn.k.weight": "layer.0.SelfAttention.k.weight",
+    "attn.v.weight": "layer.0.SelfAttention.v.weight",
+    "attn.o.weight": "layer.0.SelfAttention.o.weight",
+    "pos_embedding.embedding.weight": "layer.0.SelfAttention.relative_attention_bias.weight",
+    "norm2.weight": "layer.1.layer_norm.weight",
+    "ffn.gate.0.weight": "layer.1.DenseReluDense.wi_0.weight",  # the GELU-gated branch
+    "ffn.fc1.weight": "layer.1.DenseReluDense.wi_1.weight",  # the linear branch
+    "ffn.fc2.weight": "layer.1.DenseReluDense.wo.weight",
+}
+
+
+def t5_key(key: str) -> list[str]:
+    """The UMT5EncoderModel key(s) of one key of Wan's T5 encoder (the token embedding is
+    both `shared` and `encoder.embed_tokens`, one tied tensor); [] for an unknown key."""
+    if key == "token_embedding.weight":
+        return ["shared.weight", "encoder.embed_tokens.weight"]
+    if key == "norm.weight":
+        return ["encoder.final_layer_norm.weight"]
+    parts = key.split(".", 2)
+    if len(parts) == 3 and parts[0] == "blocks" and parts[1].isdigit() and parts[2] in _T5_BLOCK:
+        return [f"encoder.block.{parts[1]}.{_T5_BLOCK[parts[2]]}"]
+    return []
+
+
+def load_text_encoder(path: str | Path, config: Mapping[str, Any], *, dtype: torch.dtype,
+                      device: torch.device | str = "cpu"):
+    """UMT5EncoderModel (config: UMT5Config kwargs, the variant's) from Wan's T5 .pth."""
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    file = Path(path)
+    src = _open([file])
+    names: dict[str, str] = {}
+    for k in src.keys():
+        for new in t5_key(k) or [f"<no UMT5 counterpart for {k}>"]:
+            names[new] = k
+    model = _empty(lambda: UMT5EncoderModel(UMT5Config(**config)))
+    # transformers keeps `_keep_in_fp32_modules` (T5's `wo`) in fp32 only for fp16 loads.
+    keep = tuple(model._keep_in_fp32_modules or ()) if dtype == torch.float16 else ()
+    _load_strict(model, names, src, "the UMT5 text encoder", dtype, keep)
+    model.tie_weights()
+    return model.to(device)
+
+
+# -- the whole pipeline -------------------------------------------------------------------------
+def load_pipeline(path: str | Path, variant_config: Mapping[str, Any], *, dtype: torch.dtype,
+                  device: torch.device | str):
+    """WanPipeline from an original-layout directory. `variant_config` supplies what the
+    layout does not hold: the UMT5 config (`text_encoder`) and the scheduler config."""
+    from diffusers import UniPCMultistepScheduler, WanPipeline
+    from transformers import AutoTokenizer
+
+    path = Path(path)
+    need = [n for n in (T5_FILE, VAE_FILE) if not (path / n).is_file()]
+    if not (path / TOKENIZER_DIR).is_dir():
+        need.append(TOKENIZER_DIR + "/")
+    if need:
+        raise ValueError(f"{str(path)!r} is in the original Wan layout but lacks {', '.join(need)}; the Wan-AI "
+                         "Wan2.1 repositories ship all of them beside the DiT")
+    # Check the DiT's config first: an I2V checkpoint is refused before 10 GB of T5 is read.
+    transformer_config(_read_config(path))
+    transformer = load_transformer(path, dtype=dtype, device=device)
+    text_encoder = load_text_encoder(path / T5_FILE, variant_config["text_encoder"], dtype=dtype, device=device)
+    vae = load_vae(path / VAE_FILE, device=device)  # fp32, as published
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path / TOKENIZER_DIR), local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{str(path / TOKENIZER_DIR)!r}: cannot load the tokenizer ({e})") from e
+    scheduler = UniPCMultistepScheduler(**variant_config["scheduler"])
+    return WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=scheduler,
+                       transformer=transformer)

@@ -1,0 +1,226 @@
+"""Wan2.1 weights in the original release layout load like the diffusers-format directory.
+
+The test writes one tiny random model twice: as `save_pretrained` writes it (diffusers
+format) and in the original Wan layout (config.json with WanModel's names,
+diffusion_pytorch_model.safetensors, models_t5_umt5-xxl-enc-bf16.pth, Wan2.1_VAE.pth,
+google/umt5-xxl/). The original-layout keys come from inverting diffusers' own converters
+(the `*_back` functions below); two checks make sure the inversion is right and not
+circular: diffusers' converters map the written keys back to exactly the model's keys,
+and the written names and shapes equal those of the official Wan modules at the same tiny
+configs (tests/data/wan21_original_keys.json, recorded from github.com/Wan-Video/Wan2.1;
+the same session compared outputs against the official forward, see the file's note).
+Then `magi_zoo.load("wan2.1-tiny", weights=DIR)` must give the same video from both.
+"""
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import magi_zoo
+
+TINY = "wan2.1-tiny"
+OFFICIAL = json.loads((Path(__file__).parent / "data" / "wan21_original_keys.json").read_text())
+
+
+# -- diffusers -> original names (the inverse of diffusers' single-file converters) ----------
+_DIT_BACK = [
+    ("condition_embedder.time_embedder.linear_1", "time_embedding.0"),
+    ("condition_embedder.time_embedder.linear_2", "time_embedding.2"),
+    ("condition_embedder.text_embedder.linear_1", "text_embedding.0"),
+    ("condition_embedder.text_embedder.linear_2", "text_embedding.2"),
+    ("condition_embedder.time_proj", "time_projection.1"),
+    ("attn1.", "self_attn."), ("attn2.", "cross_attn."),
+    (".to_q.", ".q."), (".to_k.", ".k."), (".to_v.", ".v."), (".to_out.0.", ".o."),
+    ("ffn.net.0.proj", "ffn.0"), ("ffn.net.2", "ffn.2"), ("proj_out", "head.head"),
+]
+
+
+def dit_back(key: str) -> str:
+    for new, old in _DIT_BACK:
+        key = key.replace(new, old)
+    if key == "scale_shift_table":
+        return "head.modulation"
+    key = key.replace(".scale_shift_table", ".modulation")
+    # diffusers' norm2 (the affine cross-attention norm) is the original norm3, and back.
+    return re.sub(r"\.norm([23])\.", lambda m: f".norm{5 - int(m.group(1))}.", key)
+
+
+_RES_BACK = {"norm1.gamma": "residual.0.gamma", "conv1.weight": "residual.2.weight", "conv1.bias": "residual.2.bias",
+             "norm2.gamma": "residual.3.gamma", "conv2.weight": "residual.6.weight", "conv2.bias": "residual.6.bias",
+             "conv_shortcut.weight": "shortcut.weight", "conv_shortcut.bias": "shortcut.bias"}
+
+
+def vae_back(key: str) -> str:
+    head, rest = key.split(".", 1)
+    if head in ("quant_conv", "post_quant_conv"):
+        return {"quant_conv": "conv1", "post_quant_conv": "conv2"}[head] + "." + rest
+    p = rest.split(".")
+    if p[0] in ("conv_in", "norm_out", "conv_out"):
+        return f"{head}." + {"conv_in": "conv1", "norm_out": "head.0", "conv_out": "head.2"}[p[0]] + "." + p[1]
+    if p[0] == "mid_block":  # middle = [resnet, attention, resnet]
+        leaf = ".".join(p[3:])
+        return f"{head}.middle.1.{leaf}" if p[1] == "attentions" else f"{head}.middle.{2 * int(p[2])}.{_RES_BACK[leaf]}"
+    if p[0] == "down_blocks":
+        leaf = ".".join(p[2:])
+        return f"{head}.downsamples.{p[1]}.{_RES_BACK.get(leaf, leaf)}"
+    b = int(p[1])  # up_blocks: 3 resnets + 1 upsampler per block, one flat list in the original
+    if p[2] == "resnets":
+        return f"{head}.upsamples.{4 * b + int(p[3])}.{_RES_BACK['.'.join(p[4:])]}"
+    assert p[2] == "upsamplers", key
+    return f"{head}.upsamples.{4 * b + 3}." + ".".join(p[4:])
+
+
+_T5_BACK = {"layer.0.layer_norm.weight": "norm1.weight", "layer.0.SelfAttention.q.weight": "attn.q.weight",
+            "layer.0.SelfAttention.k.weight": "attn.k.weight", "layer.0.SelfAttention.v.weight": "attn.v.weight",
+            "layer.0.SelfAttention.o.weight": "attn.o.weight",
+            "layer.0.SelfAttention.relative_attention_bias.weight": "pos_embedding.embedding.weight",
+            "layer.1.layer_norm.weight": "norm2.weight", "layer.1.DenseReluDense.wi_0.weight": "ffn.gate.0.weight",
+            "layer.1.DenseReluDense.wi_1.weight": "ffn.fc1.weight", "layer.1.DenseReluDense.wo.weight": "ffn.fc2.weight"}
+
+
+def t5_back(sd: dict) -> dict:
+    out = {"token_embedding.weight": sd["shared.weight"], "norm.weight": sd["encoder.final_layer_norm.weight"]}
+    for k, v in sd.items():
+        m = re.fullmatch(r"encoder\.block\.(\d+)\.(.+)", k)
+        if m:
+            out[f"blocks.{m.group(1)}.{_T5_BACK[m.group(2)]}"] = v
+    return out
+
+
+def _shapes(sd: dict) -> dict:
+    return {k: list(v.shape) for k, v in sd.items()}
+
+
+# -- fixtures ------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def reference():
+    """wan2.1-tiny with the published VAE structure at width 4: diffusers' VAE converter
+    hard-codes the published block layout (dim_mult [1, 2, 4, 4], 2 res blocks), and the
+    tiny variant's own VAE (1 res block) is not a layout any Wan release has."""
+    from diffusers import AutoencoderKLWan
+
+    pipe = magi_zoo.load(TINY, gpu="cpu", compile=False).pipe
+    torch.manual_seed(1)
+    pipe.register_modules(vae=AutoencoderKLWan(base_dim=4, z_dim=16).eval())
+    return pipe
+
+
+@pytest.fixture(scope="module")
+def original_state(reference):
+    return {"transformer": {dit_back(k): v for k, v in reference.transformer.state_dict().items()},
+            "vae": {vae_back(k): v for k, v in reference.vae.state_dict().items()},
+            "t5": t5_back(reference.text_encoder.state_dict())}
+
+
+@pytest.fixture(scope="module")
+def dirs(reference, original_state, tmp_path_factory):
+    diffusers_dir = tmp_path_factory.mktemp("wan21-diffusers")
+    reference.save_pretrained(diffusers_dir)
+    orig = tmp_path_factory.mktemp("wan21-original")
+    save_file({k: v.contiguous() for k, v in original_state["transformer"].items()},
+              str(orig / "diffusion_pytorch_model.safetensors"))
+    torch.save(original_state["vae"], orig / "Wan2.1_VAE.pth")
+    torch.save(original_state["t5"], orig / "models_t5_umt5-xxl-enc-bf16.pth")
+    # WanModel's config.json as the official `save_config` writes it (no text_dim /
+    # patch_size / qk_norm / cross_attn_norm: WanModel's ignore_for_config).
+    (orig / "config.json").write_text(json.dumps(
+        {"_class_name": "WanModel", "_diffusers_version": "0.30.0", **OFFICIAL["transformer"]["config"]}))
+    reference.tokenizer.save_pretrained(orig / "google" / "umt5-xxl")
+    return diffusers_dir, orig
+
+
+# -- the inversion is right ---------------------------------------------------------------
+def test_written_keys_are_the_official_modules_keys(original_state):
+    for part in ("transformer", "vae", "t5"):
+        assert _shapes(original_state[part]) == OFFICIAL[part]["keys"], part
+
+
+def test_diffusers_converters_map_the_written_keys_back(reference, original_state):
+    from diffusers.loaders.single_file_utils import (convert_wan_transformer_to_diffusers,
+                                                     convert_wan_vae_to_diffusers)
+
+    dit = convert_wan_transformer_to_diffusers(dict(original_state["transformer"]))
+    assert dit.keys() == reference.transformer.state_dict().keys()
+    assert all(torch.equal(dit[k], v) for k, v in reference.transformer.state_dict().items())
+    vae = convert_wan_vae_to_diffusers(dict(original_state["vae"]))
+    assert vae.keys() == reference.vae.state_dict().keys()
+
+
+# -- loading ------------------------------------------------------------------------------
+def test_layout_is_detected(dirs, tmp_path):
+    from magi_zoo.adapters.wan_original import detect_layout
+
+    diffusers_dir, orig = dirs
+    assert (detect_layout(diffusers_dir), detect_layout(orig)) == ("diffusers", "original")
+    (tmp_path / "weights.bin").write_bytes(b"\0")
+    with pytest.raises(ValueError, match=r"not a Wan checkpoint directory in a known layout .*weights\.bin.*"
+                                         r"model_index\.json.*Wan2\.1_VAE\.pth"):
+        magi_zoo.load(TINY, gpu="cpu", weights=str(tmp_path), compile=False)
+
+
+def test_original_layout_loads_like_diffusers_format(dirs):
+    diffusers_dir, orig = dirs
+    a = magi_zoo.load(TINY, gpu="cpu", weights=str(diffusers_dir), compile=False)
+    b = magi_zoo.load(TINY, gpu="cpu", weights=str(orig), compile=False)
+    for name in ("transformer", "text_encoder", "vae"):
+        sa, sb = a.modules[name].state_dict(), b.modules[name].state_dict()
+        assert sa.keys() == sb.keys(), name
+        assert all(torch.equal(sa[k], sb[k]) and sa[k].dtype == sb[k].dtype for k in sa), name
+    call = dict(prompt="a corgi surfing", output_type="np")
+    fa = a(generator=torch.Generator().manual_seed(0), **call).frames
+    fb = b(generator=torch.Generator().manual_seed(0), **call).frames
+    assert np.abs(fa).max() > 0 and np.array_equal(fa, fb)
+
+
+def test_bf16_load_keeps_diffusers_fp32_modules(dirs):
+    """diffusers' from_pretrained keeps `_keep_in_fp32_modules` (norms, time embedder,
+    scale_shift_table) in fp32 for a bf16 load; the original-layout load does the same."""
+    diffusers_dir, orig = dirs
+    a = magi_zoo.load(TINY, gpu="cpu", weights=str(diffusers_dir), dtype="bfloat16", compile=False)
+    b = magi_zoo.load(TINY, gpu="cpu", weights=str(orig), dtype="bfloat16", compile=False)
+    da = {k: v.dtype for k, v in a.pipe.transformer.state_dict().items()}
+    assert da == {k: v.dtype for k, v in b.pipe.transformer.state_dict().items()}
+    assert {torch.float32, torch.bfloat16} <= set(da.values())
+
+
+# -- refusals, each saying why and what to pass instead -------------------------------------
+def _copy(orig: Path, tmp_path: Path) -> Path:
+    d = tmp_path / "ckpt"
+    shutil.copytree(orig, d)
+    return d
+
+
+def test_missing_component_is_named(dirs, tmp_path):
+    d = _copy(dirs[1], tmp_path)
+    (d / "models_t5_umt5-xxl-enc-bf16.pth").unlink()
+    with pytest.raises(ValueError, match=r"original Wan layout but lacks models_t5_umt5-xxl-enc-bf16\.pth"):
+        magi_zoo.load(TINY, gpu="cpu", weights=str(d), compile=False)
+
+
+def test_i2v_checkpoint_is_refused_with_the_reason(dirs, tmp_path):
+    d = _copy(dirs[1], tmp_path)
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps(dict(cfg, model_type="i2v", in_dim=36)))
+    with pytest.raises(ValueError, match=r"model_type='i2v'.*open-clip model with no converter.*-Diffusers"):
+        magi_zoo.load(TINY, gpu="cpu", weights=str(d), compile=False)
+
+
+def test_config_that_does_not_fit_the_weights_names_the_tensor(dirs, tmp_path):
+    d = _copy(dirs[1], tmp_path)
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps(dict(cfg, ffn_dim=128)))
+    with pytest.raises(ValueError, match=r"tensor 'blocks\.0\.ffn\.0\.weight' has shape \(64, 32\) but the model "
+                                         r"expects \(128, 32\)"):
+        magi_zoo.load(TINY, gpu="cpu", weights=str(d), compile=False)
+
+
+def test_wan22_original_layout_is_refused(tmp_path):
+    (tmp_path / "high_noise_model").mkdir()
+    with pytest.raises(ValueError, match=r"Wan2\.2 A14B checkpoint in the original layout.*-Diffusers"):
+        magi_zoo.load("wan2.2-tiny", gpu="cpu", weights=str(tmp_path), compile=False)
