@@ -1,0 +1,53 @@
+"""Attention of one block's queries over the static KV cache, without data-dependent shapes.
+
+The cache holds the whole video's keys/values (N tokens per layer); a block attends to the
+first `kv_len` of them (the earlier blocks plus itself), and `kv_len` grows block by block.
+Slicing the cache at `kv_len` would give every block its own shape (a recompile, or
+symbolic shapes) and, read with `.item()`, a graph break. Here the shape is always the
+whole cache and the valid length is a tensor:
+
+- "sdpa": `scaled_dot_product_attention` with a boolean length mask (keys >= kv_len are
+  masked). Any device, any dtype; it computes scores for the whole cache (on average
+  twice the keys a block needs over a 7-block video) and, with a mask, CUDA uses the
+  memory-efficient kernel rather than flash/cuDNN.
+- "flex": FlexAttention (torch.nn.attention.flex_attention) with a block mask built from
+  the same tensor: key tiles past `kv_len` are skipped, so the work is proportional to
+  the valid length; the mask's tile counts are tensors, so shapes stay fixed. Compiled,
+  it is one generated kernel (inductor); eager it runs torch's reference implementation.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+IMPLS = ("sdpa", "flex")
+
+
+def length_mask(n: int, kv_len: torch.Tensor) -> torch.Tensor:
+    """(1, 1, 1, n) bool: key j is attended iff j < kv_len (a 0-dim tensor)."""
+    return (torch.arange(n, device=kv_len.device) < kv_len).view(1, 1, 1, n)
+
+
+def cache_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_len: torch.Tensor,
+                    keep: torch.Tensor, impl: str = "sdpa") -> torch.Tensor:
+    """q (B, H, S, D) over the first `kv_len` keys of k / v (B, H, N, D) -> (B, H, S, D).
+    `keep` is `length_mask(N, kv_len)`, computed once per step for every layer."""
+    if impl == "sdpa":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+    if impl == "flex":
+        return flex_cache_attention(q, k, v, kv_len)
+    raise ValueError(f"cache attention {impl!r}; choices: {', '.join(IMPLS)}")
+
+
+def flex_cache_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_len: torch.Tensor) -> torch.Tensor:
+    """FlexAttention over the cache prefix [0, kv_len): a block mask whose per-query-tile
+    count of key tiles is ceil(kv_len / tile) -- a tensor, so the kernel skips the tiles
+    past the valid length while every shape stays fixed."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    def prefix(b, h, q_idx, kv_idx):
+        return kv_idx < kv_len
+
+    mask = create_block_mask(prefix, B=None, H=None, Q_LEN=q.shape[2], KV_LEN=k.shape[2], device=q.device)
+    return flex_attention(q, k, v, block_mask=mask)

@@ -1,0 +1,109 @@
+"""Self-Forcing's published inference settings and the block schedule derived from them.
+
+Where the numbers come from (guandeh17/Self-Forcing, `configs/self_forcing_dmd.yaml` merged
+over `configs/default_config.yaml`, read by `pipeline/causal_inference.py`):
+- the generator is Wan2.1-T2V-1.3B made causal (`wan/modules/causal_model.py`,
+  `CausalWanModel`): 30 layers, 12 heads x 128, FFN 8960 -- `wan.py`'s `_T2V_1_3B`;
+- `num_frame_per_block: 3`: 21 latent frames (81 video frames) in 7 blocks of 3; at
+  480x832 one latent frame is (480/8/2) x (832/8/2) = 30 x 52 = 1560 tokens, a block
+  3 x 1560 = 4680, the whole video 21 x 1560 = 32760 (the reference's cache size);
+- `denoising_step_list: [1000, 750, 500, 250]` with `warp_denoising_step: true`: each
+  step is looked up in the training scheduler's table (`FlowMatchScheduler(shift=5.0,
+  sigma_min=0.0, extra_one_step=True)` at 1000 steps, `timestep_shift: 5.0`), so the
+  model sees t = 1000 x shift(s) with s = 1 - (1000 - step) / 1000 and
+  shift(s) = 5 s / (1 + 4 s): 1000, 937.5, 833.3, 625;
+- `context_noise: 0`: after a block is denoised, one more pass over the clean block at
+  t = 0 writes its keys and values into the KV cache;
+- `independent_first_frame: false`, `local_attn_size: -1`, `sink_size: 0`: every block
+  has 3 latent frames and attends to the whole cache (no rolling window).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+# The distilled generator's schedule (see the module docstring).
+DENOISING_STEP_LIST = (1000, 750, 500, 250)
+TIMESTEP_SHIFT = 5.0
+NUM_TRAIN_TIMESTEPS = 1000
+NUM_FRAME_PER_BLOCK = 3
+CONTEXT_NOISE = 0
+TEXT_LEN = 512  # UMT5 tokens the reference pads every prompt to (`text_len` of CausalWanModel)
+
+
+def warped_schedule(step_list=DENOISING_STEP_LIST, shift: float = TIMESTEP_SHIFT,
+                    num_train_timesteps: int = NUM_TRAIN_TIMESTEPS) -> tuple[list[float], list[float]]:
+    """(timesteps, sigmas) the model sees: the reference's `warp_denoising_step`, i.e.
+    `cat(scheduler.timesteps, [0])[1000 - step]` for its FlowMatchScheduler (sigmas
+    linspace(1, 0, 1001)[:-1], shifted; timesteps = 1000 sigmas). The reference then maps
+    each timestep back to its sigma by an argmin over the same table, which returns the
+    table's own sigma. Computed in float32 as the reference does, so the values are
+    bit-identical: timesteps [1000.0, 937.5, 833.33..., 625.0]."""
+    import torch
+
+    sigmas = torch.linspace(1.0, 0.0, num_train_timesteps + 1)[:-1]
+    sigmas = shift * sigmas / (1 + (shift - 1) * sigmas)
+    idx = [num_train_timesteps - s for s in step_list]
+    return [float(sigmas[i] * num_train_timesteps) for i in idx], [float(sigmas[i]) for i in idx]
+
+
+def warped_timesteps(**kw) -> list[float]:
+    """The timesteps of `warped_schedule`."""
+    return warped_schedule(**kw)[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockSchedule:
+    """The fixed schedule of one generation: every offset is a Python int known before
+    the first block runs, so the host computes cache offsets from the block index and
+    nothing is read back from the device.
+
+    latent_frames: latent frames of the video; frame_tokens: tokens per latent frame
+    (latent H/2 x W/2); frames_per_block: latent frames per block."""
+
+    latent_frames: int
+    frame_tokens: int
+    frames_per_block: int = NUM_FRAME_PER_BLOCK
+
+    def __post_init__(self):
+        if self.latent_frames % self.frames_per_block:
+            raise ValueError(f"{self.latent_frames} latent frames are not a whole number of blocks of "
+                             f"{self.frames_per_block}")
+
+    @property
+    def num_blocks(self) -> int:
+        return self.latent_frames // self.frames_per_block
+
+    @property
+    def block_tokens(self) -> int:
+        """Query tokens per step (4680 at 480x832)."""
+        return self.frames_per_block * self.frame_tokens
+
+    @property
+    def cache_tokens(self) -> int:
+        """Keys/values the cache holds per layer (32760 at 480x832, 81 frames)."""
+        return self.latent_frames * self.frame_tokens
+
+    def block_start(self, block: int) -> int:
+        """First token of `block` in the cache: where its keys are written."""
+        return block * self.block_tokens
+
+    def block_end(self, block: int) -> int:
+        """One past the last token `block` attends to (its own tokens included)."""
+        return (block + 1) * self.block_tokens
+
+    def start_frame(self, block: int) -> int:
+        """Latent frame index of the block's first frame (its RoPE time offset)."""
+        return block * self.frames_per_block
+
+
+def latent_frames_for(num_frames: int, temporal: int = 4) -> int:
+    """Latent frames of `num_frames` video frames: the Wan VAE is causal, 4x in time:
+    1 + (num_frames - 1) / 4 (81 -> 21)."""
+    return (num_frames - 1) // temporal + 1
+
+
+def valid_frame_counts(limit: int = 200, temporal: int = 4, per_block: int = NUM_FRAME_PER_BLOCK) -> list[int]:
+    """Video frame counts that are whole blocks: 1 + 4 (3m - 1) = 12 m - 3 (9, 21, ..., 81)."""
+    return [n for n in range(1, limit + 1)
+            if (n - 1) % temporal == 0 and latent_frames_for(n, temporal) % per_block == 0]
