@@ -27,6 +27,7 @@ FAMILIES: dict[str, str] = {
     "bagel": "magi_zoo.adapters.bagel:BagelAdapter",
     "flux": "magi_zoo.adapters.flux:FluxAdapter",
     "qwen3_omni": "magi_zoo.adapters.qwen3_omni:Qwen3OmniAdapter",
+    "self-forcing": "magi_zoo.adapters.self_forcing:SelfForcingAdapter",
 }
 
 ENTRY_POINT_GROUP = "magi_zoo.adapters"
