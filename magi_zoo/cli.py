@@ -54,6 +54,10 @@ def cmd_spec(args) -> int:
     adapter, variant = adapters.lookup(args.model)
     profile = get_profile(args.gpu)
     layers = spec_layers(adapter, profile, spec_file=args.spec_file)
+    if args.memory_budget is not None:
+        from .specs.offload_spec import with_memory_budget
+
+        layers = with_memory_budget(layers, args.memory_budget)
     # The meta device gives the real module tree at published sizes without allocating.
     native = adapter.build(variant, weights="random", dtype=torch.bfloat16, device=torch.device("meta"))
     plan = preview(nn.ModuleDict(adapter.components(native)), layers, adapter.preparations(native))
@@ -69,6 +73,9 @@ def cmd_spec(args) -> int:
         _print(f"[{name}]")
         _print(format_table([{k: v for k, v in r.items() if k != "section"} for r in rows]) if rows
                else "  (nothing set: library default)")
+    from .engine.offload import describe_plan
+
+    _print(describe_plan(nn.ModuleDict(adapter.components(native)), plan, profile))
     return 0
 
 
@@ -224,10 +231,14 @@ def write_output(output, out: str | Path, audio_out: str | Path | None = None) -
     return written
 
 
-def generate_to(handle, *, prompt: str, out: str | Path, progress: bool = True, **options) -> list[Path]:
-    """`magi-zoo run` after the build: check the options, generate through the handle, write."""
+def generate_to(handle, *, prompt: str, out: str | Path, progress: bool = True, write: bool = True,
+                **options) -> list[Path]:
+    """`magi-zoo run` after the build: check the options, generate through the handle, write
+    (`write=False`: generate only -- the ranks other than 0 of a multi-process run)."""
     given = handle.adapter.check_run(handle.variant, options, Path(out))
     output = handle.adapter.generate(handle, prompt=prompt, progress=progress, **given)
+    if not write:
+        return []
     if output.note and progress:
         _print(output.note)
     return write_output(output, out, given.get("audio_out"))
@@ -278,27 +289,87 @@ def _one_line(e: object) -> str:
     return " ".join(str(e).split())
 
 
+def step_cache_override(args, adapter) -> dict:
+    """`--step-cache METHOD[:THRESHOLD|:NAME=VALUE,...]` as a plan layer's step_cache section,
+    keyed on the pipeline's denoiser(s) (`transformer`, and Wan2.2's `transformer_2` by the
+    glob); {} without the flag. Validated here, before anything is built."""
+    text = getattr(args, "step_cache", None)
+    if text is None:
+        return {}
+    from .specs.step_cache_spec import parse_cli
+
+    if "transformer" not in getattr(adapter, "component_names", ()):
+        raise ValueError(f"--step-cache uses diffusers' caching hooks on a pipeline's transformer; "
+                         f"{args.model} has none (Wan and Flux models do)")
+    if not args.compile:
+        raise ValueError("--step-cache is part of the plan, which --no-compile does not apply; drop --no-compile "
+                         "(to run the blocks eager, e.g. for pab: --compile 'WanTransformerBlock=false')")
+    return {"step_cache": {"transformer*": parse_cli(text)}}
+
+
 def cmd_run(args) -> int:
-    from . import adapters, load
+    from . import distributed
+
+    # --nproc N: check what is cheap here, then run this same command in N processes (torchrun).
+    if (args.nproc or 1) > 1 and not distributed.is_launched():
+        _check_run(args)
+        return distributed.launch(args.nproc, args.argv)
+    if distributed.init("cpu" if args.gpu == "cpu" else None):
+        distributed.check_same(args.argv, "command lines")
+    with distributed.quiet_unless_rank0():
+        code = _cmd_run(args)
+    distributed.shutdown()
+    return code
+
+
+def _check_run(args):
+    """Everything about `run`'s arguments that can be checked before a build (a bad option
+    costs nothing): (adapter, options, compile overrides, parallel-section fields or None)."""
+    from . import adapters, distributed
 
     opts = dict(image=args.image, audio_out=args.audio_out, num_inference_steps=args.steps, height=args.height,
                 width=args.width, num_frames=args.frames, max_new_tokens=args.max_new_tokens, seed=args.seed)
+    opts.update(task=args.task, think=args.think or None)  # BAGEL: which task; reason first
     adapter, variant = adapters.lookup(args.model)
-    adapter.check_run(variant, opts, Path(args.out))  # before the build: a bad option costs nothing
+    adapter.check_run(variant, opts, Path(args.out))
     overrides = parse_compile_overrides(args.compile_overrides)
+    step_cache_override(args, adapter)  # validated before the build
     if overrides is not None and not args.compile:
         raise ValueError("--compile and --no-compile contradict each other; pass one")
     if args.spec_file is not None and not Path(args.spec_file).is_file():
         raise ValueError(f"--spec-file {args.spec_file!r}: no such file")
+    world = distributed.world_size()
+    if distributed.is_launched() and args.nproc not in (None, world):
+        raise ValueError(f"--nproc {args.nproc} but this torchrun job has {world} processes; drop --nproc or match it")
+    runs_cfg = getattr(adapter, "runs_cfg", lambda call: False)({**adapter.call_defaults(variant), **opts})
+    par = distributed.run_parallel_fields(world if distributed.is_launched() else args.nproc,
+                                          ulysses=args.ulysses, ring=args.ring, cfg=args.cfg_parallel,
+                                          uneven=args.uneven, runs_cfg=runs_cfg)
+    return adapter, opts, overrides, par
+
+
+def _cmd_run(args) -> int:
+    from . import distributed, load
+
+    adapter, opts, overrides, par = _check_run(args)
     compile_arg = False if not args.compile else overrides
+    if par is not None:
+        # The parallel section is part of the plan; --no-compile then fences off every compile key.
+        par = distributed.parallel_overrides(args.spec_file or str(adapter.spec_path()), par,
+                                             eager=not args.compile)
+        compile_arg = overrides if args.compile else par.pop("compile")
+        opts["seed"] = distributed.broadcast_seed(args.seed)  # one initial noise for every rank
     handle = load(args.model, gpu=args.gpu, weights=args.weights, dtype=args.dtype, compile=compile_arg,
-                  precision="fp8" if args.fp8 else None, spec_file=args.spec_file, cache_dir=args.cache_dir)
+                  overrides={**(par or {}), **step_cache_override(args, adapter)} or None,
+                  precision="fp8" if args.fp8 else None, spec_file=args.spec_file,
+                  cache_dir=args.cache_dir, memory_budget_gib=args.memory_budget)
     report = handle.report()
     if report is not None:
         n = sum(1 for r in report.regions if r.spec.enabled)
         _print(f"compiling {n} region(s) on the first call (spec {args.spec_file or handle.adapter.spec_file}, "
                f"[gpu.{handle.profile.name}]); later steps reuse the code")
-    written = generate_to(handle, prompt=args.prompt, out=args.out, progress=True, **opts)
+    rank0 = distributed.rank() == 0  # rank 0 writes; the others compute their share, quietly
+    written = generate_to(handle, prompt=args.prompt, out=args.out, progress=rank0, write=rank0, **opts)
     for path in written:
         _print(f"wrote {path}")
     if report is not None:  # after the output is written: a report problem never costs it
@@ -341,6 +412,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("model")
     s.add_argument("--gpu", default="auto", type=str.lower, choices=GPU_CHOICES)
     s.add_argument("--spec-file", default=None, help="a TOML spec replacing the shipped one")
+    s.add_argument("--memory-budget", type=float, default=None, metavar="GIB",
+                   help="device memory budget for the offload plan (default: the GPU profile's memory)")
     s.set_defaults(fn=cmd_spec)
 
     d = sub.add_parser("demo", help="offline CPU demo: wan2.1-tiny eager vs its plan")
@@ -362,15 +435,34 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--width", type=int, default=None)
     r.add_argument("--frames", type=int, default=None)
     r.add_argument("--max-new-tokens", type=int, default=None)
+    r.add_argument("--task", default=None, type=str.lower,
+                   help="BAGEL: generate (default without --image), edit (default with --image) or understand")
+    r.add_argument("--think", action="store_true", default=None,
+                   help="BAGEL: the model writes its reasoning before the answer or image")
     r.add_argument("--seed", type=int, default=None)
     r.add_argument("--no-compile", dest="compile", action="store_false", help="run eager")
     r.add_argument("--fp8", action="store_true",
                    help="fp8 matmuls in the regions the spec declares (cards with fp8 matmuls only)")
+    r.add_argument("--step-cache", default=None, metavar="METHOD[:THRESHOLD]",
+                   help="reuse work across denoising steps (diffusers' caching hooks): none, first_block, "
+                        "mag_cache, taylorseer, pab, sea_cache; e.g. first_block:0.1 or "
+                        "taylorseer:cache_interval=4,use_lite_mode=true")
     r.add_argument("--spec-file", default=None, help="a TOML spec replacing the shipped one")
     r.add_argument("--compile", dest="compile_overrides", action="append", default=None, metavar="KEY=JSON",
                    help="override one compile key (repeatable), e.g. 'WanTransformerBlock={\"dynamic\": false}'")
+    r.add_argument("--memory-budget", type=float, default=None, metavar="GIB",
+                   help="device memory for weights + activations; what does not fit streams from host memory")
     r.add_argument("--cache-dir", default=None,
                    help="warm-start cache of compile artifacts (default: $MAGI_ZOO_CACHE_DIR)")
+    r.add_argument("--nproc", type=int, default=None,
+                   help="processes (GPUs) to spread the denoiser over; re-runs this command under torchrun")
+    r.add_argument("--ulysses", type=int, default=None, help="Ulysses sequence-parallel degree (with --nproc)")
+    r.add_argument("--ring", type=int, default=None, help="ring-attention sequence-parallel degree (with --nproc)")
+    r.add_argument("--cfg-parallel", action=argparse.BooleanOptionalAction, default=None,
+                   help="cond and uncond guidance branches on two processes (default with --nproc: on where "
+                        "the model runs CFG)")
+    r.add_argument("--uneven", action="store_true",
+                   help="allow token counts that do not divide by the sequence degree (uneven shards)")
     r.set_defaults(fn=cmd_run)
 
     e = sub.add_parser("explain", help="one call with torch's compile trace on: graphs, breaks, guards, code")
@@ -386,6 +478,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]  # what --nproc re-runs under torchrun
     try:
         return args.fn(args)
     except KeyboardInterrupt:
@@ -397,12 +490,15 @@ def main(argv: list[str] | None = None) -> int:
         # what to do; anything else is named by its type so a bug report can start there.
         if args.debug:
             raise
+        from .distributed import rank_tag
+
+        tag = rank_tag()  # "[rank 1/2] " in a multi-process run: which process failed
         text = e.args[0] if isinstance(e, KeyError) and e.args else e  # KeyError's str() adds quotes
         msg = _one_line(text) or type(e).__name__
         if isinstance(e, (ValueError, TypeError, KeyError, OSError, RuntimeError, NotImplementedError, ImportError)):
-            print(f"magi-zoo: error: {msg}", file=sys.stderr)
+            print(f"magi-zoo: error: {tag}{msg}", file=sys.stderr)
         else:
-            print(f"magi-zoo: error: {type(e).__name__}: {msg} (magi-zoo --debug ... shows the traceback)",
+            print(f"magi-zoo: error: {tag}{type(e).__name__}: {msg} (magi-zoo --debug ... shows the traceback)",
                   file=sys.stderr)
         return 2
 

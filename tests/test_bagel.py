@@ -353,7 +353,8 @@ def test_run_text_to_image_and_understanding(tiny, tmp_path):
     assert Image.open(out).size == (48, 32)
     _image().save(tmp_path / "in.png")
     [ans] = generate_to(tiny, prompt="what is this?", out=tmp_path / "answer.txt", progress=False,
-                        image=str(tmp_path / "in.png"), max_new_tokens=4, num_inference_steps=None)
+                        image=str(tmp_path / "in.png"), task="understand", max_new_tokens=4,
+                        num_inference_steps=None)
     assert ans.read_text().endswith("\n")
     # Options and output files are checked before any work, by the adapter's declarations.
     with pytest.raises(ValueError, match="--frames"):
@@ -361,4 +362,4 @@ def test_run_text_to_image_and_understanding(tiny, tmp_path):
     with pytest.raises(ValueError, match="max-new-tokens"):
         tiny.adapter.check_run(tiny.variant, dict(max_new_tokens=4), tmp_path / "i.png")
     with pytest.raises(ValueError, match=r"writes \.txt"):
-        tiny.adapter.check_run(tiny.variant, dict(image="in.png"), tmp_path / "answer.png")
+        tiny.adapter.check_run(tiny.variant, dict(image="in.png", task="understand"), tmp_path / "answer.png")

@@ -10,17 +10,18 @@ import torch
 import torch.nn as nn
 
 from ..base import Adapter, Output, Variant, init_on
-from .config import BAGEL_7B_MOT, T2I_DEFAULTS, TINY, config_from_dir
+from .config import BAGEL_7B_MOT, EDIT_DEFAULTS, T2I_DEFAULTS, TINY, config_from_dir
 
 VARIANTS = {
     v.name: v
     for v in [
         Variant(name="bagel-7b-mot", family="bagel", config=BAGEL_7B_MOT, hub_id="ByteDance-Seed/BAGEL-7B-MoT",
                 description="BAGEL-7B-MoT: Qwen2.5-7B MoT (28 layers, 3584) + SigLIP so400m (26 layers) + FLUX AE",
-                call_defaults=dict(T2I_DEFAULTS)),
+                call_defaults=dict(T2I_DEFAULTS, edit=dict(EDIT_DEFAULTS))),
         Variant(name="bagel-tiny", family="bagel", config=TINY, tiny=True,
                 description="3 MoT layers, width 64; 2 ViT layers; small FLUX-style AE; random, offline",
-                call_defaults=dict(T2I_DEFAULTS, num_inference_steps=3, height=64, width=64, max_new_tokens=8)),
+                call_defaults=dict(T2I_DEFAULTS, num_inference_steps=3, height=64, width=64, max_new_tokens=8,
+                                   max_think_tokens=8, edit=dict(EDIT_DEFAULTS, num_inference_steps=3))),
     ]
 }
 
@@ -63,7 +64,7 @@ class BagelAdapter(Adapter):
     variants = VARIANTS
     aliases = {"bagel": "bagel-7b-mot", "bagel-7b": "bagel-7b-mot"}
     entry_points = ("denoise",)
-    run_options = ("image", "num_inference_steps", "height", "width", "seed", "max_new_tokens")
+    run_options = ("image", "task", "think", "num_inference_steps", "height", "width", "seed", "max_new_tokens")
 
     def build_random(self, variant: Variant, dtype: torch.dtype, device: torch.device):
         return self._pipeline(variant, dict(variant.config), None, dtype, device)
@@ -149,27 +150,71 @@ class BagelAdapter(Adapter):
             cfg_text_scale=d["cfg_text_scale"], cfg_img_scale=cfg_img_scale, cfg_interval=d["cfg_interval"],
             cfg_renorm_type=d["cfg_renorm_type"], cfg_renorm_min=d["cfg_renorm_min"])
 
+    @staticmethod
+    def task_of(given: dict[str, Any]) -> str:
+        """The task of `magi-zoo run` options: --task if given, else edit with --image and
+        generate without (the official demo's two image tasks)."""
+        return given.get("task") or ("edit" if given.get("image") is not None else "generate")
+
     def out_suffixes(self, variant: Variant, given: dict[str, Any]) -> tuple[str, ...]:
-        return (".txt",) if given.get("image") is not None else (".png", ".jpg", ".jpeg", ".webp")
+        return (".txt",) if self.task_of(given) == "understand" else (".png", ".jpg", ".jpeg", ".webp")
 
     def check_run(self, variant: Variant, options: dict[str, Any], out: Path | None = None) -> dict[str, Any]:
+        """Beyond the base checks: --task is one of generate / edit / understand and fits
+        --image; sizes and steps only where an image is sampled (an edit keeps the input's
+        size); --max-new-tokens where text is written (an answer, or the reasoning of --think)."""
+        from .pipeline import TASKS
+
+        task = options.get("task")
+        if task is not None and task not in TASKS:
+            import difflib
+
+            near = difflib.get_close_matches(str(task), TASKS, n=1)
+            raise ValueError(f"--task {task!r}: choose one of {', '.join(TASKS)}"
+                             + (f" (did you mean {near[0]!r}?)" if near else ""))
         given = super().check_run(variant, options, out)
-        if given.get("image") is not None:
-            bad = sorted(set(given) - {"image", "max_new_tokens", "seed"})
-            if bad:
-                raise ValueError(f"{variant.name}: {', '.join('--' + b.replace('_', '-') for b in bad)} apply to "
-                                 "text-to-image, not to understanding (--image given)")
-        elif "max_new_tokens" in given:
-            raise ValueError(f"{variant.name}: --max-new-tokens applies to understanding (--image), "
-                             "not to text-to-image")
+        task = self.task_of(given)
+        flags = lambda keys: ", ".join("--" + k.replace("_", "-") for k in keys)  # noqa: E731
+        if task == "edit" and given.get("image") is None:
+            raise ValueError(f"{variant.name}: --task edit needs --image (the image to edit)")
+        if task == "generate" and given.get("image") is not None:
+            raise ValueError(f"{variant.name}: --task generate takes no --image; drop --task to edit the image, "
+                             "or pass --task understand to ask about it")
+        allowed = {"generate": {"num_inference_steps", "height", "width", "seed"},
+                   "edit": {"image", "num_inference_steps", "seed"},
+                   "understand": {"image", "max_new_tokens"}}[task] | {"task", "think"}
+        if given.get("think") and task != "understand":
+            allowed |= {"max_new_tokens"}  # the reasoning's token budget
+        bad = sorted(set(given) - allowed)
+        if bad:
+            hint = {"max_new_tokens": " (--max-new-tokens applies to --task understand, or to the reasoning "
+                                      "with --think)",
+                    "height": " (an edit keeps the input image's size)",
+                    "width": " (an edit keeps the input image's size)"}
+            raise ValueError(f"{variant.name}: {flags(bad)} do not apply to --task {task}"
+                             + "".join(dict.fromkeys(hint.get(b, "") for b in bad)))
         return given
 
     def generate(self, handle, *, prompt: str, progress: bool = True, **options) -> Output:
-        """Text-to-image (no image: an image) or understanding (image= a path or PIL image: text)."""
+        """Text-to-image, editing (image: a path or PIL image) or understanding (text out);
+        think: the model reasons first (the reasoning is printed with the image)."""
+        from .pipeline import ThinkingOutput
+
+        task = self.task_of(options)
+        options.pop("task", None)
+        think = bool(options.pop("think", False))
         image = options.pop("image", None)
         if image is not None:
             from PIL import Image
 
-            img = Image.open(image) if isinstance(image, (str, Path)) else image
-            return Output("text", handle(prompt, image=img, max_new_tokens=options.get("max_new_tokens")))
-        return Output("image", handle(prompt, progress=progress, **options))
+            image = Image.open(image) if isinstance(image, (str, Path)) else image
+        if task == "understand":
+            return Output("text", handle(prompt, image=image, task=task, think=think,
+                                         max_new_tokens=options.get("max_new_tokens")))
+        if think and options.get("max_new_tokens") is not None:
+            options["max_think_tokens"] = options["max_new_tokens"]
+        options.pop("max_new_tokens", None)
+        result = handle(prompt, image=image, task=task, think=think, progress=progress, **options)
+        if isinstance(result, ThinkingOutput):
+            return Output("image", result.image, note="thinking: " + " ".join(result.text.split()))
+        return Output("image", result)

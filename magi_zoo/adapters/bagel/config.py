@@ -34,7 +34,8 @@ VAE_FLUX = dict(in_channels=3, out_channels=3, latent_channels=16, block_out_cha
 # 16x16 pixels. max_latent_size 64 is the release value (latent_pos_embed has 64*64 rows),
 # not BagelConfig's default of 32. The ViT position table is 70x70 (980/14).
 GLUE_7B = dict(latent_patch_size=2, max_latent_size=64, vit_max_num_patch_per_side=70,
-               vae_image=dict(max_size=1024, min_size=512, stride=16),
+               # ImageTransform(1024, 512, 16): the VAE side keeps ImageTransform's default pixel cap.
+               vae_image=dict(max_size=1024, min_size=512, stride=16, max_pixels=14 * 14 * 9 * 1024),
                vit_image=dict(max_size=980, min_size=224, stride=14, max_pixels=14 * 14 * 9 * 1024))
 
 # Qwen2.5 ids of the special tokens BAGEL uses (bos/eos/start/end of image).
@@ -50,7 +51,7 @@ TINY = dict(
     # 4 blocks = 8x down like FLUX; channel changes (32 -> 64) so shortcut convs exist.
     vae=dict(VAE_FLUX, block_out_channels=[32, 64, 64, 64], layers_per_block=1),
     latent_patch_size=2, max_latent_size=8, vit_max_num_patch_per_side=8,
-    vae_image=dict(max_size=64, min_size=32, stride=16),
+    vae_image=dict(max_size=64, min_size=32, stride=16, max_pixels=14 * 14 * 9 * 1024),
     vit_image=dict(max_size=112, min_size=28, stride=14, max_pixels=112 * 112),
     # The tiny tokenizer pins the Qwen-style specials just above its 400-token BPE vocab.
     special_ids={"<|endoftext|>": 500, "<|im_start|>": 501, "<|im_end|>": 502,
@@ -62,9 +63,17 @@ BAGEL_7B_MOT = dict(llm=LLM_7B, vit=VIT_SO400M, vae=VAE_FLUX, special_ids=QWEN_S
                     tokenizer_vocab=4096, **GLUE_7B)
 
 # Demo sampling settings of the official inferencer / notebook for text-to-image.
+# max_new_tokens: the answer budget of understanding (the demo's 512); max_think_tokens: the
+# reasoning budget before an image in think mode (the demo's 1024).
 T2I_DEFAULTS = dict(num_inference_steps=50, timestep_shift=3.0, cfg_text_scale=4.0, cfg_img_scale=1.0,
                     cfg_interval=(0.4, 1.0), cfg_renorm_type="global", cfg_renorm_min=0.0,
-                    height=1024, width=1024, max_new_tokens=512)
+                    height=1024, width=1024, max_new_tokens=512, max_think_tokens=1024)
+
+# Image editing, the official demo's settings (app.py edit_image): image guidance 2.0 over
+# the whole schedule (interval start 0.0) with per-token renorm of the text-guided velocity.
+# The output has the size of the input image after the VAE-side resize.
+EDIT_DEFAULTS = dict(num_inference_steps=50, timestep_shift=3.0, cfg_text_scale=4.0, cfg_img_scale=2.0,
+                     cfg_interval=(0.0, 1.0), cfg_renorm_type="text_channel", cfg_renorm_min=0.0)
 
 
 def head_dim(llm: dict[str, Any]) -> int:

@@ -130,6 +130,30 @@ class Bagel(nn.Module):
         _, k, v = self._run_layers(x, ctx.keys, ctx.values, pos)
         return KVContext(k, v, ctx.rope + 1)
 
+    def _latent_block(self, x_t: torch.Tensor, t: torch.Tensor, latent_pos_ids: torch.Tensor,
+                      marker_ids: torch.Tensor):
+        """[<|vision_start|>, latents, <|vision_end|>] embeddings and the expert routing:
+        latents = vae2llm(x_t) + time embedding + latent position; markers are text tokens."""
+        n = x_t.shape[0]
+        latents = self.vae2llm(x_t.to(self._dtype())) + self.time_embedder(t) + self.latent_pos_embed(latent_pos_ids)
+        marks = self.language_model.model.embed_tokens(marker_ids)
+        x = torch.cat([marks[:1], latents.to(marks.dtype), marks[1:]], dim=0)
+        gen_idx = torch.arange(1, n + 1, device=x_t.device)
+        und_idx = torch.stack([gen_idx.new_zeros(()), gen_idx.new_full((), n + 1)])
+        return x, und_idx, gen_idx
+
+    @torch.no_grad()
+    def prefill_vae_block(self, ctx: KVContext, latents: torch.Tensor, latent_pos_ids: torch.Tensor,
+                          marker_ids: torch.Tensor) -> KVContext:
+        """Append a clean input image as VAE latent tokens (editing): the denoiser's query
+        block at flow time t = 0 (generation experts for the latents), bidirectional, all
+        at position rope; rope advances by one. latents: [n, p*p*C], already scaled."""
+        t = torch.zeros(1, device=latents.device, dtype=torch.float32)
+        x, und_idx, gen_idx = self._latent_block(latents, t, latent_pos_ids, marker_ids)
+        pos = torch.full((x.shape[0],), ctx.rope, device=x.device, dtype=torch.long)
+        _, k, v = self._run_layers(x, ctx.keys, ctx.values, pos, und_idx, gen_idx)
+        return KVContext(k, v, ctx.rope + 1)
+
     # -- compiled entry points -----------------------------------------------------------
     def denoise_step(self, x_t: torch.Tensor, t: torch.Tensor, latent_pos_ids: torch.Tensor,
                      position: torch.Tensor, marker_ids: torch.Tensor,
@@ -140,12 +164,7 @@ class Bagel(nn.Module):
         all at `position` [1] (the context's rope); markers use the understanding experts,
         latents the generation experts. The context is not extended."""
         n = x_t.shape[0]
-        dev = x_t.device
-        latents = self.vae2llm(x_t.to(self._dtype())) + self.time_embedder(t) + self.latent_pos_embed(latent_pos_ids)
-        marks = self.language_model.model.embed_tokens(marker_ids)
-        x = torch.cat([marks[:1], latents.to(marks.dtype), marks[1:]], dim=0)
-        gen_idx = torch.arange(1, n + 1, device=dev)
-        und_idx = torch.stack([gen_idx.new_zeros(()), gen_idx.new_full((), n + 1)])
+        x, und_idx, gen_idx = self._latent_block(x_t, t, latent_pos_ids, marker_ids)
         x, _, _ = self._run_layers(x, keys, values, position.expand(n + 2), und_idx, gen_idx)
         h = self.language_model.model.norm_moe_gen(x[1:n + 1])
         return self.llm2vae(h)

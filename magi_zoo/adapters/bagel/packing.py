@@ -5,8 +5,6 @@ Pure tensor/PIL functions with no module state, shared by the model and the pipe
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 
@@ -57,27 +55,77 @@ def causal_mask(q_len: int, kv_len: int, device=None) -> torch.Tensor:
     return k <= q + offset
 
 
+# ImageTransform's default pixel cap (14 * 14 * 9 * 1024 = 1,806,336); the official VAE-side
+# transform, ImageTransform(1024, 512, 16), inherits it.
+DEFAULT_MAX_PIXELS = 14 * 14 * 9 * 1024
+
+
+def _to_stride(value: int, stride: int) -> int:
+    """The nearest multiple of `stride` (Python round: half to even), at least `stride`."""
+    return max(stride, int(round(value / stride) * stride))
+
+
+def _scaled(w: int, h: int, scale: float, stride: int) -> tuple[int, int]:
+    """Scale, round to whole pixels first, then to the stride: two roundings, as upstream
+    (rounding once, straight to the stride, differs by one stride on a few % of sizes)."""
+    return _to_stride(round(w * scale), stride), _to_stride(round(h * scale), stride)
+
+
 def resize_shape(w: int, h: int, *, max_size: int, min_size: int, stride: int,
-                 max_pixels: int | None = None) -> tuple[int, int]:
-    """(width, height) with the long side <= max_size, short side >= min_size where both
-    fit, pixels <= max_pixels, and both sides multiples of `stride`."""
-    scale = min(1.0, max_size / max(w, h))
-    if min(w, h) * scale < min_size:
-        scale = min_size / min(w, h)
-    if max_pixels is not None and w * h * scale * scale > max_pixels:
-        scale = math.sqrt(max_pixels / (w * h))
-    if max(w, h) * scale > max_size:
-        scale = max_size / max(w, h)
-    rnd = lambda v: max(stride, int(round(v * scale / stride)) * stride)
-    return rnd(w), rnd(h)
+                 max_pixels: int | None = DEFAULT_MAX_PIXELS) -> tuple[int, int]:
+    """(width, height) by BAGEL's resize rule (MaxLongEdgeMinShortEdgeResize):
+
+    1. scale = min(max_size / long side, 1), raised to min_size / short side if larger;
+       round to pixels, then to the stride;
+    2. if that has more than `max_pixels` pixels, scale the *rounded* size by the area
+       ratio max_pixels / (w' h') (not its square root: upstream shrinks hard) and round again;
+    3. if the long side of the result exceeds max_size, scale the rounded size down to it.
+
+    `max_pixels=None` disables step 2."""
+    scale = max(min(max_size / max(w, h), 1.0), min_size / min(w, h))
+    nw, nh = _scaled(w, h, scale, stride)
+    if max_pixels is not None and nw * nh > max_pixels:
+        nw, nh = _scaled(nw, nh, max_pixels / (nw * nh), stride)
+    if max(nw, nh) > max_size:
+        nw, nh = _scaled(nw, nh, max_size / max(nw, nh), stride)
+    return nw, nh
 
 
-def image_to_tensor(img, *, max_size: int, min_size: int, stride: int, max_pixels: int | None = None) -> torch.Tensor:
-    """PIL image -> resized [3, H, W] float tensor normalised to [-1, 1] (mean = std = 0.5)."""
+def to_rgb(img):
+    """RGB as BAGEL reads images: RGBA, and any image whose palette or mode declares a
+    transparent colour (`info["transparency"]`, e.g. P or L with a tRNS chunk), is pasted
+    onto white through its alpha; everything else is `convert("RGB")` (so an LA image loses
+    its alpha without a white paste, exactly as upstream's pil_img2rgb)."""
     from PIL import Image
 
-    img = img.convert("RGB")
+    if img.mode == "RGBA" or img.info.get("transparency") is not None:
+        img = img.convert("RGBA")
+        white = Image.new("RGB", img.size, (255, 255, 255))
+        white.paste(img, mask=img.split()[3])
+        return white
+    return img.convert("RGB")
+
+
+def resize_image(img, *, max_size: int, min_size: int, stride: int, max_pixels: int | None = DEFAULT_MAX_PIXELS):
+    """A PIL image resized by `resize_shape` with bicubic filtering (PIL's resize, which is
+    what torchvision's resize does for PIL inputs)."""
+    from PIL import Image
+
     w, h = resize_shape(*img.size, max_size=max_size, min_size=min_size, stride=stride, max_pixels=max_pixels)
-    img = img.resize((w, h), Image.BICUBIC)
+    return img.resize((w, h), Image.BICUBIC)
+
+
+def image_to_tensor(img, *, max_size: int, min_size: int, stride: int,
+                    max_pixels: int | None = DEFAULT_MAX_PIXELS) -> torch.Tensor:
+    """PIL image -> RGB (`to_rgb`), resized, [3, H, W] float tensor in [-1, 1] (mean = std = 0.5)."""
+    img = resize_image(to_rgb(img), max_size=max_size, min_size=min_size, stride=stride, max_pixels=max_pixels)
     arr = torch.from_numpy(np.asarray(img, dtype=np.float32) / 255.0).permute(2, 0, 1)
     return arr * 2.0 - 1.0
+
+
+def to_uint8_image(img: torch.Tensor):
+    """[3, H, W] in [0, 1] -> PIL image, truncating `x * 255` toward zero (upstream's
+    `.to(torch.uint8)`), not rounding: rounding moves ~43% of pixels by one level."""
+    from PIL import Image
+
+    return Image.fromarray((img.clamp(0, 1) * 255).to(torch.uint8).permute(1, 2, 0).cpu().numpy())
