@@ -39,7 +39,10 @@ CPU), batch 1 unless `--shape batch=N`. Strategies are the real thing:
 - magi_zoo:           `magi_zoo.load(model, weights="random", gpu=<card>)` with its shipped
                       spec, timed on the same entry;
 - magi_zoo_fp8:       the same with `precision="fp8"` (fp8 linears in the regions the spec
-                      declares; cards with fp8 matmuls only);
+                      declares, and fp8 attention where those regions run fa3; cards with
+                      fp8 matmuls only);
+- magi_zoo_fp8_matmul: fp8 linears only (attention as the spec sets it): splits the fp8
+                      gain between matmuls and attention;
 - magi_zoo_sdpa:      the shipped spec with every attention region it names put back on
                       torch SDPA (`backend="native"`): what the spec's attention choice buys.
 
@@ -82,14 +85,21 @@ from typing import Any, Callable
 
 from benchmarks import common
 
-STRATEGIES = ("eager", "torch_compile", "diffusers_regional", "magi_zoo", "magi_zoo_fp8", "magi_zoo_sdpa")
-ZOO_STRATEGIES = ("magi_zoo", "magi_zoo_fp8", "magi_zoo_sdpa")  # magi_zoo.load with the shipped spec (+ one change)
+STRATEGIES = ("eager", "torch_compile", "diffusers_regional", "magi_zoo", "magi_zoo_fp8", "magi_zoo_fp8_matmul",
+              "magi_zoo_sdpa")
+ZOO_STRATEGIES = ("magi_zoo", "magi_zoo_fp8", "magi_zoo_fp8_matmul", "magi_zoo_sdpa")  # magi_zoo.load with the shipped spec (+ one change)
 
 
 def _zoo_kwargs(strategy: str, adapter, gpu: str) -> dict[str, Any]:
     """The one change a magi_zoo_* strategy makes to `magi_zoo.load`."""
-    if strategy == "magi_zoo_fp8":
+    if strategy == "magi_zoo_fp8":  # fp8 matmuls and fp8 attention (where attention runs on fa3)
         return {"precision": "fp8"}
+    if strategy == "magi_zoo_fp8_matmul":  # fp8 matmuls only, attention as the spec sets it
+        from magi_zoo.specs import get_profile
+        from magi_zoo.zoo import spec_layers
+
+        keys = {k for _, layer in spec_layers(adapter, get_profile(gpu)) for k in layer.entries("precision")}
+        return {"overrides": {"precision": {k: {"matmul": "fp8", "attention": "bf16"} for k in keys}}}
     if strategy == "magi_zoo_sdpa":
         from magi_zoo.specs import get_profile
         from magi_zoo.zoo import spec_layers

@@ -1,4 +1,4 @@
-"""The precision step: run a region's linears in fp8.
+"""The precision step: run a region's linears (and its fa3 attention) in fp8.
 
 `Fp8Linear` replaces an `nn.Linear`: its weight is quantized once, at apply, to float8
 e4m3 with one fp32 scale per output row; at run time each activation row gets its own
@@ -7,6 +7,10 @@ accumulated in fp32 and written in the input dtype. Everything is plain aten ops
 compiled region traces it whole (fullgraph) and inductor fuses the activation
 quantization into the preceding elementwise work; no tensor subclass is traced (the
 tensor-subclass path of torchao made the cold compile 119-175 s, DESIGN.md section 6).
+
+With ``attention = "fp8"`` the region's attention layers that the attention step put on
+fa3 are switched to FA3's fp8 path (`engine/kernels/fa3.py`: per-head scales, K and V
+smoothed over tokens); layers on other backends stay bf16 and the report says so.
 
 The step runs before compile (the graphs must contain the fp8 ops) and its undo puts the
 original linears back. To restore them exactly the originals are kept -- on the host, so
@@ -71,20 +75,67 @@ def eligible(linear: nn.Module) -> bool:
     return type(linear) is nn.Linear and linear.in_features % 16 == 0 and linear.out_features % 16 == 0
 
 
+def _fa3_member():
+    """diffusers' member the fa3 backend dispatches through (None if diffusers lacks it)."""
+    try:
+        from diffusers.models.attention_dispatch import AttentionBackendName
+    except ImportError:  # pragma: no cover
+        return None
+    return AttentionBackendName._FLASH_3
+
+
+def _fp8_attention(key: str, targets, ctx: StepContext, backends: list) -> str:
+    """Switch the region's fa3 attention layers to fp8 FA3 (the attention step ran before
+    this one and chose the backend). Layers on another backend stay bf16, with a warning:
+    fp8 attention exists only on fa3. Returns the report fragment."""
+    import warnings
+
+    from .attention import _processors
+    from .kernels import fa3
+
+    fa3_member = _fa3_member()
+    procs = [p for t in targets for p in _processors(t.module)]
+    on_fa3 = [p for p in procs if p._attention_backend == fa3_member]
+    if not on_fa3:
+        others = sorted({"the library default" if p._attention_backend is None
+                         else getattr(p._attention_backend, "value", str(p._attention_backend)) for p in procs})
+        why = (f"its attention layers use {', '.join(others)}; fp8 attention runs "
+               "on the fa3 backend only (the `hopper` extra on a Hopper card)") if procs else "it has no attention layer"
+        warnings.warn(f"magi_zoo: precision key {key!r}: attention stays bf16: {why}", RuntimeWarning, stacklevel=4)
+        return f"attention on {key or '<root>'} stays bf16 ({why})"
+    member = fa3.register_fp8()
+    for p in on_fa3:
+        backends.append((p, p._attention_backend))
+        p._attention_backend = member
+    kept = len(procs) - len(on_fa3)
+    return (f"fp8 attention on {key or '<root>'} ({len(on_fa3)} layers, fa3 e4m3, per-head scales, K/V smoothed"
+            + (f"; {kept} non-fa3 layer(s) kept bf16)" if kept else ")"))
+
+
 @register_step("precision")
 def precision_step(ctx: StepContext) -> StepRecord:
     section = ctx.plan.section("precision")
     swaps: list[tuple[nn.Module, str, nn.Module]] = []  # (parent, attribute, original on the host)
+    backends: list[tuple[object, object]] = []  # (attention processor, its backend before)
     done, skipped = [], 0
 
     def undo() -> None:
+        for proc, prior in reversed(backends):
+            proc._attention_backend = prior
         for parent, name, original in reversed(swaps):
             device = next(getattr(parent, name).buffers()).device
             setattr(parent, name, original.to(device))
 
     try:
         for (key, _), targets in section.regions().items():
-            if targets[0].spec.matmul != "fp8":
+            spec = targets[0].spec
+            if "fp8" in (spec.matmul, spec.attention) and not ctx.profile.fp8:
+                raise ValueError(f"precision key {key!r}: fp8 needs a card with fp8 matmuls (Hopper, "
+                                 f"Ada, Blackwell); profile {ctx.profile.name!r} has none. Use 'bf16' "
+                                 "(drop precision='fp8' / --fp8)")
+            if spec.attention == "fp8":
+                done.append(_fp8_attention(key, targets, ctx, backends))
+            if spec.matmul != "fp8":
                 continue
             if not ctx.profile.fp8:
                 raise ValueError(f"precision key {key!r}: matmul='fp8' needs a card with fp8 matmuls (Hopper, "
@@ -112,7 +163,8 @@ def precision_step(ctx: StepContext) -> StepRecord:
     did = "; ".join(done) if done else "as built (no fp8 region)"
     if skipped:
         did += f"; {skipped} linear(s) kept (dims not multiples of 16)"
-    return StepRecord("precision", did, undo, {"fp8_linears": len(swaps), "skipped": skipped})
+    return StepRecord("precision", did, undo, {"fp8_linears": len(swaps), "skipped": skipped,
+                                               "fp8_attention_layers": len(backends)})
 
 
 def reference_linear(x: torch.Tensor, linear: Fp8Linear) -> torch.Tensor:

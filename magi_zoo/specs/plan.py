@@ -337,15 +337,15 @@ def with_backend(layers: list[tuple[str, PlanLayer]], backend: str) -> list[tupl
 
 
 def with_precision(layers: list[tuple[str, PlanLayer]], matmul: str) -> list[tuple[str, PlanLayer]]:
-    """The layers plus a user layer setting `matmul` on every region the precision section
-    names in any layer (the regions a spec file declares eligible). No such region is an
+    """The layers plus a user layer setting `matmul` and `attention` on every region the
+    precision section names in any layer (the regions a spec file declares eligible). No such region is an
     error: the model's spec does not say which of its matmuls may change format."""
     keys = list(dict.fromkeys(key for _, layer in layers for key in layer.entries("precision")))
     if not keys:
         raise ValueError(f"precision={matmul!r}: this spec declares no [*.precision] regions, so no "
                          "matmul may change format; add e.g. `Block = { matmul = \"bf16\" }` under "
                          "[default.precision] for the repeated blocks")
-    top = PlanLayer(precision={k: {"matmul": matmul} for k in keys})
+    top = PlanLayer(precision={k: {"matmul": matmul, "attention": matmul} for k in keys})
     if layers and layers[-1][0] == "user":
         return [*layers[:-1], ("user", top.merged_over(layers[-1][1]))]
     return [*layers, ("user", top)]

@@ -14,10 +14,10 @@ MATMUL_FORMATS = ("bf16", "fp8")
 
 @register_section
 class PrecisionSpec(SectionSpec):
-    """The matmul format of every eligible `nn.Linear` under a region. Frozen.
+    """The number format of a region's matmuls and attention. Frozen.
 
     A spec file lists the regions that may run in fp8 (the repeated blocks' linears) with
-    ``matmul = "bf16"``; `load(..., precision="fp8")` flips exactly those. Embeddings,
+    ``matmul = "bf16"``; `load(..., precision="fp8")` flips exactly those (matmul and attention). Embeddings,
     norms, modulation and the first and last layers are simply not listed.
     """
 
@@ -28,6 +28,13 @@ class PrecisionSpec(SectionSpec):
         description="'bf16': the linears as built; 'fp8': float8 e4m3 weights with one scale per "
         "output row (quantized once, at apply) and activations quantized per row at run time "
         "(torch._scaled_mm); needs a card with fp8 matmuls.",
+    )
+
+    attention: Literal["bf16", "fp8"] = Field(
+        "bf16",
+        description="'bf16': attention as the attention section sets it; 'fp8': QK^T and PV in float8 "
+        "e4m3 with per-head scales and K/V smoothed over tokens (exact rewrites), on the fa3 "
+        "kernel; layers whose backend is not fa3 stay bf16, with a warning.",
     )
 
     @classmethod

@@ -148,3 +148,112 @@ def fa3_attention(
     out, lse, *_ = _forward(query, key, value, softmax_scale=softmax_scale, causal=is_causal)
     # diffusers' LSE convention (its own _flash_3 and the context-parallel merge): (B, S, H)
     return (out, lse.permute(0, 2, 1)) if return_lse else out
+
+
+# -- fp8 attention -----------------------------------------------------------------------------
+#
+# FA3 runs QK^T and PV in float8 e4m3 when q, k, v are fp8 and one descale per (batch, head)
+# is passed. One scale per *tensor* costs 5.4e-2 relative error per call (DESIGN.md §6);
+# two exact rewrites make the per-head scales fine enough:
+# - K smoothing (SageAttention): softmax(q.(k_j - m)) = softmax(q.k_j) for any m shared by all
+#   keys, so K minus its mean over tokens attends identically while its range (what the
+#   scale must cover) shrinks to the spread around that mean.
+# - V smoothing: every row of softmax(QK^T) sums to 1, so P(V - m) + m = PV; V minus its mean
+#   over tokens is quantized, and the mean is added back in bf16 after the kernel.
+# Q gets its own per-head scale. What FA3 cannot take is a scale per token block, so this is
+# as fine as the kernel allows; `benchmarks/fp8_attention.py` measures each choice.
+
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+_FP8_EPS = 1e-12
+
+# The diffusers member whose registry slot carries fp8 FA3. `AttentionBackendName` cannot gain
+# members; ``_FLASH_3_HUB`` means "FlashAttention-3 fetched from the kernels hub at run time",
+# which this project never does (no network at run time). It is taken only when diffusers'
+# own hub path cannot run here (the `kernels` package is absent), so a working library
+# backend is never replaced.
+FP8_SLOT = "_FLASH_3_HUB"
+
+
+def quantize_per_head(x: torch.Tensor, *, smooth: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """x (B, S, H, D) -> (fp8 e4m3 tensor, descale (B, H) fp32, mean over tokens or None), with
+    x ~= fp8 * descale[:, None, :, None] + mean. `smooth` subtracts the per-head, per-channel
+    mean over tokens first (see above: exact for K and V)."""
+    mean = x.float().mean(dim=1, keepdim=True) if smooth else None
+    xs = x.float() - mean if smooth else x.float()
+    descale = xs.abs().amax(dim=(1, 3)).clamp(min=_FP8_EPS) / FP8_MAX  # (B, H)
+    q = (xs / descale[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q, descale.contiguous(), mean
+
+
+def fp8_reference(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  scale: float | None = None) -> torch.Tensor:
+    """What `fa3_fp8_attention` computes, from the dequantized operands in fp32 with SDPA (for
+    tests and for separating quantization error from kernel error). Inputs (B, S, H, D)."""
+    q8, qs, _ = quantize_per_head(query, smooth=False)
+    k8, ks, _ = quantize_per_head(key, smooth=True)
+    v8, vs, vm = quantize_per_head(value, smooth=True)
+    deq = lambda t, s: (t.float() * s[:, None, :, None]).transpose(1, 2)  # noqa: E731
+    out = torch.nn.functional.scaled_dot_product_attention(deq(q8, qs), deq(k8, ks), deq(v8, vs), scale=scale)
+    return (out.transpose(1, 2) + vm).to(query.dtype)
+
+
+def fa3_fp8_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    return_lse: bool = False,
+    _parallel_config: Any = None,
+) -> torch.Tensor:
+    """`fa3_attention` with QK^T and PV in fp8: per-head scales, K and V smoothed (exact
+    rewrites, see above). bf16 in, bf16 out; forward only, no mask, no LSE (the smoothing
+    changes the logits by a per-query constant, so an LSE would not be the bf16 one)."""
+    if attn_mask is not None or dropout_p or _parallel_config is not None or return_lse:
+        raise ValueError("fp8 attention (fa3) takes no mask, dropout, context parallelism or LSE; "
+                         "keep this layer in bf16: precision attention='bf16'")
+    if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
+        raise RuntimeError("fp8 attention (fa3) is forward-only: use precision attention='bf16' and an "
+                           "attention backend with a backward for training")
+    if _forward is None:
+        raise RuntimeError(f"fp8 attention was dispatched before the fa3 kernel was registered ({INSTALL})")
+    q8, qs, _ = quantize_per_head(query, smooth=False)
+    k8, ks, _ = quantize_per_head(key, smooth=True)
+    v8, vs, vm = quantize_per_head(value, smooth=True)
+    softmax_scale = scale if scale is not None else query.shape[-1] ** -0.5
+    out, *_ = _forward(q8, k8, v8, q_descale=qs, k_descale=ks, v_descale=vs,
+                       softmax_scale=softmax_scale, causal=is_causal)
+    return (out.float() + vm).to(query.dtype)
+
+
+def register_fp8():
+    """Make diffusers' ``_FLASH_3_HUB`` slot dispatch to `fa3_fp8_attention` and return that
+    member. Idempotent. Raises when the fa3 kernel is missing or the slot is in use."""
+    from diffusers.models import attention_dispatch as ad
+
+    member = getattr(ad.AttentionBackendName, FP8_SLOT)
+    if ad._AttentionBackendRegistry._backends.get(member) is fa3_fp8_attention:
+        return member
+    try:
+        from diffusers.utils import is_kernels_available
+    except ImportError:  # pragma: no cover - other diffusers versions
+        is_kernels_available = lambda: False  # noqa: E731
+    if is_kernels_available():
+        raise RuntimeError("fp8 attention uses diffusers' _flash_3_hub registry slot, which the installed "
+                           "`kernels` package serves here; uninstall `kernels` or keep precision "
+                           "attention='bf16'")
+    global _forward
+    if _forward is None and not _official_fa3():
+        register()  # sets _forward, or raises naming the extra
+    if _forward is None:  # diffusers' official FA3 serves _flash_3; fp8 needs fa3-fwd's op
+        why = missing_reason() if not _official_fa3() else None
+        try:
+            _forward = _import_kernel()._flash_attn_forward
+        except Exception as e:
+            raise RuntimeError(f"fp8 attention needs the fa3-fwd kernel ({INSTALL}): {why or e}") from e
+    ad._AttentionBackendRegistry.register(member, constraints=[ad._check_device_cuda, ad._check_shape])(
+        fa3_fp8_attention)
+    return member

@@ -1,0 +1,123 @@
+"""Where a forward's GPU time goes: a torch.profiler breakdown by kernel category.
+
+    source .whl/prelude.sh
+    python -m benchmarks.profile_forward --model wan2.1-t2v-1.3b --out benchmarks/results
+    python -m benchmarks.profile_forward --model wan2.1-t2v-1.3b --precision fp8 --out benchmarks/results
+    python -m benchmarks.profile_forward --smoke --out /tmp/prof      # CPU, tiny: the script works
+
+Loads the model with random weights at its published config under the shipped plan
+(`magi_zoo.load(..., gpu="auto")`, optionally `precision="fp8"`), warms up (compiles), then
+profiles `--runs` forwards of the family's first entry (the denoiser step) on its example
+inputs. Kernels are grouped: attention (flash / FA3 / cuDNN / SDPA kernels), gemm (cuBLAS,
+cuBLASLt, CUTLASS, nvjet; fp8 `_scaled_mm` included), triton (inductor's fused elementwise
+and reduction kernels: ``triton_poi`` pointwise, ``triton_red`` / ``triton_per``
+reductions), other. Also reported: GPU busy time against the wall time of the forward (the
+gap is launch overhead and host work, what CUDA graphs would remove). Writes
+``profile_<model>_<precision>_<card>.{json,md}`` with the top kernels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import time
+from pathlib import Path
+
+from benchmarks import common
+
+CATEGORIES = (  # first match wins
+    ("attention", re.compile(r"flash|fmha|attention|attn|cudnn.*(sdpa|mha)|FlashAttn", re.I)),
+    ("gemm", re.compile(r"gemm|sm90_xmma|cutlass|nvjet|cublas|Kernel2|scaled_mm|_mm_|matmul", re.I)),
+    ("triton_pointwise", re.compile(r"^triton_poi", re.I)),
+    ("triton_reduction", re.compile(r"^triton_(red|per)", re.I)),
+    ("triton_other", re.compile(r"^triton", re.I)),
+)
+
+
+def category(name: str) -> str:
+    for cat, rx in CATEGORIES:
+        if rx.search(name):
+            return cat
+    return "other"
+
+
+def _device_us(evt) -> float:
+    for attr in ("self_device_time_total", "self_cuda_time_total", "device_time_total", "cuda_time_total"):
+        v = getattr(evt, attr, None)
+        if v:
+            return float(v)
+    return 0.0
+
+
+def main(argv=None):
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    import magi_zoo
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="wan2.1-t2v-1.3b")
+    ap.add_argument("--precision", choices=("bf16", "fp8"), default="bf16")
+    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    ap.add_argument("--smoke", action="store_true")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.model = "wan2.1-tiny"
+    cuda = torch.cuda.is_available() and not args.smoke
+    device = torch.device("cuda" if cuda else "cpu")
+    kw = {"precision": "fp8"} if args.precision == "fp8" else {}
+    h = magi_zoo.load(args.model, gpu="auto" if cuda else "cpu", weights="random", device=device,
+                      **({} if cuda else {"compile": {"": {"backend": "eager"}}}), **kw)
+    entry = h.adapter.entry_points[0]
+    module, method = h.adapter.entry(h.pipe, entry)
+    fn = getattr(module, method)
+    inputs = h.adapter.example_inputs(h.pipe, h.variant, entry)
+    with torch.no_grad():
+        for _ in range(3):  # compile + warm
+            fn(**inputs)
+        common.sync(device)
+        t0 = time.perf_counter()
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        with profile(activities=acts) as prof:
+            for _ in range(args.runs):
+                fn(**inputs)
+            common.sync(device)
+        wall_ms = (time.perf_counter() - t0) * 1e3 / args.runs
+    rows, cats = [], {}
+    for evt in prof.key_averages():
+        us = _device_us(evt) if cuda else 0.0
+        if cuda and (us <= 0 or getattr(evt, "device_type", None) not in (None, torch.autograd.DeviceType.CUDA)):
+            continue
+        if not cuda and not evt.key.startswith(("aten::", "triton")):
+            continue
+        ms = (us if cuda else float(evt.self_cpu_time_total)) / 1e3 / args.runs
+        cat = category(evt.key)
+        cats[cat] = cats.get(cat, 0.0) + ms
+        rows.append({"kernel": evt.key[:110], "category": cat, "ms_per_forward": round(ms, 3),
+                     "calls_per_forward": evt.count // args.runs})
+    rows.sort(key=lambda r: -r["ms_per_forward"])
+    busy = sum(cats.values())
+    env = common.environment(device)
+    summary = [{"category": c, "ms_per_forward": round(v, 2), "share": f"{100 * v / busy:.1f}%" if busy else None}
+               for c, v in sorted(cats.items(), key=lambda kv: -kv[1])]
+    summary.append({"category": "GPU busy (sum)", "ms_per_forward": round(busy, 2), "share": None})
+    summary.append({"category": "wall (profiled, incl. profiler overhead)", "ms_per_forward": round(wall_ms, 2),
+                    "share": None})
+    card = str(env.get("card", "")).lower()
+    tag = "h200" if "h200" in card else "h100" if "h100" in card else ("gpu" if cuda else "cpu")
+    stem = f"profile_{args.model}_{args.precision}_{tag}"
+    md = (f"# Profile: {args.model}, {entry}, precision {args.precision}\n\n{common.env_line(env)}\n\n"
+          f"plan: {h.report().step('attention').did.split('; custom ops')[0]} | "
+          f"{h.report().step('precision').did}\n\n"
+          f"{common.results_table(summary, ['category', 'ms_per_forward', 'share'])}\n\n"
+          f"Top {args.top} kernels:\n\n"
+          f"{common.results_table(rows[:args.top], ['kernel', 'category', 'ms_per_forward', 'calls_per_forward'])}\n")
+    print(md)
+    for p in common.write_results(args.out, stem, {"environment": env, "summary": summary, "kernels": rows}, md):
+        print("wrote", p)
+
+
+if __name__ == "__main__":
+    main()
