@@ -40,7 +40,7 @@ from typing import Any, Sequence
 import torch
 import torch.nn as nn
 
-from .offload_plan import GIB, OffloadPlan, OffloadPlanError, Unit, plan_offload
+from .offload_plan import GIB, OffloadPlan, OffloadPlanError, Unit, plan_offload, size
 from .steps import StepContext, StepRecord, register_step
 
 _RUNTIME = "_magi_zoo_offload"  # root instance attr: the live OffloadRuntime
@@ -435,8 +435,8 @@ class OffloadRuntime:
         peak = torch.cuda.max_memory_reserved(self.device)
         if peak > self.budget and not self.over_budget_warned:
             self.over_budget_warned = True
-            warnings.warn(f"magi_zoo offload: the measured peak ({peak / GIB:.2f} GiB reserved) exceeds the "
-                          f"{self.budget / GIB:.2f} GiB budget; the activations need more than the reserve. Set "
+            warnings.warn(f"magi_zoo offload: the measured peak ({size(peak)} reserved) exceeds the "
+                          f"{size(self.budget)} budget; the activations need more than the reserve. Set "
                           "a larger activation reserve (offload '' = {activation_gib = ...}) or a larger budget",
                           RuntimeWarning, stacklevel=2)
 
@@ -520,5 +520,36 @@ def offload_step(ctx: StepContext) -> StepRecord:
         ctx.root.__dict__.pop(_RUNTIME, None)
         rt.remove()
 
-    did = plan.summary(units) + f"; pinned host memory {pinned / GIB:.2f} GiB"
+    did = plan.summary(units) + f"; pinned host memory {size(pinned)}"
     return StepRecord("offload", did, undo, details)
+
+
+def describe_plan(root: nn.Module, resolved_plan, profile, budget_gib: float | None = None) -> str:
+    """The offload plan as text (`magi-zoo spec`): budget, what stays, what streams, buffers,
+    expected copy time per call and expected peak; or why there is none."""
+    try:
+        plan, specs, units, settings = plan_units(root, resolved_plan, profile, budget_gib=budget_gib)
+    except OffloadPlanError as e:
+        return f"[offload plan]\n  refused: {e}"
+    if plan is None:
+        return "[offload plan]\n  (no offload units in the spec: nothing may stream)"
+    lines = ["[offload plan]", f"  {plan.summary(units)}"]
+    if plan.streams:
+        by_group: dict[str, list[str]] = {}
+        for u in units:
+            by_group.setdefault(u.group, []).append(u.name)
+        for g, names in by_group.items():
+            res = [n for n in names if n in plan.resident]
+            n_str = len(names) - len(res)
+            if len(names) > 1 and res and n_str:
+                short = ", ".join(n.rsplit(".", 1)[-1] for n in res)
+                lines.append(f"  {g}: resident {short}; the other {n_str} stream")
+            else:
+                lines.append(f"  {g}: {'all ' if len(names) > 1 else ''}{'resident' if res else 'streamed'}"
+                             f"{f' ({len(names)})' if len(names) > 1 else ''}")
+        for g, (n, b) in plan.slots.items():
+            lines.append(f"  buffers {g}: {n} x {b / GIB:.3f} GiB")
+        lines.append(f"  prefetch: {plan.prefetch} copy/copies in flight ahead of use (host->device "
+                     f"{settings.get('host_bandwidth_gbs', 55.0):g} GB/s assumed); pinned host memory "
+                     f"{size(plan.streamed_bytes)}; activation reserve {size(plan.activation)}")
+    return "\n".join(lines)

@@ -40,6 +40,14 @@ from typing import Sequence
 GIB = 1024 ** 3
 
 
+def size(nbytes: float) -> str:
+    """Bytes as GiB, or MiB / KiB for small (tiny test) models."""
+    for unit, scale in (("GiB", GIB), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if abs(nbytes) >= 0.1 * scale or unit == "KiB":
+            return f"{nbytes / scale:.2f} {unit}"
+    return f"{nbytes} B"
+
+
 class OffloadPlanError(ValueError):
     """A budget no plan can meet; the message names the minimum that would work."""
 
@@ -88,8 +96,8 @@ class OffloadPlan:
     def summary(self, units: Sequence[Unit] | None = None) -> str:
         """One line for the report."""
         if not self.streamed:
-            return (f"all weights resident: {self.resident_bytes / GIB:.2f} GiB in units + {self.fixed / GIB:.2f} "
-                    f"GiB other, expected peak {self.expected_peak / GIB:.2f} of {self.budget / GIB:.2f} GiB budget")
+            return (f"all weights resident: {size(self.resident_bytes)} in units + {size(self.fixed)} "
+                    f"other, expected peak {size(self.expected_peak)} of {size(self.budget)} budget")
         by_group: dict[str, list[int]] = {}
         if units is not None:
             for u in units:
@@ -97,10 +105,10 @@ class OffloadPlan:
                     by_group.setdefault(u.group, [0, 0])[u.name in self.streamed] += 1
         groups = ", ".join(f"{g}: {n_res} resident / {n_str} streamed" for g, (n_res, n_str) in by_group.items())
         copy = ", ".join(f"{p} {s * 1e3:.0f} ms" for p, s in self.copy_s.items() if s)
-        return (f"budget {self.budget / GIB:.2f} GiB: {len(self.resident)} unit(s) resident "
-                f"({self.resident_bytes / GIB:.2f} GiB), {len(self.streamed)} streamed "
-                f"({self.streamed_bytes / GIB:.2f} GiB from pinned host memory){f' [{groups}]' if groups else ''}; "
-                f"expected copy per call: {copy}; expected peak {self.expected_peak / GIB:.2f} GiB")
+        return (f"budget {size(self.budget)}: {len(self.resident)} unit(s) resident "
+                f"({size(self.resident_bytes)}), {len(self.streamed)} streamed "
+                f"({size(self.streamed_bytes)} from pinned host memory){f' [{groups}]' if groups else ''}; "
+                f"expected copy per call: {copy}; expected peak {size(self.expected_peak)}")
 
     def to_dict(self) -> dict:
         g = lambda b: round(b / GIB, 3)  # noqa: E731
@@ -183,11 +191,11 @@ def plan_offload(units: Sequence[Unit], *, fixed_bytes: int, activation_bytes: i
         pins = sum(u.nbytes for u in units if u.mode == "resident")
         biggest = max((u.nbytes for u in units if u.name in every), default=0)
         raise OffloadPlanError(
-            f"a memory budget of {budget_bytes / GIB:.2f} GiB cannot hold this model even with every "
-            f"streamable unit streamed: it needs at least {minimum / GIB:.2f} GiB (weights outside units "
-            f"{fixed_bytes / GIB:.2f} + pinned units {pins / GIB:.2f} + streaming buffers (largest unit "
-            f"{biggest / GIB:.2f}) + activations {activation_bytes / GIB:.2f}). Raise memory_budget_gib to "
-            f">= {minimum / GIB:.2f}, lower the activation reserve, or unpin units (mode='auto')", minimum)
+            f"a memory budget of {size(budget_bytes)} cannot hold this model even with every "
+            f"streamable unit streamed: it needs at least {size(minimum)} (weights outside units "
+            f"{size(fixed_bytes)} + pinned units {size(pins)} + streaming buffers (largest unit "
+            f"{size(biggest)}) + activations {size(activation_bytes)}). Raise memory_budget_gib to "
+            f">= {size(minimum)}, lower the activation reserve, or unpin units (mode='auto')", minimum)
 
     streamed = set(forced)
     peak, _, _ = _peak(units, streamed, **kw)

@@ -1,0 +1,296 @@
+"""Weight offload: the planner (pure decisions), the spec section, and the streaming
+mechanics on CPU (the host plays the device: copies are synchronous clones, counted)."""
+
+import pytest
+import torch
+import torch.nn as nn
+
+import magi_zoo
+from magi_zoo.engine import apply, remove
+from magi_zoo.engine import offload as off
+from magi_zoo.engine.offload_plan import GIB, OffloadPlanError, Unit, plan_offload, simulate
+from magi_zoo.specs import PlanLayer
+from magi_zoo.specs.offload_spec import OffloadSpec, with_memory_budget
+
+MB = 2 ** 20
+
+
+# -- planner --------------------------------------------------------------------------------
+
+def blocks(n, nbytes=GIB, time_s=None, group="Block", phase="t", **kw):
+    return [Unit(f"{phase}.blocks.{i}", nbytes, group, phase, time_s=time_s, **kw) for i in range(n)]
+
+
+def test_plan_everything_fits():
+    p = plan_offload(blocks(10), fixed_bytes=GIB, activation_bytes=GIB, budget_bytes=12 * GIB)
+    assert not p.streams and len(p.resident) == 10 and p.slots == {} and p.schedule == {}
+    assert p.expected_peak == 12 * GIB  # 1 fixed + 10 blocks + 1 activations: exactly the budget
+
+
+def test_plan_budget_too_small_names_the_minimum():
+    # Minimum: fixed 1 + one buffer of one block 1 + activations 1 = 3 GiB.
+    with pytest.raises(OffloadPlanError, match=r"at least 3.00 GiB") as e:
+        plan_offload(blocks(10), fixed_bytes=GIB, activation_bytes=GIB, budget_bytes=2 * GIB)
+    assert e.value.minimum_bytes == 3 * GIB
+    # Exactly the minimum works: everything streams through one buffer (prefetch drops to 0).
+    p = plan_offload(blocks(10), fixed_bytes=GIB, activation_bytes=GIB, budget_bytes=3 * GIB)
+    assert len(p.streamed) == 10 and p.prefetch == 0 and p.slots == {"Block": (1, GIB)} and p.schedule == {}
+
+
+def test_plan_partial_residency_spread_and_peak():
+    # 9 GiB: fixed 1 + activations 1 + 2 buffers (prefetch 1) = 4, so 5 of 10 blocks stay.
+    p = plan_offload(blocks(10), fixed_bytes=GIB, activation_bytes=GIB, budget_bytes=9 * GIB)
+    assert len(p.resident) == 5 and p.slots == {"Block": (2, GIB)}
+    assert p.expected_peak <= p.budget
+    streamed = sorted(int(n.rsplit(".", 1)[1]) for n in p.streamed)
+    assert streamed == [1, 3, 5, 7, 9]  # spread evenly, the last block streams
+    assert p.copy_s["t"] == pytest.approx(5 * GIB / 55e9)
+
+
+def test_plan_pins_and_forced_streams():
+    us = blocks(4)
+    us[0] = Unit(us[0].name, GIB, "Block", "t", mode="resident")
+    us[3] = Unit(us[3].name, GIB, "Block", "t", mode="stream")
+    p = plan_offload(us, fixed_bytes=0, activation_bytes=0, budget_bytes=100 * GIB)
+    assert p.streamed == ["t.blocks.3"]  # stream = always, even when everything would fit
+    with pytest.raises(OffloadPlanError):  # a pin the budget cannot hold
+        plan_offload(us, fixed_bytes=0, activation_bytes=0, budget_bytes=GIB)
+
+
+def test_plan_streams_run_once_units_first():
+    # A text encoder (once per generation) streams before any per-step block.
+    us = blocks(4) + [Unit("te", 2 * GIB, "TE", "te", once=True)] + blocks(4, GIB // 2, group="TEBlock",
+                                                                       phase="te", once=True)
+    # All resident: 4 + 2 + 4 x 0.5 = 8 GiB. At 7 GiB the TE parts stream (te's transient
+    # buffer 2 + TE pool 2 x 0.5 replace 2 + 2 resident: 7), every transformer block stays.
+    p = plan_offload(us, fixed_bytes=0, activation_bytes=0, budget_bytes=7 * GIB)
+    assert set(p.streamed) == {"te", *(u.name for u in us if u.group == "TEBlock")}
+    # At 6 GiB transformer blocks must stream too (the peak counts every phase's buffers at once).
+    assert any(n.startswith("t.") for n in
+               plan_offload(us, fixed_bytes=0, activation_bytes=0, budget_bytes=6 * GIB).streamed)
+
+
+def test_prefetch_order_without_times():
+    # "Copy of streamed block j starts when streamed block j - prefetch starts", cyclic.
+    p = plan_offload(blocks(6), fixed_bytes=0, activation_bytes=0, budget_bytes=4 * GIB, prefetch=1)
+    s = p.streamed
+    assert len(s) == 4
+    for a, b in zip(s, s[1:] + s[:1]):
+        assert p.schedule[a] == [b]
+    p2 = plan_offload(blocks(8), fixed_bytes=0, activation_bytes=0, budget_bytes=3 * GIB, prefetch=2)
+    s = p2.streamed  # all 8 stream through 3 buffers; each copy starts two streamed blocks ahead
+    assert p2.slots["Block"][0] == 3 and p2.schedule[s[0]] == [s[2]] and p2.schedule[s[7]] == [s[1]]
+
+
+def test_prefetch_jit_with_times():
+    # Copy of 1 GiB at 10 GiB/s = 0.1 s; blocks take 0.07 s: two blocks of compute cover it,
+    # so the copy starts two blocks before use ("as late as possible, finished in time") ...
+    # 8 GiB with prefetch 3: 4 buffers, 4 blocks resident, 6 stream (0.6 s of copies per
+    # 0.7 s call: they can hide).
+    us = blocks(10, time_s=0.07)
+    p = plan_offload(us, fixed_bytes=0, activation_bytes=0, budget_bytes=8 * GIB, prefetch=3,
+                     bandwidth_bytes_s=10 * GIB)
+    assert len(p.streamed) == 6
+    pos = {u.name: i for i, u in enumerate(us)}
+    for issuer, copies in p.schedule.items():
+        for c in copies:
+            assert (pos[c] - pos[issuer]) % 10 == 2
+    assert p.stall_s["t"] == pytest.approx(0.0, abs=1e-9)
+    # ... and with slow copies (1 s each) the same schedule cannot hide them: stalls appear.
+    slow = plan_offload(us, fixed_bytes=0, activation_bytes=0, budget_bytes=8 * GIB, prefetch=3,
+                        bandwidth_bytes_s=GIB)
+    assert slow.stall_s["t"] > 1.0
+
+
+def test_simulate_counts_waits():
+    us = blocks(2, time_s=1.0)
+    # Both stream through one buffer, no prefetch: each waits its whole copy (0.5 s).
+    w = simulate(us, {u.name for u in us}, {}, {"Block": (1, GIB)}, 2 * GIB)
+    assert w == pytest.approx(1.0)
+
+
+# -- the spec section -----------------------------------------------------------------------
+
+def test_spec_validation():
+    assert OffloadSpec.from_shorthand("once").once and OffloadSpec.from_shorthand("stream").mode == "stream"
+    with pytest.raises(ValueError, match="choices: auto, resident, stream"):
+        PlanLayer(offload={"Block": "streem"})
+    with pytest.raises(ValueError, match="did you mean 'memory_budget_gib'"):
+        PlanLayer(offload={"": {"memory_budgt_gib": 3}})
+    with pytest.raises(ValueError, match="must be > 0"):
+        PlanLayer(offload={"": {"memory_budget_gib": 0}})
+    with pytest.raises(ValueError, match="prefetch must be 1..8"):
+        PlanLayer(offload={"": {"prefetch": 0}})
+    with pytest.raises(ValueError, match="positive number"):
+        with_memory_budget([("user", PlanLayer(offload={"Block": "auto"}))], -1)
+    with pytest.raises(ValueError, match="names no"):
+        with_memory_budget([("user", PlanLayer())], 24)
+
+
+class Block(nn.Module):
+    def __init__(self, d=32):
+        super().__init__()
+        self.a, self.b, self.n = nn.Linear(d, 4 * d), nn.Linear(4 * d, d), nn.LayerNorm(d)
+
+    def forward(self, x):
+        return x + self.b(torch.relu(self.a(self.n(x))))
+
+
+class Net(nn.Module):
+    def __init__(self, n=6, d=32):
+        super().__init__()
+        self.emb = nn.Linear(d, d)
+        self.blocks = nn.ModuleList([Block(d) for _ in range(n)])
+
+    def forward(self, x):
+        x = self.emb(x)
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+BLOCK = sum(p.numel() * 4 for p in Block().parameters())  # fp32 bytes of one block
+
+
+def offload_plan(budget_bytes, **compile_spec):
+    return {"compile": {"Block": {"fullgraph": True, "backend": "eager", **compile_spec}},
+            "offload": {"": {"memory_budget_gib": budget_bytes / GIB, "activation_gib": 0.0}, "Block": "auto"}}
+
+
+def test_spec_keys_in_the_wrong_place():
+    root = nn.ModuleDict({"t": Net()})
+    with pytest.raises(ValueError, match="apply to the whole plan"):
+        apply(root, {"offload": {"Block": {"memory_budget_gib": 1}}}, gpu="cpu")
+    with pytest.raises(ValueError, match="the root is never a unit"):
+        apply(root, {"offload": {"": {"mode": "stream"}, "Block": "auto"}}, gpu="cpu")
+
+
+# -- mechanics on CPU -----------------------------------------------------------------------
+
+def test_streaming_compiled_blocks_no_recompile_exact_undo(fresh_dynamo):
+    torch.manual_seed(0)
+    root = nn.ModuleDict({"t": Net()})
+    x = torch.randn(2, 32)
+    with torch.no_grad():
+        ref = root.t(x)
+    before = {k: v.clone() for k, v in root.state_dict().items()}
+    # fixed = emb (32*32+32)*4 B; 3 blocks resident + 2 buffers: 3 streamed of 6.
+    fixed = (32 * 32 + 32) * 4
+    rep = apply(root, offload_plan(fixed + 5 * BLOCK), gpu="cpu")
+    rt = off.runtime(root)
+    assert len(rt.plan.streamed) == 3 and "3 streamed" in rep.step("offload").did
+    with torch.no_grad():
+        outs = [root.t(x) for _ in range(3)]
+    assert all(torch.equal(o, ref) for o in outs)  # copies are exact
+    r = rep.region("Block")
+    # One compiled frame for all 6 blocks, resident or streamed: swapping a parameter's
+    # storage (same shape, stride, dtype, device) is not a guard failure.
+    assert (r.counters.frames, len(r.counters.recompiles), r.counters.n_graph_breaks) == (1, 0, 0)
+    c = rt.counters
+    # 3 calls x 3 streamed blocks = 9 uses; the first is a demand copy, every later one was
+    # prefetched, and the last block prefetched the first one of a 4th call: 10 copies.
+    assert (c.copies, c.demand, c.prefetched, c.deferred) == (10, 1, 9, 0)
+    assert c.bytes_copied == 10 * BLOCK
+    # Between calls the streamed blocks' weights are in their host buffers, not the device buffers.
+    streamed = root.get_submodule(rt.plan.streamed[0])
+    assert all(p.data_ptr() != q.data_ptr() for p in streamed.parameters() for s in rt.units[rt.plan.streamed[0]]
+               .group.slots if s for q in s)
+    remove(root)
+    assert off.runtime(root) is None
+    after = root.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert all(not m._forward_pre_hooks and not m._forward_hooks for m in root.modules())
+    with torch.no_grad():
+        assert torch.equal(root.t(x), ref)
+
+
+def test_everything_fits_changes_nothing():
+    root = nn.ModuleDict({"t": Net()})
+    ptrs = [p.data_ptr() for p in root.parameters()]
+    rep = apply(root, offload_plan(GIB), gpu="cpu")
+    assert rep.step("offload").did.startswith("all weights resident") and off.runtime(root) is None
+    assert ptrs == [p.data_ptr() for p in root.parameters()]
+    assert not any(m._forward_pre_hooks for m in root.modules())
+
+
+def test_budget_too_small_refused_before_anything_changes():
+    root = nn.ModuleDict({"t": Net()})
+    ptrs = [p.data_ptr() for p in root.parameters()]
+    with pytest.raises(OffloadPlanError, match="needs at least"):
+        apply(root, offload_plan(BLOCK), gpu="cpu")
+    assert ptrs == [p.data_ptr() for p in root.parameters()]
+    assert not any(m._forward_pre_hooks for m in root.modules())
+
+
+def test_nested_component_unit_and_grad_guard():
+    # A whole component (its own weights: emb) streams, and its blocks stream inside it.
+    torch.manual_seed(0)
+    root = nn.ModuleDict({"enc": Net(n=3)})
+    x = torch.randn(2, 32)
+    with torch.no_grad():
+        ref = root.enc(x)
+    plan = {"compile": {"Block": {"backend": "eager"}},
+            "offload": {"": {"memory_budget_gib": 3 * BLOCK / GIB, "activation_gib": 0.0},
+                        "enc": "once", "Block": "once"}}
+    apply(root, plan, gpu="cpu")
+    rt = off.runtime(root)
+    assert "enc" in rt.plan.streamed and rt.plan.transient > 0
+    with torch.no_grad():
+        assert torch.equal(root.enc(x), ref)
+    assert rt.units["enc"].group.slots == [None]  # a one-of-a-kind unit's buffer is freed after use
+    with pytest.raises(RuntimeError, match="inference-only"):
+        root.enc(x)
+    remove(root)
+
+
+def test_compiled_ancestor_and_cudagraphs_refused():
+    root = nn.ModuleDict({"t": Net()})
+    plan = offload_plan(3 * BLOCK)
+    plan["compile"] = {"t": {"backend": "eager"}}
+    with pytest.raises(ValueError, match="inside the compiled region"):
+        apply(root, plan, gpu="cpu")
+    with pytest.raises(ValueError, match="CUDA graphs"):
+        apply(root, offload_plan(3 * BLOCK, mode="reduce-overhead"), gpu="cpu")
+    assert not any(m._forward_pre_hooks for m in root.modules())
+
+
+def test_host_memory_check(monkeypatch):
+    monkeypatch.setattr(off, "available_host_bytes", lambda: 10 * MB)
+    with pytest.raises(MemoryError, match="pinned host memory"):
+        off.check_host_memory(20 * GIB, already_on_host=GIB)
+    off.check_host_memory(5 * MB)
+    off.check_host_memory(20 * GIB, already_on_host=20 * GIB)  # built in host memory: moved, not doubled
+
+
+def test_gpu_profiles_select_offload_by_themselves():
+    # The published Wan-I2V-14B (42.8 GiB of weights) on the meta device: fits an H100, not
+    # an L40S (48 GiB with a 6 GiB activation reserve) nor an RTX 4090.
+    from magi_zoo import adapters
+    from magi_zoo.specs import get_profile
+    from magi_zoo.zoo import spec_layers
+
+    adapter, variant = adapters.lookup("wan2.1-i2v-14b-480p")
+    native = adapter.build(variant, weights="random", dtype=torch.bfloat16, device=torch.device("meta"))
+    root = nn.ModuleDict(adapter.components(native))
+    need = {g: off.needs_streaming(root, spec_layers(adapter, get_profile(g)), get_profile(g))
+            for g in ("h100", "l40s", "rtx4090")}
+    assert need["h100"] is None and need["l40s"] is not None and need["rtx4090"] is not None
+    p = need["rtx4090"]
+    assert p.expected_peak <= 24 * GIB and "transformer.blocks.39" in p.streamed
+    assert "text_encoder" in p.streamed  # the text encoder is on the card only while it encodes
+
+
+def test_load_tiny_wan_with_a_budget_generates_the_same_video():
+    kw = dict(gpu="cpu", compile={"WanTransformerBlock": {"backend": "eager"}},
+              overrides={"offload": {"": {"activation_gib": 0.0}}})
+    ref = magi_zoo.load("wan2.1-tiny", **kw)
+    call = dict(prompt="a corgi", output_type="np", num_inference_steps=2)
+    want = ref(generator=torch.Generator().manual_seed(0), **call).frames
+    h = magi_zoo.load("wan2.1-tiny", memory_budget_gib=0.00025, **kw)  # 256 KiB: most units stream
+    rt = off.runtime(h.modules)
+    assert rt is not None and "transformer.blocks.0" in rt.plan.streamed and "text_encoder" in rt.plan.streamed
+    got = h(generator=torch.Generator().manual_seed(0), **call).frames
+    assert (got == want).all()
+    assert rt.counters.copies > 0
+    rec = h.report().step("offload")
+    assert "streamed" in rec.did and rec.details["plan"]["streamed"]
