@@ -224,3 +224,35 @@ def test_wan22_original_layout_is_refused(tmp_path):
     (tmp_path / "high_noise_model").mkdir()
     with pytest.raises(ValueError, match=r"Wan2\.2 A14B checkpoint in the original layout.*-Diffusers"):
         magi_zoo.load("wan2.2-tiny", gpu="cpu", weights=str(tmp_path), compile=False)
+
+
+# -- the 720p I2V variant -----------------------------------------------------------------------
+def test_i2v_720p_is_the_published_config():
+    """wan2.1-i2v-14b-720p: the I2V-14B architecture (as 480p), WanImageToVideoPipeline with the
+    CLIP-H image encoder, flow shift 5.0, 720x1280 x 81 frames, 40 steps (Wan's generate.py).
+    Built on the meta device: the real module tree, no memory."""
+    import torch.nn as nn
+
+    from magi_zoo import adapters
+    from magi_zoo.engine.resolve import resolve
+    from magi_zoo.zoo import spec_layers
+
+    adapter, variant = adapters.lookup("wan2.1-i2v-14b-720p")
+    _, p480 = adapters.lookup("wan2.1-i2v-14b-480p")
+    assert variant.hub_id == "Wan-AI/Wan2.1-I2V-14B-720P-Diffusers"
+    assert variant.config["transformer"] == p480.config["transformer"]
+    assert (variant.config["scheduler"]["flow_shift"], p480.config["scheduler"]["flow_shift"]) == (5.0, 3.0)
+    assert {k: variant.call_defaults[k] for k in ("height", "width", "num_frames", "num_inference_steps",
+                                                  "guidance_scale")} == dict(height=720, width=1280, num_frames=81,
+                                                                             num_inference_steps=40, guidance_scale=5.0)
+    pipe = adapter.build(variant, weights="random", dtype=torch.bfloat16, device=torch.device("meta"))
+    assert type(pipe).__name__ == "WanImageToVideoPipeline" and pipe.scheduler.config.flow_shift == 5.0
+    t = pipe.transformer.config
+    assert (t.num_attention_heads * t.attention_head_dim, t.num_layers, t.in_channels, t.image_dim) == (5120, 40, 36, 1280)
+    kw = adapter.denoiser_inputs(pipe, variant)
+    # 81 frames -> 21 latent frames; 720/8 = 90, 1280/8 = 160; 36 = 16 noise + 4 mask + 16 image latents
+    assert kw["hidden_states"].shape == (1, 36, 21, 90, 160) and kw["encoder_hidden_states_image"].shape == (1, 257, 1280)
+    with torch.no_grad():
+        assert adapter.denoiser(pipe)(**kw)[0].shape == (1, 16, 21, 90, 160)
+    regions = resolve(nn.ModuleDict(adapter.components(pipe)), spec_layers(adapter, magi_zoo.get_profile("h100"))).regions()
+    assert len(regions[("WanTransformerBlock", "forward")]) == 40  # one region over all 40 blocks

@@ -46,12 +46,12 @@ _TINY = dict(
 )
 
 
-def _variant(name, transformer, hub_id, desc, **extra):
-    cfg = dict(transformer=transformer, text_encoder=_UMT5_XXL, vae=_VAE, scheduler=_SCHEDULER,
-               tokenizer_vocab=4096, **extra)
+def _variant(name, transformer, hub_id, desc, *, flow_shift=3.0, call=None, **extra):
+    cfg = dict(transformer=transformer, text_encoder=_UMT5_XXL, vae=_VAE,
+               scheduler=dict(_SCHEDULER, flow_shift=flow_shift), tokenizer_vocab=4096, **extra)
     return Variant(name=name, family="wan", config=cfg, hub_id=hub_id, description=desc,
-                   call_defaults=dict(height=480, width=832, num_frames=81, num_inference_steps=50,
-                                      guidance_scale=5.0))
+                   call_defaults={**dict(height=480, width=832, num_frames=81, num_inference_steps=50,
+                                         guidance_scale=5.0), **(call or {})})
 
 
 VARIANTS = {
@@ -59,8 +59,18 @@ VARIANTS = {
     for v in [
         _variant("wan2.1-t2v-1.3b", _T2V_1_3B, "Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "text-to-video, 1.3B"),
         _variant("wan2.1-t2v-14b", _T2V_14B, "Wan-AI/Wan2.1-T2V-14B-Diffusers", "text-to-video, 14B"),
+        # I2V: Wan's generate.py samples image-to-video with 40 steps (text-to-video: 50), guide
+        # scale 5.0, 81 frames, and shift 3.0 at the 480p sizes, 5.0 otherwise.
         _variant("wan2.1-i2v-14b-480p", _I2V_14B, "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers",
-                 "image-to-video, 14B, 480p", image_encoder=_CLIP_H),
+                 "image-to-video, 14B, 480p", image_encoder=_CLIP_H, call=dict(num_inference_steps=40)),
+        # The 720p I2V model: the 480p model's architecture (diffusers' convert_wan_to_diffusers.py
+        # gives both one transformer config), trained for 720x1280: generate.py's 1280*720 size
+        # with shift 5.0; diffusers' Wan docs also give flow_shift 5.0 for 720P. Loading the hub id
+        # uses the repository's own scheduler_config.json; these numbers serve weights="random"
+        # and the call defaults.
+        _variant("wan2.1-i2v-14b-720p", _I2V_14B, "Wan-AI/Wan2.1-I2V-14B-720P-Diffusers",
+                 "image-to-video, 14B, 720p", image_encoder=_CLIP_H, flow_shift=5.0,
+                 call=dict(height=720, width=1280, num_inference_steps=40)),
         Variant(name="wan2.1-tiny", family="wan", config=_TINY, tiny=True,
                 description="4 blocks, dim 32; random, offline, for CPU tests and the demo",
                 call_defaults=dict(height=32, width=32, num_frames=9, num_inference_steps=2,
