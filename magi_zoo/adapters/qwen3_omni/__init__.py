@@ -24,6 +24,7 @@ from ..base import Adapter, Output, Variant, init_on
 from .configs import PUBLISHED, TINY, build_config
 from .ops import (EXPERTS_CHOICES, EXPERTS_OP_IMPL, experts_implementation, install_prefill_decode,
                   register_experts_impl, set_experts_implementation)
+from .regions import check_distinct_code, own_code_preparation, shared_code_regions
 from .pipeline import (CACHE_BUCKET, OmniOutput, Qwen3OmniPipeline, _cache_kwarg, audio_tower, thinker_text_model,
                        vision_tower)
 
@@ -182,10 +183,12 @@ class Qwen3OmniAdapter(Adapter):
             tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local)
         except (OSError, ValueError):  # a checkpoint saved without its tokenizer
             tokenizer = build_tokenizer()
-        return Qwen3OmniPipeline(finish(model), tokenizer)
+        return Qwen3OmniPipeline(finish(model), tokenizer, source if local else None)
 
     def preparations(self, pipe: Qwen3OmniPipeline) -> list[Preparation]:
-        return [_prefill_decode_preparation(pipe.model)]
+        # The split first: it gives the thinker decoder a forward of its own, so the
+        # own-code preparation leaves that class alone.
+        return [_prefill_decode_preparation(pipe.model), own_code_preparation(pipe.model)]
 
     def call_defaults(self, variant: Variant) -> dict[str, Any]:
         return {"max_new_tokens": variant.call_defaults["max_new_tokens"]}
@@ -293,4 +296,4 @@ class Qwen3OmniAdapter(Adapter):
 
 __all__ = ["Qwen3OmniAdapter", "Qwen3OmniPipeline", "OmniOutput", "VARIANTS", "EXPERTS_CHOICES", "EXPERTS_OP_IMPL",
            "set_experts_implementation", "experts_implementation", "thinker_text_model", "audio_tower",
-           "vision_tower", "finish"]
+           "vision_tower", "finish", "shared_code_regions", "check_distinct_code"]

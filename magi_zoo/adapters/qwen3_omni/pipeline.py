@@ -3,6 +3,7 @@ its tokenizer, and a generate loop with a reusable static KV cache for the think
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import torch
 import torch.nn as nn
 
 from .configs import EOS_TOKEN_ID, SAMPLE_RATE
+from .regions import check_distinct_code
 
 # The thinker's static KV cache is sized in buckets of this many tokens, so prompts of
 # similar length share one cache shape, hence one compiled (and CUDA-graphed) decode step.
@@ -45,6 +47,24 @@ def _cache_kwarg(thinker: nn.Module) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
+@contextlib.contextmanager
+def _talker_sees_audio_window(model: nn.Module, needed: bool):
+    """Work around transformers 5.24: with an audio prompt the talker's M-RoPE index reads
+    `self.config.audio_config.n_window` from the *talker* config, which has no audio config
+    (AttributeError, also in plain transformers). For the call only, the talker config
+    points at the thinker's audio config (the window it needs); nothing is left behind, so a
+    saved config is unchanged."""
+    cfg = getattr(getattr(model, "talker", None), "config", None)
+    if not needed or cfg is None or "audio_config" in cfg.__dict__ or hasattr(type(cfg), "audio_config"):
+        yield
+        return
+    cfg.audio_config = model.config.thinker_config.audio_config
+    try:
+        yield
+    finally:
+        del cfg.audio_config
+
+
 @dataclasses.dataclass
 class OmniOutput:
     """One generation: the reply text, its token ids, and speech when the talker ran."""
@@ -58,22 +78,72 @@ class OmniOutput:
 class Qwen3OmniPipeline:
     """Call with a prompt; returns an `OmniOutput`. Greedy by default (deterministic)."""
 
-    def __init__(self, model: nn.Module, tokenizer: Any):
+    def __init__(self, model: nn.Module, tokenizer: Any, source: str | Path | None = None):
         self.model = model
         self.tokenizer = tokenizer
+        self.source = source  # the checkpoint directory (its preprocessor config), if loaded from one
+        self._media = None
         self._cache = None  # (batch, length, StaticCache), reused: a fixed address keeps CUDA graphs valid across calls
 
     @property
     def has_talker(self) -> bool:
         return getattr(self.model, "has_talker", False) and getattr(self.model, "talker", None) is not None
 
-    def encode(self, prompt: str) -> dict[str, torch.Tensor]:
-        """Chat-template the prompt as one user turn and tokenize it."""
-        msgs = [{"role": "user", "content": [{"type": "text", "text": prompt}]}]
+    @property
+    def voices(self) -> list[str]:
+        """The speech output's voices, as the checkpoint's talker config names them
+        (`speaker_id`; the published Instruct model: Chelsie, Ethan, Aiden)."""
+        ids = getattr(self.model.config.talker_config, "speaker_id", None) or {}
+        return [name.capitalize() for name in ids]
+
+    def check_voice(self, voice: str) -> str:
+        """`voice` if the talker knows it (any case), else an error with the closest names."""
+        import difflib
+
+        names = self.voices
+        if voice.lower() in (n.lower() for n in names):
+            return voice
+        close = difflib.get_close_matches(voice.capitalize(), names, n=1, cutoff=0.5)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ValueError(f"unknown voice {voice!r}; {hint}voices of this model: {', '.join(names) or '(none)'}")
+
+    def media(self):
+        """The audio / image processor (made on first use: text-only runs never build it)."""
+        if self._media is None:
+            from .inputs import MediaProcessor
+
+            self._media = MediaProcessor.for_model(self.model, self.source)
+        return self._media
+
+    def encode(self, prompt: str, *, audio=None, image=None) -> dict[str, torch.Tensor]:
+        """Chat-template the prompt as one user turn -- after an image and an audio clip when
+        given, as the official examples order them -- and tokenize it; the media become
+        the encoders' inputs and their placeholders are expanded to one token per output.
+
+        audio: a path (.wav) or a float waveform at 16 kHz; image: a path or a PIL image."""
+        from .inputs import expand_placeholders, read_image, read_wav, to_rgb
+
+        content, extra, n_audio, n_image = [], {}, None, None
+        if image is not None:
+            img = read_image(image) if isinstance(image, (str, Path)) else to_rgb(image)
+            feats, n_image = self.media().image(img)
+            extra.update(feats)
+            content.append({"type": "image"})
+        if audio is not None:
+            wav = read_wav(audio) if isinstance(audio, (str, Path)) else np.asarray(audio, np.float32)
+            if wav.size == 0:
+                raise ValueError("the audio clip is empty")
+            feats, n_audio = self.media().audio(wav)
+            extra.update(feats)
+            content.append({"type": "audio"})
+        content.append({"type": "text", "text": prompt})
+        msgs = [{"role": "user", "content": content}]
         text = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-        enc = self.tokenizer(text, return_tensors="pt")
+        enc = dict(self.tokenizer(expand_placeholders(text, n_audio, n_image), return_tensors="pt"))
         dev = self.model.thinker.lm_head.weight.device
-        return {k: v.to(dev) for k, v in enc.items()}
+        dtype = self.model.thinker.lm_head.weight.dtype
+        enc.update(extra)
+        return {k: (v.to(dev, dtype) if v.is_floating_point() else v.to(dev)) for k, v in enc.items()}
 
     def static_cache(self, batch: int, length: int):
         """A StaticCache of at least `length` tokens (rounded up to CACHE_BUCKET), reused
@@ -109,6 +179,7 @@ class Qwen3OmniPipeline:
         if return_audio and not self.has_talker:
             raise ValueError("this model was built without the talker (enable_audio_output=False); "
                              "audio output is not available")
+        check_distinct_code(self.model)  # ~1 ms: a walk over the modules' instance dicts
         b, n = input_ids.shape
         gen = dict(thinker_max_new_tokens=max_new_tokens, thinker_do_sample=False,
                    thinker_disable_compile=True,
@@ -120,15 +191,20 @@ class Qwen3OmniPipeline:
         gen.update(kwargs)
         if attention_mask is not None:
             gen["attention_mask"] = attention_mask
-        return self.model.generate(input_ids, return_audio=return_audio, **gen)
+        with _talker_sees_audio_window(self.model, return_audio and "input_features" in kwargs):
+            return self.model.generate(input_ids, return_audio=return_audio, **gen)
 
     def __call__(self, prompt: str, *, max_new_tokens: int = 16, return_audio: bool | None = None,
-                 **kwargs) -> OmniOutput:
-        """Text in, text (and speech, when the talker is on and `return_audio` is not False) out."""
+                 audio=None, image=None, voice: str | None = None, **kwargs) -> OmniOutput:
+        """Text (with an optional audio clip and image) in; text, and speech in `voice` when the
+        talker is on and `return_audio` is not False, out."""
         return_audio = self.has_talker if return_audio is None else return_audio
-        enc = self.encode(prompt)
+        if voice is not None:
+            kwargs["speaker"] = self.check_voice(voice)
+        enc = self.encode(prompt, audio=audio, image=image)
+        media = {k: v for k, v in enc.items() if k not in ("input_ids", "attention_mask")}
         out = self.generate(enc["input_ids"], enc.get("attention_mask"), max_new_tokens=max_new_tokens,
-                            return_audio=return_audio, **kwargs)
+                            return_audio=return_audio, **media, **kwargs)
         seq, wav = out if return_audio else (out, None)
         seq = seq if torch.is_tensor(seq) else seq.sequences
         ids = seq[0, enc["input_ids"].shape[1]:].tolist()
