@@ -1,0 +1,215 @@
+"""Weight offload under a memory cap: magi_zoo's planner + streaming against resident compiled
+and diffusers group offload, one transformer forward, at several budgets.
+
+    python -m benchmarks.offload --out benchmarks/results                 # the GPU table (H100)
+    python -m benchmarks.offload --smoke --out /tmp/offload-smoke         # CPU, tiny model
+
+GPU rows (random weights at the published configs, bf16, batch 1, regional compile):
+- Wan2.1-I2V-14B-480P at 480x832x81, budgets 12 / 16 / 24 / 40 GiB;
+- Flux.1-dev at 1024^2, budget 12 GiB.
+
+Strategies, each in its own process (so peaks and caps are honest):
+- resident:   `magi_zoo.load(model, gpu="h100")` with its shipped spec (everything on the card,
+              no cap: the speed the others are measured against);
+- magi_zoo:   the same with `memory_budget_gib=B`, under a hard cap of B GiB set *before* the
+              build (`torch.cuda.set_per_process_memory_fraction`), so placing the weights is
+              capped too;
+- diffusers:  the transformer built in host memory, diffusers' `apply_group_offloading`
+              (block level, one block per group, `use_stream=True`) and
+              `compile_repeated_blocks(fullgraph=False)` (fullgraph=True fails: dynamo traces
+              the onload hook), under the same cap. It streams every block and holds only the
+              transformer (magi_zoo's plan also budgets the text encoder, image encoder and VAE).
+
+Every row records ms per forward (CUDA events, 2 warm-up, 5 timed, median), the measured
+`torch.cuda.max_memory_reserved()` and `max_memory_allocated()` over the timed calls *and*
+over the whole process (build, apply, compile), the plan's expected peak and copy time,
+compile counters, and the relative error against the resident row's output. Output:
+benchmarks/results/offload_<card>.json / .md (and offload_smoke.* for --smoke).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import traceback
+from pathlib import Path
+from typing import Any
+
+from benchmarks import common
+
+GPU_CASES = [  # (model, shape, budgets GiB)
+    ("wan2.1-i2v-14b-480p", {"height": 480, "width": 832, "frames": 81}, [12, 16, 24, 40]),
+    ("flux.1-dev", {"height": 1024, "width": 1024}, [12]),
+]
+SMOKE_CASES = [("wan2.1-tiny", {}, [0.00025])]  # 256 KiB: most of the tiny model streams
+STRATEGIES = ("resident", "magi_zoo", "diffusers")
+
+
+def _cap(budget_gib: float | None) -> None:
+    import torch
+
+    if budget_gib is not None and torch.cuda.is_available():
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, budget_gib * 2**30 / total))
+
+
+def worker(args) -> dict[str, Any]:
+    import torch
+
+    import magi_zoo
+    from magi_zoo import adapters
+    from magi_zoo.engine import offload as off
+
+    cuda = args.device == "cuda"
+    dev = torch.device(args.device)
+    gpu = "h100" if cuda else "cpu"
+    shape = json.loads(args.shape)
+    budget = None if args.strategy == "resident" else args.budget
+    _cap(budget)  # before anything touches the card: the cap must hold for the build too
+    compile_kw = {} if cuda else {"compile": {"WanTransformerBlock": {"backend": "eager"}}}
+    over = None if cuda else {"offload": {"": {"activation_gib": 0.0}}}
+    rec: dict[str, Any] = {"model": args.model, "strategy": args.strategy, "budget_gib": budget, "shape": shape}
+    adapter, variant = adapters.lookup(args.model)
+    if args.strategy in ("resident", "magi_zoo"):
+        h = magi_zoo.load(args.model, gpu=gpu, weights="random", overrides=over,
+                          memory_budget_gib=budget, **compile_kw)
+        module, method = adapter.entry(h.pipe, "denoise")
+        report = h.report()
+        rt = off.runtime(h.modules)
+        if rt is not None:
+            rec["plan"] = rt.plan.to_dict()
+        rec["offload_step"] = report.step("offload").did
+    else:
+        from diffusers.hooks import apply_group_offloading
+
+        dt = torch.bfloat16 if cuda else torch.float32
+        pipe = adapter.build(variant, weights="random", dtype=dt, device=torch.device("cpu"))
+        module, method = adapter.entry(pipe, "denoise")
+        apply_group_offloading(module, onload_device=dev, offload_device=torch.device("cpu"),
+                               offload_type="block_level", num_blocks_per_group=1, use_stream=cuda)
+        module.compile_repeated_blocks(fullgraph=False, **({} if cuda else {"backend": "eager"}))
+        h, report, rt = None, None, None
+    inputs = adapter.example_inputs(h.pipe if h else pipe, variant, "denoise", **shape)
+    inputs = {k: (v.to(dev) if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
+    fn = getattr(module, method)
+
+    def call():
+        with torch.inference_mode():
+            return fn(**inputs)
+
+    out, first_s = common.first_call(call, dev)
+    rec["first_call_s"] = round(first_s, 2)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    rec.update(common.time_calls(call, dev, warmup=args.warmup, runs=args.runs))
+    if cuda:
+        rec["timed_max_reserved_gib"] = common.gib(torch.cuda.max_memory_reserved())
+        rec["timed_max_allocated_gib"] = common.gib(torch.cuda.max_memory_allocated())
+    out = call()
+    out = out[0] if isinstance(out, (tuple, list)) else getattr(out, "sample", out)
+    torch.save(out.float().cpu(), Path(args.tmp) / f"{args.tag}.pt")
+    if report is not None:
+        rec["frames_compiled"], rec["graph_breaks"], rec["recompiles"] = report.frames, report.graph_breaks, report.recompiles
+    if rt is not None:
+        rec["offload_counters"] = rt.stats()
+    return rec
+
+
+def _rel(a, b) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--smoke", action="store_true", help="CPU, tiny model, 1 warm-up / 2 runs")
+    p.add_argument("--strategies", default=",".join(STRATEGIES))
+    p.add_argument("--models", default=None, help="comma-separated subset of the cases' models")
+    # worker mode (one strategy in this process)
+    p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    for a in ("--model", "--strategy", "--shape", "--tmp", "--tag", "--result"):
+        p.add_argument(a, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--budget", type=float, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
+    p.add_argument("--warmup", type=int, default=2, help=argparse.SUPPRESS)
+    p.add_argument("--runs", type=int, default=5, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.one:
+        try:
+            rec = {"status": "ok", **worker(args)}
+        except Exception as e:
+            rec = {"status": "error", "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
+        Path(args.result).write_text(json.dumps(rec, default=str))
+        return 0
+
+    import torch
+
+    device = "cpu" if args.smoke else "cuda"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("the offload benchmark needs CUDA (or --smoke for the CPU path)")
+    cases = SMOKE_CASES if args.smoke else GPU_CASES
+    if args.models:
+        cases = [c for c in cases if c[0] in args.models.split(",")]
+    strategies = args.strategies.split(",")
+    warm, runs = (1, 2) if args.smoke else (2, 5)
+    rows = []
+    tmp = Path(tempfile.mkdtemp(prefix="offload-bench-"))
+    for model, shape, budgets in cases:
+        plan = [("resident", None)] if "resident" in strategies else []
+        plan += [(s, b) for b in budgets for s in ("magi_zoo", "diffusers") if s in strategies]
+        ref = None
+        for strategy, budget in plan:
+            tag = f"{model}-{strategy}-{budget}"
+            result = tmp / f"{tag}.json"
+            print(f"[bench] {model} {strategy} budget={budget} GiB ...", flush=True)
+            rec = common.run_isolated("benchmarks.offload", [
+                "--one", "--model", model, "--strategy", strategy, "--shape", json.dumps(shape),
+                "--tmp", str(tmp), "--tag", tag, "--result", str(result), "--device", device,
+                "--warmup", str(warm), "--runs", str(runs), *(["--budget", str(budget)] if budget else [])],
+                result_file=result, timeout=3600)
+            rec.setdefault("model", model)
+            rec.setdefault("strategy", strategy)
+            rec.setdefault("budget_gib", budget)
+            out_file = tmp / f"{tag}.pt"
+            if rec.get("status") == "ok" and out_file.is_file():
+                out = torch.load(out_file)
+                if strategy == "resident":
+                    ref = out
+                elif ref is not None:
+                    rec["rel_err_vs_resident"] = round(_rel(out, ref), 6)
+            rows.append(rec)
+            print(f"[bench]   -> {rec.get('status')}: {rec.get('median_ms')} ms, timed peak reserved "
+                  f"{rec.get('timed_max_reserved_gib')} GiB {rec.get('error', '')[:200]}", flush=True)
+    resident = {r["model"]: r.get("median_ms") for r in rows if r["strategy"] == "resident" and r.get("status") == "ok"}
+    for r in rows:
+        base = resident.get(r["model"])
+        if base and r.get("median_ms"):
+            r["speed_vs_resident"] = round(base / r["median_ms"], 3)
+        plan = r.get("plan") or {}
+        r["expected_peak_gib"] = plan.get("expected_peak_gib")
+        r["resident_units"] = len(plan.get("resident", [])) if plan else None
+        r["streamed_units"] = len(plan.get("streamed", [])) if plan else None
+        r["expected_copy_ms"] = (plan.get("copy_ms_per_call") or {}).get("transformer")
+    env = common.environment(torch.device(device))
+    record = {"environment": env, "smoke": args.smoke, "warmup": warm, "runs": runs, "rows": rows}
+    cols = ["model", "strategy", "budget_gib", "status", "median_ms", "speed_vs_resident", "timed_max_reserved_gib",
+            "timed_max_allocated_gib", "expected_peak_gib", "resident_units", "streamed_units", "expected_copy_ms",
+            "first_call_s", "rel_err_vs_resident", "recompiles", "graph_breaks"]
+    md = [f"# Weight offload: one transformer forward under a memory cap{' (SMOKE: CPU, tiny)' if args.smoke else ''}",
+          "", common.env_line(env), "",
+          "`timed_max_reserved_gib`: torch.cuda.max_memory_reserved() over the timed calls, under a hard cap of "
+          "budget_gib (set_per_process_memory_fraction, set before the build). speed_vs_resident = resident ms / "
+          "this row's ms. diffusers = group offload (block level, stream) + compile_repeated_blocks(fullgraph=False).",
+          "", common.results_table(rows, cols)]
+    errors = [f"- {r['model']} {r['strategy']} {r.get('budget_gib')}: {r.get('error')}" for r in rows if r.get("status") != "ok"]
+    if errors:
+        md += ["", "Errors:", *errors]
+    stem = "offload_smoke" if args.smoke else f"offload_{str(env.get('card') or 'gpu').split()[-1].lower()}"
+    for path in common.write_results(Path(args.out), stem, record, "\n".join(md)):
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
