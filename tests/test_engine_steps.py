@@ -35,8 +35,9 @@ def _forward(h):
 def test_steps_run_in_the_documented_order(wan):
     rep = magi_zoo.apply(wan.modules, {"compile": {"WanTransformerBlock": {"backend": "eager"}}}, gpu="cpu")
     ran = [s.step for s in rep.steps]
-    # steps with an engine module run, in STEP_ORDER; recompute and parallel have none yet
-    assert ran == [s for s in STEP_ORDER if s in ran] == ["prepare", "attention", "precision", "compile", "offload"]
+    # steps with an engine module run, in STEP_ORDER (every step registered in this process)
+    assert ran == [s for s in STEP_ORDER if s in ran]
+    assert {"prepare", "attention", "precision", "compile", "step_cache", "offload"} <= set(ran)
     remove(wan.modules)
 
 

@@ -9,6 +9,7 @@ import torch.nn as nn
 from ..specs.gpu_profiles import GpuProfile, get_profile
 from ..specs.plan import PlanLayer, as_layers
 from . import attention, compile as compile_mod, offload, precision  # noqa: F401  (each registers its step)
+from . import step_cache  # noqa: F401  (registers the step_cache step)
 from .custom_ops import list_custom_ops
 from .prepare import Preparation, prepare
 from .report import Report
@@ -21,7 +22,11 @@ from .steps import STEPS, StepContext, StepRecord
 # it; offload hooks and collectives wrap compiled regions and are never traced into them
 # (torchtitan's order: activation checkpointing -> compile -> FSDP). A step whose engine
 # module does not exist yet is skipped; adding one is a module that registers its name.
-STEP_ORDER = ("prepare", "attention", "precision", "recompute", "compile", "offload", "parallel")
+# step_cache comes right after compile: diffusers' caching hooks wrap whatever `forward` an
+# instance has when they are registered, so after compile they wrap the compiled blocks and
+# decide in eager Python whether to call them; registered before, dynamo would trace the
+# hooks' `.item()` tests and per-step state into the blocks (engine/step_cache.py).
+STEP_ORDER = ("prepare", "attention", "precision", "recompute", "compile", "step_cache", "offload", "parallel")
 
 _APPLIED = "_magi_zoo_applied"  # root instance attr: the StepRecords of the plan applied there
 
@@ -52,9 +57,12 @@ def apply(module: nn.Module, plan: Any = None, *, gpu: str | GpuProfile | None =
     4. recompute -- checkpointing must sit *inside* compiled regions (no module yet);
     5. compile -- installs the compiled methods (compilation itself happens lazily on the
        first call and is booked to each region's counters);
-    6. offload -- hooks that move weights wrap compiled regions, never traced into them
+    6. step_cache -- diffusers' step-caching hooks (first block cache, MagCache, ...) wrap
+       the compiled blocks from outside, so they run after compile; hooks that would land
+       inside a compiled region are refused;
+    7. offload -- hooks that move weights wrap compiled regions, never traced into them
        (today: reads the profile's memory and says whether the weights fit);
-    7. parallel -- collectives outside compiled regions (no module yet).
+    8. parallel -- collectives outside compiled regions (no module yet).
 
     Every step returns a record and an undo; `remove(module)` undoes them all, last first.
     Applying twice first removes the earlier plan, so wrappers never stack. A bad plan key

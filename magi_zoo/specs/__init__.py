@@ -15,6 +15,7 @@ from .parallel_spec import ParallelSpec  # registers the parallel section
 from .recompute_spec import RecomputeSpec
 from .offload_spec import OFFLOAD_MODES, OffloadSpec  # registers the offload section
 from .section import SECTIONS, SectionSpec, register_section
+from .step_cache_spec import StepCacheSpec  # noqa: F401  (registers the step_cache section)
 
 SPEC_DIR = Path(__file__).parent
 
