@@ -67,7 +67,7 @@ class SelfForcingPipeline:
         self.timesteps, self.sigmas = warped_schedule()
         self.strategy = "static"
         self.loaded_entry: str | None = None  # which checkpoint entry was loaded (generator_ema / generator)
-        self._cache: StaticKVCache | None = None
+        self.static_cache: StaticKVCache | None = None  # the last video's cache, reused while its shape holds
         self.vae_scale_factor_temporal = 2 ** sum(vae.config.temperal_downsample)
         self.vae_scale_factor_spatial = 2 ** len(vae.config.temperal_downsample)
 
@@ -112,10 +112,10 @@ class SelfForcingPipeline:
         t = self.transformer
         a = t.blocks[0].attn1
         args = (len(t.blocks), batch, a.heads, a.inner_dim // a.heads, schedule)
-        if self._cache is None or not self._cache.matches(*args, self.dtype, self.device):
-            self._cache = None  # free the old one first
-            self._cache = StaticKVCache(*args, dtype=self.dtype, device=self.device)
-        return self._cache
+        if self.static_cache is None or not self.static_cache.matches(*args, self.dtype, self.device):
+            self.static_cache = None  # free the old one first
+            self.static_cache = StaticKVCache(*args, dtype=self.dtype, device=self.device)
+        return self.static_cache
 
     # -- the block loop ---------------------------------------------------------------------------
     @torch.no_grad()

@@ -1,0 +1,295 @@
+"""Self-Forcing: the causal block loop on a static KV cache, one compiled graph for every
+block, the naive reference port, streaming decode, the official checkpoint layout.
+
+The tiny variant runs the published block structure -- 81 frames -> 21 latent frames in 7
+blocks of 3, 4 denoising steps + 1 cache pass per block -- at 32x32 (4 tokens per latent
+frame: 12 query tokens per step against an 84-token cache), fp32 on CPU.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+import magi_zoo
+from magi_zoo.engine import counters
+
+TINY = "self-forcing-tiny"
+CALL = dict(height=32, width=32, num_frames=81, max_sequence_length=16, seed=3)
+REL = 1e-4  # fp32 on CPU (DESIGN.md section 5)
+# 7 blocks x (4 denoising steps + 1 cache pass), less the last block's cache pass (no block reads it).
+STEPS_PER_VIDEO = 7 * 5 - 1
+STATIC = {"CausalWanTransformer3DModel": {"denoise_step": {"fullgraph": True, "dynamic": False,
+                                                           "backend": "aot_eager"}}}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The tiny model's ops are microseconds long: one intra-op thread is faster than two and
+    does not stall when the machine is busy (measured: a tiny step 14 ms on 1 thread, up to
+    200 ms on 2 threads of a loaded 2-core box)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def rel_err(a, b) -> float:
+    a, b = torch.as_tensor(np.asarray(a) if not torch.is_tensor(a) else a), torch.as_tensor(
+        np.asarray(b) if not torch.is_tensor(b) else b)
+    return float((a.double() - b.double()).abs().max() / b.double().abs().max())
+
+
+@pytest.fixture(scope="module")
+def eager():
+    """The tiny pipeline eager, and one reference video (static strategy)."""
+    h = magi_zoo.load(TINY, gpu="cpu", compile=False)
+    return h, h(prompt="a corgi surfing", **CALL)
+
+
+def test_published_config_and_schedule():
+    from magi_zoo.adapters.self_forcing.config import BlockSchedule, valid_frame_counts, warped_schedule
+
+    _, v = magi_zoo.adapters.lookup("self-forcing")
+    assert v.name == "self-forcing-wan2.1-1.3b" and v.hub_id is None  # weights: a local dir + the .pt
+    t = v.config["transformer"]
+    # Wan2.1-T2V-1.3B: 12 heads x 128 = 1536, 30 layers, FFN 8960
+    assert (t["num_attention_heads"], t["attention_head_dim"], t["num_layers"], t["ffn_dim"]) == (12, 128, 30, 8960)
+    # denoising_step_list [1000, 750, 500, 250] warped through FlowMatch shift 5.0:
+    # t = 1000 * 5s / (1 + 4s), s = 1, 0.75, 0.5, 0.25
+    ts, sigmas = warped_schedule()
+    assert ts == pytest.approx([1000.0, 937.5, 833.3333, 625.0]) and sigmas == pytest.approx([1, .9375, 5 / 6, .625])
+    # 480x832: 60 x 104 latents -> 30 x 52 = 1560 tokens per latent frame; 81 frames -> 21 latent
+    # frames -> 7 blocks of 3 = 4680 tokens; the cache holds 21 x 1560 = 32760 per layer.
+    s = BlockSchedule(latent_frames=21, frame_tokens=30 * 52)
+    assert (s.num_blocks, s.block_tokens, s.cache_tokens) == (7, 4680, 32760)
+    assert [s.block_start(b) for b in range(7)] == [4680 * b for b in range(7)]
+    assert s.block_end(6) == 32760 and s.start_frame(6) == 18
+    assert valid_frame_counts(81) == [9, 21, 33, 45, 57, 69, 81]  # 12 m - 3
+
+
+def test_static_cache_offsets_and_contents(eager, monkeypatch):
+    """The host-computed offsets, and what the cache holds after a video: block b's clean
+    keys at [b*S, (b+1)*S), the same as the naive port's cache (transposed layout)."""
+    from magi_zoo.adapters.self_forcing import naive
+
+    h, _ = eager
+    pipe = h.pipe
+    cache = pipe.static_cache
+    s = cache.schedule
+    assert (s.num_blocks, s.block_tokens, s.cache_tokens) == (7, 12, 84)
+    assert [int(x[0]) for x in cache.write_index] == [0, 12, 24, 36, 48, 60, 72]
+    assert [int(x) for x in cache.kv_len] == [12, 24, 36, 48, 60, 72, 84]
+    assert all(x.shape == (12,) for x in cache.write_index)  # same shape for every block
+    static_k = [k.clone() for k in cache.k]
+    made = []
+    real = naive.new_kv_cache
+    monkeypatch.setattr(naive, "new_kv_cache", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
+    monkeypatch.setattr(pipe, "strategy", "naive")
+    pipe(prompt="a corgi surfing", **CALL)
+    # Blocks 0-5 hold clean keys (the last block's cache pass is skipped in both paths).
+    for layer, d in enumerate(made[0]):
+        ref = d["k"][:, :72].transpose(1, 2)
+        assert rel_err(static_k[layer][:, :, :72], ref) < REL
+
+
+def test_static_equals_naive_reference(eager):
+    """The static cache (fixed shapes, length mask) gives the frames of the straightforward
+    dynamic-slicing port of the reference (fp32, CPU)."""
+    h, ref = eager
+    h.pipe.strategy = "naive"
+    try:
+        out = h(prompt="a corgi surfing", **CALL)
+    finally:
+        h.pipe.strategy = "static"
+    assert rel_err(out.latents, ref.latents) < REL
+    assert np.abs(out.frames - ref.frames).max() < REL
+
+
+def test_one_graph_serves_every_block(eager):
+    """denoise_step compiled fullgraph: the whole 7-block video is ONE graph -- 1 frame,
+    0 graph breaks, 0 recompiles over its 34 calls (the counters say so) -- and equals eager."""
+    _, ref = eager
+    torch.compiler.reset()
+    h = magi_zoo.load(TINY, gpu="cpu", compile=STATIC)
+    try:
+        before = counters.snapshot()
+        with torch.no_grad():
+            out = h(prompt="a corgi surfing", **CALL)
+        counters.expect(counters.delta(before), frames=1, graphs=1, breaks=0, recompiles=0)
+        [region] = [r for r in h.report().regions if r.method == "denoise_step"]
+        assert region.calls == STEPS_PER_VIDEO
+        assert rel_err(out.latents, ref.latents) < REL  # aot_eager: the functionalized cache writes
+        # A second video (new prompt, new noise) reuses the graph and the cache tensors.
+        before = counters.snapshot()
+        with torch.no_grad():
+            h(prompt="a red fox in the snow", **dict(CALL, seed=4))
+        counters.expect(counters.delta(before), frames=0, breaks=0, recompiles=0)
+    finally:
+        magi_zoo.engine.remove(h.modules)
+        torch.compiler.reset()
+
+
+def test_naive_port_breaks_and_recompiles(eager):
+    """The reference's control flow under torch.compile (fullgraph=False): `.item()` reads
+    break the graph, and the attended length changes every block (recompiles) -- what the
+    static path removes. Its numbers are measured here, not assumed."""
+    h, ref = eager
+    torch.compiler.reset()
+    t = h.pipe.transformer
+    t.naive_step = torch.compile(t.naive_step, backend="eager")
+    h.pipe.strategy = "naive"
+    try:
+        before = counters.snapshot()
+        with torch.no_grad():
+            out = h(prompt="a corgi surfing", **CALL)
+        d = counters.delta(before)
+    finally:
+        h.pipe.strategy = "static"
+        del t.naive_step
+        torch.compiler.reset()
+    assert d.n_graph_breaks > 0 and any("item()" in r for r in d.graph_breaks), d.graph_breaks
+    assert d.frames > 1 and d.recompiles, (d.frames, d.recompiles)
+    assert rel_err(out.latents, ref.latents) < REL
+
+
+def test_stream_yields_decoded_blocks(eager):
+    """`stream` yields each block's frames as they are decoded: 9 frames for the first block
+    (1 + 4 x 2), 12 for each later one (4 x 3), 81 in all -- and the causal VAE cache kept
+    between blocks makes them equal one decode of the whole video."""
+    h, ref = eager
+    blocks = list(h.pipe.stream("a corgi surfing", **CALL))
+    assert [b.index for b in blocks] == list(range(7))
+    assert [b.frames.shape[1] for b in blocks] == [9] + [12] * 6
+    assert all(a.seconds <= b.seconds for a, b in zip(blocks, blocks[1:]))
+    frames = np.concatenate([b.frames for b in blocks], axis=1)
+    np.testing.assert_array_equal(frames, ref.frames)  # same seed, same frames
+    vae = h.pipe.vae
+    std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
+    mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
+    with torch.no_grad():
+        whole = vae.decode(ref.latents * std + mean).sample
+    from magi_zoo.adapters.self_forcing.vae_stream import to_frames
+
+    assert np.abs(to_frames(whole) - frames).max() < 1e-6
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_flex_attention_equals_sdpa():
+    """The FlexAttention path (key tiles past the valid length skipped) computes the masked
+    attention: eager, and compiled at two lengths with 0 recompiles."""
+    from magi_zoo.adapters.self_forcing import attention
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, n, 16, generator=g) for n in (12, 84, 84))
+
+    def ref(n):
+        L = torch.tensor(n)
+        return attention.cache_attention(q, k, v, L, attention.length_mask(84, L), "sdpa")
+
+    assert rel_err(attention.flex_cache_attention(q, k, v, torch.tensor(36)), ref(36)) < REL
+    torch.compiler.reset()
+    f = torch.compile(attention.flex_cache_attention, backend="aot_eager", fullgraph=True)
+    before = counters.snapshot()
+    for n in (24, 60):
+        assert rel_err(f(q, k, v, torch.tensor(n)), ref(n)) < REL
+    counters.expect(counters.delta(before), frames=1, breaks=0, recompiles=0)
+    torch.compiler.reset()
+
+
+# -- weights ----------------------------------------------------------------------------------------
+def _official(state, scale=1.0):
+    """A transformer state dict in the official layout: WanDiffusionWrapper's `model.` prefix
+    over CausalWanModel's original Wan names."""
+    from magi_zoo.adapters.self_forcing.checkpoint import to_original
+
+    return {"model." + k: v * scale for k, v in to_original(state).items()}
+
+
+def test_official_key_names_round_trip(eager):
+    from magi_zoo.adapters.self_forcing.checkpoint import to_diffusers, to_original
+
+    state = eager[0].pipe.transformer.state_dict()
+    orig = to_original(state)
+    # the names the official checkpoint holds (wan/modules/causal_model.py)
+    for k in ("blocks.0.self_attn.q.weight", "blocks.0.cross_attn.norm_k.weight", "blocks.0.norm3.weight",
+              "blocks.0.ffn.0.weight", "blocks.0.modulation", "head.modulation", "head.head.weight",
+              "time_projection.1.weight", "text_embedding.2.bias", "patch_embedding.weight"):
+        assert k in orig, k
+    back = to_diffusers(orig)
+    assert back.keys() == state.keys() and all(back[k] is state[k] for k in state)
+
+
+def test_loads_official_checkpoint_ema_by_default(eager, tmp_path):
+    """A directory in the diffusers layout plus an official-layout .pt: the EMA generator
+    becomes the transformer; text encoder and VAE come from the directory."""
+    h, _ = eager
+    adapter = h.adapter
+    adapter.save_pretrained(h.pipe, tmp_path)
+    state = {k: v.clone() for k, v in h.pipe.transformer.state_dict().items()}
+    (tmp_path / "checkpoints").mkdir()
+    torch.save({"generator": _official(state, 2.0), "generator_ema": _official(state, 3.0)},
+               tmp_path / "checkpoints" / "self_forcing_dmd.pt")
+    back = magi_zoo.load(TINY, gpu="cpu", compile=False, weights=str(tmp_path))
+    assert back.pipe.loaded_entry == "generator_ema"
+    got = back.pipe.transformer.state_dict()
+    assert all(torch.equal(got[k], state[k] * 3.0) for k in state)
+    te = back.pipe.text_encoder.state_dict()
+    assert all(torch.equal(te[k], v) for k, v in h.pipe.text_encoder.state_dict().items())
+    assert back.pipe.transformer.config.num_layers == h.pipe.transformer.config.num_layers
+
+
+def test_checkpoint_errors(eager, tmp_path):
+    from magi_zoo.adapters.self_forcing.checkpoint import load_generator, read_generator
+
+    h, _ = eager
+    model = h.pipe.transformer
+    state = model.state_dict()
+    # a key the model does not have, one it lacks: both named
+    bad = _official(state)
+    bad.pop("model.head.head.weight")
+    bad["model.blocks.0.self_attn.extra"] = torch.zeros(1)
+    torch.save({"generator_ema": bad}, tmp_path / "bad.pt")
+    with pytest.raises(ValueError, match="missing.*proj_out.weight.*unexpected.*extra"):
+        load_generator(model, tmp_path / "bad.pt")
+    # EMA asked for but absent
+    torch.save({"generator": _official(state)}, tmp_path / "noema.pt")
+    with pytest.raises(ValueError, match="no 'generator_ema'"):
+        read_generator(tmp_path / "noema.pt", use_ema=True)
+    with pytest.warns(UserWarning, match="no generator_ema"):
+        assert read_generator(tmp_path / "noema.pt")[1] == "generator"
+    # weights_only: a pickled object that would run code on load is refused
+    torch.save({"generator": _official(state), "hook": Exception("not a tensor")}, tmp_path / "code.pt")
+    with pytest.raises(ValueError, match="weights only"):
+        read_generator(tmp_path / "code.pt")
+    with pytest.raises(ValueError, match="not a local directory"):
+        magi_zoo.load("self-forcing-wan2.1-1.3b", gpu="cpu", weights=str(tmp_path / "bad.pt"))
+
+
+# -- `magi-zoo run` --------------------------------------------------------------------------------
+def test_run_shows_progress_per_block(tmp_path, capsys):
+    from magi_zoo.cli import main
+
+    out = tmp_path / "video.mp4"
+    assert main(["run", TINY, "--gpu", "cpu", "--no-compile", "--prompt", "a corgi", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert [f"block {i}/7" in text for i in range(1, 8)] == [True] * 7, text
+    assert "81 frames in" in text and out.stat().st_size > 0
+    assert main(["run", TINY, "--gpu", "cpu", "--prompt", "x", "--out", str(out), "--frames", "80"]) == 2
+    assert "12 m - 3" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_gpu_compiled_equals_eager_bf16():
+    """On a GPU: the tiny model in bf16, inductor, both cache attentions; compiled equals eager
+    per block (relative error <= 1e-2, as elsewhere for bf16), one graph for the video."""
+    for impl in ("sdpa", "flex"):
+        ref_h = magi_zoo.load(TINY, gpu="h100", compile=False, dtype="bfloat16")
+        ref_h.pipe.transformer.cache_attention = impl
+        ref = ref_h(prompt="a corgi", **CALL)
+        torch.compiler.reset()
+        h = magi_zoo.load(TINY, gpu="h100", dtype="bfloat16")
+        h.pipe.transformer.cache_attention = impl
+        before = counters.snapshot()
+        out = h(prompt="a corgi", **CALL)
+        counters.expect(counters.delta(before), breaks=0, recompiles=0)
+        assert rel_err(out.latents.float(), ref.latents.float()) < 1e-2, impl
