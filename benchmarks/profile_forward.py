@@ -25,12 +25,13 @@ from pathlib import Path
 
 from benchmarks import common
 
-CATEGORIES = (  # first match wins
-    ("attention", re.compile(r"flash|fmha|attention|attn|cudnn.*(sdpa|mha)|FlashAttn", re.I)),
-    ("gemm", re.compile(r"gemm|sm90_xmma|cutlass|nvjet|cublas|Kernel2|scaled_mm|_mm_|matmul", re.I)),
+CATEGORIES = (  # first match wins; inductor's kernels first: their names list the origins of
+    # the fused nodes (a quantization epilogue reads "..._scaled_mm_...") but they are Triton
     ("triton_pointwise", re.compile(r"^triton_poi", re.I)),
     ("triton_reduction", re.compile(r"^triton_(red|per)", re.I)),
     ("triton_other", re.compile(r"^triton", re.I)),
+    ("attention", re.compile(r"flash|fmha|attention|attn|cudnn.*(sdpa|mha)|FlashAttn", re.I)),
+    ("gemm", re.compile(r"gemm|sm90_xmma|cutlass|nvjet|cublas|Kernel2|scaled_mm|_mm_|matmul", re.I)),
 )
 
 
@@ -61,6 +62,10 @@ def main(argv=None):
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    ap.add_argument("--overrides", default=None,
+                    help='a user plan layer as JSON, e.g. \'{"precision": {"WanTransformerBlock": '
+                         '{"matmul": "fp8", "keep_bf16": ["ffn.net.2"]}}}\'')
+    ap.add_argument("--label", default=None, help="names the results file (default: the precision)")
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args(argv)
     if args.smoke:
@@ -68,6 +73,10 @@ def main(argv=None):
     cuda = torch.cuda.is_available() and not args.smoke
     device = torch.device("cuda" if cuda else "cpu")
     kw = {"precision": "fp8"} if args.precision == "fp8" else {}
+    if args.overrides:
+        import json
+
+        kw["overrides"] = json.loads(args.overrides)
     h = magi_zoo.load(args.model, gpu="auto" if cuda else "cpu", weights="random", device=device,
                       **({} if cuda else {"compile": {"": {"backend": "eager"}}}), **kw)
     entry = h.adapter.entry_points[0]
@@ -75,9 +84,8 @@ def main(argv=None):
     fn = getattr(module, method)
     inputs = h.adapter.example_inputs(h.pipe, h.variant, entry)
     with torch.no_grad():
-        for _ in range(3):  # compile + warm
-            fn(**inputs)
-        common.sync(device)
+        _, first_s = common.first_call(lambda: fn(**inputs), device)
+        timing = common.time_calls(lambda: fn(**inputs), device, warmup=2, runs=5)
         t0 = time.perf_counter()
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
         with profile(activities=acts) as prof:
@@ -105,17 +113,23 @@ def main(argv=None):
     summary.append({"category": "GPU busy (sum)", "ms_per_forward": round(busy, 2), "share": None})
     summary.append({"category": "wall (profiled, incl. profiler overhead)", "ms_per_forward": round(wall_ms, 2),
                     "share": None})
+    summary.append({"category": "forward, unprofiled (median of 5, CUDA events)",
+                    "ms_per_forward": timing["median_ms"], "share": None})
+    summary.append({"category": "first call incl. compile (s)", "ms_per_forward": round(first_s, 2), "share": None})
     card = str(env.get("card", "")).lower()
     tag = "h200" if "h200" in card else "h100" if "h100" in card else ("gpu" if cuda else "cpu")
-    stem = f"profile_{args.model}_{args.precision}_{tag}"
-    md = (f"# Profile: {args.model}, {entry}, precision {args.precision}\n\n{common.env_line(env)}\n\n"
+    stem = f"profile_{args.model}_{args.label or args.precision}_{tag}"
+    md = (f"# Profile: {args.model}, {entry}, precision {args.precision}"
+          f"{', overrides ' + args.overrides if args.overrides else ''}\n\n{common.env_line(env)}\n\n"
           f"plan: {h.report().step('attention').did.split('; custom ops')[0]} | "
           f"{h.report().step('precision').did}\n\n"
           f"{common.results_table(summary, ['category', 'ms_per_forward', 'share'])}\n\n"
           f"Top {args.top} kernels:\n\n"
           f"{common.results_table(rows[:args.top], ['kernel', 'category', 'ms_per_forward', 'calls_per_forward'])}\n")
     print(md)
-    for p in common.write_results(args.out, stem, {"environment": env, "summary": summary, "kernels": rows}, md):
+    record = {"environment": env, "precision": args.precision, "overrides": args.overrides, "summary": summary,
+              "timing": timing, "first_call_s": round(first_s, 2), "kernels": rows}
+    for p in common.write_results(args.out, stem, record, md):
         print("wrote", p)
 
 

@@ -199,3 +199,21 @@ def test_fp8_attention_switches_fa3_layers_traces_whole_and_undoes(wan, monkeypa
             p._attention_backend = b
         wan.pipe.transformer.to(torch.float32)
         R._backends[A._FLASH_3_HUB], R._constraints[A._FLASH_3_HUB], R._supported_arg_names[A._FLASH_3_HUB] = saved
+
+
+def test_keep_bf16_keeps_named_linears_and_rejects_patterns_that_match_nothing(wan):
+    plan = {"precision": {"WanTransformerBlock": {"matmul": "fp8", "keep_bf16": "ffn.net.2", "fast_accum": True}},
+            "compile": {"": False}}
+    rep = magi_zoo.apply(wan.modules, plan, gpu=CPU_FP8)
+    try:
+        blocks = wan.pipe.transformer.blocks
+        assert all(type(b.ffn.net[2]) is nn.Linear and isinstance(b.ffn.net[0].proj, Fp8Linear) for b in blocks)
+        assert all(b.attn1.to_q.fast_accum for b in blocks)
+        assert "(36 linears, 4 kept bf16 by keep_bf16, fast accumulation)" in rep.step("precision").did
+    finally:
+        remove(wan.modules)
+    with pytest.raises(ValueError, match=r"keep_bf16 pattern\(s\) \['ffn.net.9'\] match no linear under "
+                                         r"WanTransformerBlock; its linears: attn1.to_k, "):
+        magi_zoo.apply(wan.modules, {"precision": {"WanTransformerBlock": {"matmul": "fp8", "keep_bf16": ["ffn.net.9"]}},
+                                     "compile": {"": False}}, gpu=CPU_FP8)
+    assert not any(isinstance(m, Fp8Linear) for m in wan.pipe.transformer.modules())

@@ -19,6 +19,8 @@ the device holds only the fp8 copies (half the bytes of bf16).
 
 from __future__ import annotations
 
+import fnmatch
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -41,8 +43,9 @@ class Fp8Linear(nn.Module):
     """An `nn.Linear` with fp8 weights (per output row scales) and fp8 activations (per
     token scales), through `torch._scaled_mm`. Forward only (no gradient to the weight)."""
 
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, linear: nn.Linear, fast_accum: bool = False):
         super().__init__()
+        self.fast_accum = fast_accum
         w = linear.weight.detach()
         q, scale = _rowwise_fp8(w)  # (out, in) fp8 and (out, 1) fp32
         self.in_features, self.out_features = linear.in_features, linear.out_features
@@ -61,13 +64,15 @@ class Fp8Linear(nn.Module):
         xq, xs = _rowwise_fp8(x2)
         # b must be column-major: the transpose of the row-major (out, in) weight is.
         out_dtype = x.dtype if x.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.bfloat16
-        y = torch._scaled_mm(xq, self.weight_fp8.t(), scale_a=xs, scale_b=self.weight_scale, out_dtype=out_dtype)
+        y = torch._scaled_mm(xq, self.weight_fp8.t(), scale_a=xs, scale_b=self.weight_scale, out_dtype=out_dtype,
+                             use_fast_accum=self.fast_accum)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.reshape(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, fp8 e4m3 rowwise"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, fp8 e4m3 rowwise"
+                + (", fast accumulation" if self.fast_accum else ""))
 
 
 def eligible(linear: nn.Module) -> bool:
@@ -141,22 +146,36 @@ def precision_step(ctx: StepContext) -> StepRecord:
                 raise ValueError(f"precision key {key!r}: matmul='fp8' needs a card with fp8 matmuls (Hopper, "
                                  f"Ada, Blackwell); profile {ctx.profile.name!r} has none. Use matmul='bf16' "
                                  "(drop precision='fp8' / --fp8)")
-            n = 0
+            n, kept = 0, 0
             seen: set[int] = set()
+            used = {pat: False for pat in spec.keep_bf16}
             for t in targets:
-                for parent in list(t.module.modules()):
+                linears = {path: m for path, m in t.module.named_modules() if isinstance(m, nn.Linear)}
+                for parent_path, parent in list(t.module.named_modules()):
                     for name, child in list(parent.named_children()):
                         if id(child) in seen or not isinstance(child, nn.Linear):
                             continue
                         seen.add(id(child))
+                        path = f"{parent_path}.{name}" if parent_path else name
+                        hits = [pat for pat in spec.keep_bf16 if fnmatch.fnmatchcase(path, pat)]
+                        if hits:
+                            used.update(dict.fromkeys(hits, True))
+                            kept += 1
+                            continue
                         if not eligible(child):
                             skipped += 1
                             continue
-                        fp8 = Fp8Linear(child)
+                        fp8 = Fp8Linear(child, fast_accum=spec.fast_accum)
                         swaps.append((parent, name, child.to("cpu")))
                         setattr(parent, name, fp8)
                         n += 1
-            done.append(f"fp8 matmuls on {key or '<root>'} ({n} linears)")
+            unused = [pat for pat, hit in used.items() if not hit]
+            if unused:
+                raise ValueError(f"precision key {key!r}: keep_bf16 pattern(s) {unused} match no linear under "
+                                 f"{targets[0].cls_name}; its linears: {', '.join(sorted(linears))}")
+            done.append(f"fp8 matmuls on {key or '<root>'} ({n} linears"
+                        + (f", {kept} kept bf16 by keep_bf16" if kept else "")
+                        + (", fast accumulation" if spec.fast_accum else "") + ")")
     except BaseException:
         undo()
         raise

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from .section import SectionSpec, register_section
 
@@ -36,6 +36,22 @@ class PrecisionSpec(SectionSpec):
         "e4m3 with per-head scales and K/V smoothed over tokens (exact rewrites), on the fa3 "
         "kernel; layers whose backend is not fa3 stay bf16, with a warning.",
     )
+
+    keep_bf16: tuple[str, ...] = Field(
+        (),
+        description="Linears under the region (paths relative to it, fnmatch globs, e.g. 'ffn.net.2') "
+        "that stay bf16 when matmul='fp8': where quantizing the input costs more than the fp8 GEMM "
+        "saves (a wide input with a narrow output). A pattern that matches no linear is an error.",
+    )
+    fast_accum: bool = Field(
+        False,
+        description="fp8 GEMMs with cuBLAS fast accumulation (faster, slightly less accurate sums).",
+    )
+
+    @field_validator("keep_bf16", mode="before")
+    @classmethod
+    def _one_or_many(cls, v: Any) -> Any:
+        return (v,) if isinstance(v, str) else v
 
     @classmethod
     def from_shorthand(cls, value: Any) -> "PrecisionSpec":
