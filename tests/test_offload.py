@@ -262,6 +262,25 @@ def test_host_memory_check(monkeypatch):
     off.check_host_memory(20 * GIB, already_on_host=20 * GIB)  # built in host memory: moved, not doubled
 
 
+def test_host_arenas_do_not_round_each_block_up():
+    # Torch's pinned allocator rounds each request up to a power of two: 24 Wan blocks of
+    # 0.75 GiB one buffer each would take 24 GiB; packed into 1 GiB arenas they take 19.
+    block = [int(0.752 * GIB) // 30] * 30
+    assert off.HostArenas.rounded(block * 24, pinned=True) == 19 * GIB
+    assert off.HostArenas.rounded([int(1.96 * GIB)], pinned=True) == 2 * GIB  # own buffer, rounded
+    assert off.HostArenas.rounded([1000] * 10, pinned=True) == 16384  # a tiny model: one small arena
+
+
+def test_cli_spec_shows_the_offload_plan(capsys):
+    from magi_zoo.cli import main
+
+    assert main(["spec", "wan2.1-tiny", "--gpu", "cpu", "--memory-budget", "0.00001"]) == 0
+    out = capsys.readouterr().out
+    assert "[offload plan]" in out and "refused" in out and "needs at least" in out
+    assert main(["spec", "wan2.1-tiny", "--gpu", "cpu"]) == 0
+    assert "all weights resident" in capsys.readouterr().out
+
+
 def test_gpu_profiles_select_offload_by_themselves():
     # The published Wan-I2V-14B (42.8 GiB of weights) on the meta device: fits an H100, not
     # an L40S (48 GiB with a 6 GiB activation reserve) nor an RTX 4090.

@@ -218,6 +218,63 @@ class OffloadCounters:
         return dataclasses.asdict(self)
 
 
+class HostArenas:
+    """Host memory for streamed weights, in arenas of `ARENA` bytes packed first-fit.
+
+    Why arenas: torch's pinned-memory allocator rounds every request up to a power of two,
+    so one pinned buffer per 0.75 GiB Wan block would take 1 GiB (a third wasted over 24
+    blocks). Arenas of exactly 2^30 bytes waste only their tails; a tensor larger than half
+    an arena gets its own buffer (e.g. UMT5's 1.96 GiB embedding: a 2 GiB one)."""
+
+    ARENA = 1 << 30
+
+    def __init__(self, pinned: bool, total: int = ARENA):
+        self.pinned = pinned
+        # A model smaller than an arena gets one buffer of the next power of two above it.
+        self.arena = min(self.ARENA, 1 << max(total - 1, 1).bit_length())
+        self.buffers: list[torch.Tensor] = []
+        self._free: list[int] = []  # free bytes at the end of each arena (-1: a dedicated buffer)
+        self.bytes = 0  # host bytes held (what the host check counts)
+
+    @staticmethod
+    def rounded(sizes: Sequence[int], pinned: bool) -> int:
+        """Host bytes `take` will hold for these tensor sizes (the same packing, no memory)."""
+        arenas = HostArenas(pinned, HostArenas.total(sizes))
+        arenas._alloc = lambda n: None  # type: ignore[method-assign]
+        for n in sizes:
+            arenas.take(n)
+        return arenas.bytes
+
+    @staticmethod
+    def total(sizes: Sequence[int]) -> int:
+        return sum((n + _ALIGN - 1) // _ALIGN * _ALIGN for n in sizes)
+
+    def _alloc(self, n: int) -> torch.Tensor:
+        return torch.empty(n, dtype=torch.uint8, pin_memory=self.pinned)
+
+    def take(self, nbytes: int) -> torch.Tensor | None:
+        need = (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+        if need > self.arena // 2:
+            size = 1 << (need - 1).bit_length() if self.pinned else need  # what the pinned allocator holds
+            buf = self._alloc(need)
+            self.buffers.append(buf)
+            self._free.append(-1)
+            self.bytes += size
+            return None if buf is None else buf[:nbytes]
+        for i, free in enumerate(self._free):
+            if free >= need:
+                break
+        else:
+            self.buffers.append(self._alloc(self.arena))
+            self._free.append(self.arena)
+            self.bytes += self.arena
+            i = len(self._free) - 1
+        off = self.arena - self._free[i]
+        self._free[i] -= need
+        buf = self.buffers[i]
+        return None if buf is None else buf[off:off + nbytes]
+
+
 class _Group:
     """Device buffers shared by the streamed units of one layout."""
 
@@ -248,6 +305,8 @@ class OffloadRuntime:
         self._originals: list[tuple[torch.Tensor, torch.device]] = []  # (tensor, original device)
         self._handles: list[Any] = []
         self.units: dict[str, _Streamed] = {}
+        sizes = [_nbytes(t) for s in specs if s.path in set(plan.streamed) for t in s.tensors]
+        self.host = HostArenas(self.cuda, HostArenas.total(sizes))
         self.over_budget_warned = False
         self._install(specs, units)
 
@@ -285,23 +344,19 @@ class OffloadRuntime:
             if self.cuda:
                 torch.cuda.empty_cache()  # the weights that left: give their memory back
                 torch.cuda.reset_peak_memory_stats(self.device)
+            self.weights_on_device = resident_bytes(self.root, self.device.type)
         except BaseException:
             self.remove()
             raise
 
     def _to_host(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        """One host buffer for a unit's tensors (pinned when CUDA is there: only pinned memory
-        copies asynchronously, at ~55 GB/s against ~4.4 pageable); returns the views and
+        """Copy a unit's tensors into the host arenas (pinned when CUDA is there: only pinned
+        memory copies asynchronously, ~55 GB/s against ~4.4 pageable); returns the views and
         points each tensor's .data at its view."""
-        offs, total = [], 0
-        for t in tensors:
-            offs.append(total)
-            total += (_nbytes(t) + _ALIGN - 1) // _ALIGN * _ALIGN
-        flat = torch.empty(total, dtype=torch.uint8, pin_memory=self.cuda)
         views = []
         with torch.no_grad():
-            for t, off in zip(tensors, offs):
-                v = flat[off:off + _nbytes(t)].view(t.dtype).view(t.shape)
+            for t in tensors:
+                v = self.host.take(_nbytes(t)).view(t.dtype).view(t.shape)
                 v.copy_(t.data)
                 t.data = v
                 views.append(v)
@@ -323,6 +378,7 @@ class OffloadRuntime:
                     t.data = t.data.to(dev, copy=True)
         self._originals.clear()
         self.units.clear()
+        self.host = HostArenas(self.cuda)  # the arenas go with the last views into them
         if self.cuda:
             torch.cuda.empty_cache()
 
@@ -443,9 +499,18 @@ class OffloadRuntime:
     def stats(self) -> dict[str, Any]:
         """Counters, plus the measured device peaks on CUDA (since apply)."""
         out: dict[str, Any] = self.counters.to_dict()
+        out["pinned_host_gib" if self.cuda else "host_gib"] = round(self.host.bytes / GIB, 3)
+        buffers = sum({id(u.group): sum(_nbytes(t) for slot in u.group.slots if slot for t in slot)
+                       for u in self.units.values()}.values())
         if self.cuda:
-            out["max_allocated_gib"] = round(torch.cuda.max_memory_allocated(self.device) / GIB, 3)
+            peak = torch.cuda.max_memory_allocated(self.device)
+            out["max_allocated_gib"] = round(peak / GIB, 3)
             out["max_reserved_gib"] = round(torch.cuda.max_memory_reserved(self.device) / GIB, 3)
+            # What the activations took at the peak: allocated minus resident weights and the
+            # streaming buffers alive now (a one-of-a-kind unit's buffer is gone after its call,
+            # so for a peak inside such a unit this overestimates by its size).
+            out["measured_activation_gib"] = round((peak - self.weights_on_device - buffers) / GIB, 3)
+            out["activation_reserve_gib"] = round(self.plan.activation / GIB, 3)
         return out
 
 
@@ -506,9 +571,9 @@ def offload_step(ctx: StepContext) -> StepRecord:
     device = torch.device(p.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(f"offload for profile {p.name!r} needs CUDA, which is not available here")
-    pinned = sum(_nbytes(t) for path in plan.streamed for s in specs if s.path == path for t in s.tensors)
-    on_host = sum(_nbytes(t) for path in plan.streamed for s in specs if s.path == path for t in s.tensors
-                  if t.device.type == "cpu")
+    streamed = [t for s in specs if s.path in set(plan.streamed) for t in s.tensors]
+    pinned = HostArenas.rounded([_nbytes(t) for t in streamed], pinned=device.type == "cuda")
+    on_host = sum(_nbytes(t) for t in streamed if t.device.type == "cpu")
     details["pinned_host_gib"] = round(pinned / GIB, 3)
     if os.environ.get("MAGI_ZOO_SKIP_HOST_CHECK") != "1":
         check_host_memory(pinned, already_on_host=on_host)
