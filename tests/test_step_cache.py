@@ -211,3 +211,21 @@ def test_cli_step_cache_flag(tmp_path, capsys):
     assert main(["run", "bagel-tiny", "--prompt", "x", "--out", str(tmp_path / "o.png"), "--gpu", "cpu",
                  "--step-cache", "first_block"]) == 2
     assert "bagel-tiny has none (Wan and Flux models do)" in capsys.readouterr().err
+
+
+def test_video_metrics_used_by_the_quality_benchmarks():
+    from benchmarks import fp8_quality, step_cache  # noqa: F401  (both import on CPU)
+    from benchmarks.video_quality import compare_videos, psnr, rel_l2, ssim
+
+    g = torch.Generator().manual_seed(0)
+    a = torch.rand(3, 3, 24, 24, generator=g)
+    assert torch.isinf(psnr(a, a)).all() and torch.allclose(ssim(a, a), torch.ones(3))
+    b = (a + 0.05 * torch.randn(a.shape, generator=g)).clamp(0, 1)
+    mse = (a - b).pow(2).flatten(1).mean(1)
+    torch.testing.assert_close(psnr(b, a), 10 * torch.log10(1 / mse))
+    assert (ssim(b, a) < 0.99).all() and (ssim(b, a) > 0).all()
+    # a constant offset keeps the structure term: SSIM stays far above that of noise
+    assert (ssim((a * 0.5 + 0.25), a * 0.5 + 0.3) > 0.95).all()
+    r = compare_videos(b, a, chunk=2)
+    assert len(r["psnr_per_frame_db"]) == 3 and r["identical_frames"] == 0 and 0 < r["ssim_mean"] < 1
+    assert rel_l2(a, a) == 0.0
