@@ -52,6 +52,13 @@ class DiffusersPipelineAdapter(Adapter):
     fps: ClassVar[int | None] = None  # video frame rate written by `magi-zoo run`
     entry_points = ("denoise",)
     run_options = ("num_inference_steps", "height", "width", "seed")
+    # The call argument whose value > 1 turns classifier-free guidance on (two denoiser forwards
+    # per step: what CFG parallel splits over two processes); None = the pipeline runs no CFG.
+    cfg_option: ClassVar[str | None] = None
+
+    def runs_cfg(self, call: dict[str, Any]) -> bool:
+        """Whether a pipeline call with these arguments runs classifier-free guidance."""
+        return self.cfg_option is not None and float(call.get(self.cfg_option) or 0.0) > 1.0
 
     def load_pretrained(self, variant: Variant, source: str, local: bool, dtype: torch.dtype,
                         device: torch.device):
@@ -100,6 +107,11 @@ class DiffusersPipelineAdapter(Adapter):
         if seed is not None:
             options["generator"] = torch.Generator(device="cpu").manual_seed(int(seed))
         self.check_shape(handle.pipe, {**handle.call_defaults(), **options})
+        from ..engine.parallel import cfg_parallel_active
+
+        if cfg_parallel_active(handle.plan) and not self.runs_cfg({**handle.call_defaults(), **options}):
+            raise ValueError(f"cfg parallel splits classifier-free guidance, which this call does not run "
+                             f"({self.cfg_option or 'no guidance option'} <= 1); drop cfg parallel (--no-cfg-parallel)")
         handle.pipe.set_progress_bar_config(disable=not progress)
         if self.output_kind == "video":
             return Output("video", list(handle(prompt=prompt, output_type="np", **options).frames[0]),

@@ -9,6 +9,7 @@ import torch.nn as nn
 from ..specs.gpu_profiles import GpuProfile, get_profile
 from ..specs.plan import PlanLayer, as_layers
 from . import attention, compile as compile_mod, offload, precision  # noqa: F401  (each registers its step)
+from . import parallel  # noqa: F401  (registers the parallel step)
 from . import step_cache  # noqa: F401  (registers the step_cache step)
 from .custom_ops import list_custom_ops
 from .prepare import Preparation, prepare
@@ -62,7 +63,8 @@ def apply(module: nn.Module, plan: Any = None, *, gpu: str | GpuProfile | None =
        inside a compiled region are refused;
     7. offload -- hooks that move weights wrap compiled regions, never traced into them
        (today: reads the profile's memory and says whether the weights fit);
-    8. parallel -- collectives outside compiled regions (no module yet).
+    8. parallel -- multi-process splits (Ulysses / ring / CFG), hooks that wrap compiled
+       regions from outside; collectives inside them only as functional collectives.
 
     Every step returns a record and an undo; `remove(module)` undoes them all, last first.
     Applying twice first removes the earlier plan, so wrappers never stack. A bad plan key

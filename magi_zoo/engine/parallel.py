@@ -176,11 +176,13 @@ def _make_fresh_hook(names: list[str]):
             args = list(args)
             for n in self.names:
                 if n in kwargs and isinstance(kwargs[n], torch.Tensor) and kwargs[n]._base is not None:
-                    kwargs[n] = kwargs[n].clone()
+                    kwargs[n] = kwargs[n].clone(memory_format=torch.contiguous_format)
                 elif n in self.index and self.index[n] < len(args):
                     i = self.index[n]
                     if isinstance(args[i], torch.Tensor) and args[i]._base is not None:
-                        args[i] = args[i].clone()
+                        # contiguous_format: a chunk keeps the full tensor's leading stride,
+                        # which a static-shape compile guards on, like the view itself
+                        args[i] = args[i].clone(memory_format=torch.contiguous_format)
             return tuple(args), kwargs
 
     return FreshInputsHook()
@@ -297,6 +299,7 @@ def _sequence_parallel(model: nn.Module, spec: ParallelSpec, mesh, key: str) -> 
     fresh = _fresh_entries(model)
     cp_plan = model._cp_plan
     installed_cp = False
+    forwards = _forwards(model.modules())
 
     def undo() -> None:
         root = HookRegistry.check_if_exists_or_initialize(model)
@@ -309,6 +312,7 @@ def _sequence_parallel(model: nn.Module, spec: ParallelSpec, mesh, key: str) -> 
         for p, prior in prior_procs:
             _restore_attr(p, "_parallel_config", prior)
         _restore_attr(model, "_parallel_config", prior_model)
+        _restore_forwards(forwards)
         for m in model.modules():
             if id(m) not in had_registry and "_diffusers_hook" in m.__dict__ and not m._diffusers_hook.hooks:
                 del m.__dict__["_diffusers_hook"]
@@ -343,17 +347,31 @@ def _restore_attr(obj: Any, name: str, prior: Any) -> None:
         obj.__dict__[name] = prior
 
 
+def _forwards(modules) -> list[tuple[nn.Module, Any]]:
+    """Each module's instance-level `forward` (or its absence). Diffusers' `remove_hook` puts
+    back the forward it wrapped *as an instance attribute* even when there was none (the
+    class method bound); restoring these makes the undo exact."""
+    return [(m, m.__dict__.get("forward", _MISSING)) for m in modules]
+
+
+def _restore_forwards(saved: list[tuple[nn.Module, Any]]) -> None:
+    for m, prior in saved:
+        _restore_attr(m, "forward", prior)
+
+
 def _cfg_parallel(model: nn.Module, group, branch: int, key: str) -> Callable[[], None]:
     _, HookRegistry, _, _ = _hooks()
     if not hasattr(model, "cache_context"):
         raise ValueError(f"parallel {key!r}: cfg=true needs a diffusers model whose pipeline marks its cond/uncond "
                          f"calls with cache_context; {type(model).__name__} has none")
     had = "_diffusers_hook" in model.__dict__
+    forwards = _forwards([model])
     registry = HookRegistry.check_if_exists_or_initialize(model)
     registry.register_hook(_make_cfg_hook(group, branch), CFG_HOOK)
 
     def undo() -> None:
         registry.remove_hook(CFG_HOOK, recurse=False)
+        _restore_forwards(forwards)
         if not had and not registry.hooks:
             model.__dict__.pop("_diffusers_hook", None)
 

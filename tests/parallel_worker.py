@@ -1,0 +1,112 @@
+"""One rank of the 2-process CPU (gloo) check in tests/test_parallel.py; run under torchrun.
+
+Every rank builds wan2.1-tiny (fp32, CPU), computes the single-process reference itself
+(the plan without a parallel section: each rank alone), then applies parallel plans and
+compares. Rank 0 writes what it saw as JSON to the path in argv[1]; the test asserts.
+
+Diffusers' context parallelism places rank r on device ``r % torch.accelerator.
+device_count()``, which is 0 on a CPU-only build; the engine refuses that with a clear error
+(checked here first), and the Ulysses checks below then stand in a count of 1 so diffusers'
+own Ulysses path (all-to-all over gloo) runs on CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+
+from magi_zoo import distributed
+
+out_path = sys.argv[1]
+distributed.init("cpu")
+rank = distributed.rank()
+result: dict = {"world": distributed.world_size()}
+
+import magi_zoo  # noqa: E402
+from magi_zoo.engine import counters, remove  # noqa: E402
+
+h = magi_zoo.load("wan2.1-tiny", gpu="cpu", dtype="float32", compile=False)
+t = h.pipe.transformer
+call = dict(h.call_defaults(), prompt="a corgi", output_type="np")
+
+
+def frames():
+    return h.pipe(**call, generator=torch.Generator().manual_seed(3)).frames
+
+
+def forward(**shape):
+    kw = h.adapter.example_inputs(h.pipe, h.variant, "denoise", **shape)
+    with torch.no_grad():
+        return t(**kw)[0]
+
+
+def state(module):
+    """What the parallel step may touch: instance attributes and hooks of every submodule."""
+    return [(n, sorted(k for k in m.__dict__ if k in ("forward", "_diffusers_hook", "_parallel_config")),
+             getattr(getattr(m, "processor", None), "_parallel_config", None) is not None)
+            for n, m in module.named_modules()]
+
+
+ref_frames, ref_fwd = frames(), forward()
+before = state(h.modules)
+eager_compile = {"WanTransformerBlock": {"backend": "eager", "fullgraph": True, "dynamic": False}}
+
+# 1. CFG parallel: each rank one branch, outputs exchanged. Must equal one process exactly.
+rep = magi_zoo.apply(h.modules, {"compile": {"": {"enabled": False}}, "parallel": {"transformer": {"cfg": True}}},
+                     gpu="cpu")
+rec = next(s for s in rep.steps if s.step == "parallel")
+calls = {"n": 0}
+hook = t.blocks[0].register_forward_pre_hook(lambda *a: calls.__setitem__("n", calls["n"] + 1))
+got = frames()
+hook.remove()
+result["cfg"] = {"did": rec.did, "max_diff": float(abs(got - ref_frames).max()),
+                 "block0_calls": calls["n"], "steps": call["num_inference_steps"]}
+remove(h.modules)
+result["cfg"]["undo_exact"] = state(h.modules) == before
+
+# 2. Ulysses on CPU is refused with a clear error ...
+try:
+    magi_zoo.apply(h.modules, {"compile": {"": {"enabled": False}}, "parallel": {"transformer": {"ulysses_degree": 2}}},
+                   gpu="cpu")
+    result["cpu_refusal"] = None
+except ValueError as e:
+    result["cpu_refusal"] = str(e)
+result["cpu_refusal_undo_exact"] = state(h.modules) == before
+
+# ... and runs with diffusers' device pick given one device (see the module docstring), with the
+# blocks compiled (fullgraph, backend eager: counting graphs, not generating code).
+torch.accelerator.device_count = lambda: 1
+torch.compiler.reset()
+snap = counters.snapshot()
+rep = magi_zoo.apply(h.modules, {"compile": eager_compile, "parallel": {"transformer": {"ulysses_degree": 2}}},
+                     gpu="cpu")
+fwd = forward()
+d = counters.delta(snap)
+got = frames()
+rec = next(s for s in rep.steps if s.step == "parallel")
+result["ulysses"] = {"did": rec.did, "fwd_max_diff": float((fwd - ref_fwd).abs().max()),
+                     "frames_max_diff": float(abs(got - ref_frames).max()), "compiled_frames": d.frames,
+                     "graphs": d.graphs, "breaks": d.graph_breaks, "recompiles": d.recompiles}
+try:  # 1 x 3 x 3 = 9 latent tokens: not divisible by 2
+    forward(height=48, width=48, frames=1)
+    result["uneven_refusal"] = None
+except ValueError as e:
+    result["uneven_refusal"] = str(e)
+remove(h.modules)
+result["ulysses"]["undo_exact"] = state(h.modules) == before
+
+# 3. Ranks that disagree are told so, on every rank, before any work.
+try:
+    distributed.check_same({"steps": 10 + rank}, "command lines")
+    result["mismatch"] = None
+except ValueError as e:
+    result["mismatch"] = str(e)
+
+if rank == 0:
+    with open(out_path, "w") as f:
+        json.dump(result, f)
+distributed.shutdown()
+os._exit(0)
