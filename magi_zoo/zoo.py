@@ -38,8 +38,9 @@ class ZooPipeline:
     def __init__(self, native: Any, modules: nn.ModuleDict, report: Report | None, *,
                  adapter: adapters.Adapter, variant: adapters.Variant, profile: GpuProfile,
                  dtype: torch.dtype, device: torch.device, layers: list[tuple[str, PlanLayer]],
-                 cache: CompileCache | None = None):
+                 cache: CompileCache | None = None, train: bool = False):
         self.pipe = native
+        self.training = train  # load(train=True): plan applied for training
         self.modules = modules
         self._report = report
         self.adapter = adapter
@@ -49,6 +50,13 @@ class ZooPipeline:
         self.device = device
         self.layers = layers
         self.cache = cache
+
+    @property
+    def trainable(self) -> nn.Module:
+        """The module a fine-tune optimises (the denoiser; `load(train=True)` put it in train mode)."""
+        from .train import trainable_module
+
+        return trainable_module(self.adapter, self.pipe)
 
     @property
     def plan(self):
@@ -84,7 +92,7 @@ class ZooPipeline:
         """Apply the resolved spec layers now (after a `compile=False` load, e.g. to time
         eager first); replaces any plan applied before."""
         self._report = apply(self.modules, layers=self.layers, gpu=self.profile,
-                             preparations=self.adapter.preparations(self.pipe))
+                             preparations=self.adapter.preparations(self.pipe), train=self.training)
         return self._report
 
     def explain(self, out_dir: str | Path, entry: str | None = None):
@@ -170,7 +178,7 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
          dtype: str | torch.dtype | None = None, device: str | torch.device | None = None,
          compile: Any = None, overrides: Any = None, precision: str | None = None,
          spec_file: str | Path | None = None, cache_dir: str | Path | None = None,
-         memory_budget_gib: float | None = None) -> ZooPipeline:
+         memory_budget_gib: float | None = None, train: bool = False, recompute: Any = None) -> ZooPipeline:
     """Build a model with its compile spec for a GPU applied.
 
     name: a model variant or alias (`magi_zoo.list_models()`).
@@ -193,6 +201,12 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
         the GPU profile's memory). When the model does not fit, the blocks and components
         the spec's offload section names stream from pinned host memory (README, "Weight
         offload"); the model is then built in host memory and placed by the offload step.
+    train: the denoiser in train mode with gradients (other components frozen, eval), the
+        plan applied for training: recompute on the spec's declared blocks, attention with
+        a backward (never forward-only fa3). `handle.trainable` is the module to optimise.
+    recompute: with train=True, the blocks' activation recompute: "full" (default), "none",
+        "selective" or a dict of RecomputeSpec fields, e.g. {"policy": "auto",
+        "memory_budget_gib": 16} (measured on the example inputs at load; README, "Training").
     """
     adapter, variant = adapters.lookup(name)
     profile = get_profile(gpu)
@@ -210,6 +224,13 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
             raise ValueError(f"precision='fp8' needs a card with fp8 matmuls (Hopper, Ada, Blackwell); "
                              f"profile {profile.name!r} has none")
         layers = with_precision(layers, precision)
+    if recompute is not None and (not train or compile is False):
+        raise ValueError("recompute= sets activation recompute for training: pass train=True (and not compile=False, "
+                         "which applies no plan; for eager blocks use compile={'<Block>': {'enabled': False}})")
+    if train and compile is not False:
+        from .train import training_layers
+
+        layers = training_layers(layers, recompute)
     directory = resolve_cache_dir(cache_dir)
     if directory is not None and directory.exists() and not directory.is_dir():
         raise ValueError(f"cache_dir {str(directory)!r} exists and is not a directory; pass a directory "
@@ -221,8 +242,12 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
     build_dev = _build_device(adapter, variant, layers, profile, dev, dt, compile)
     native = adapter.build(variant, weights=weights, dtype=dt, device=build_dev)
     modules = nn.ModuleDict(adapter.components(native))
+    if train:
+        from .train import set_train_mode
+
+        set_train_mode(adapter, native)
     report = None if compile is False else apply(modules, layers=layers, gpu=profile,
-                                                 preparations=adapter.preparations(native))
+                                                 preparations=adapter.preparations(native), train=train)
     cache = None
     if report is not None and directory is not None:
         cache = CompileCache(directory, {
@@ -230,5 +255,11 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
             "gpu_profile": profile.name, "plan": report.plan.digests(),
         })
         cache.load()  # before any compile: the first call then hits torch's warm caches
-    return ZooPipeline(native, modules, report, adapter=adapter, variant=variant, profile=profile,
-                       dtype=dt, device=dev, layers=layers, cache=cache)
+    handle = ZooPipeline(native, modules, report, adapter=adapter, variant=variant, profile=profile,
+                         dtype=dt, device=dev, layers=layers, cache=cache, train=train)
+    if train and report is not None:
+        from .train import calibrate, has_auto
+
+        if has_auto(layers):
+            calibrate(handle)  # recompute='auto': measure the blocks on the example inputs, choose
+    return handle

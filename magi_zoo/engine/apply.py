@@ -10,6 +10,7 @@ from ..specs.gpu_profiles import GpuProfile, get_profile
 from ..specs.plan import PlanLayer, as_layers
 from . import attention, compile as compile_mod, offload, precision  # noqa: F401  (each registers its step)
 from . import parallel  # noqa: F401  (registers the parallel step)
+from . import recompute  # noqa: F401  (registers the recompute step)
 from . import step_cache  # noqa: F401  (registers the step_cache step)
 from .custom_ops import list_custom_ops
 from .prepare import Preparation, prepare
@@ -34,7 +35,7 @@ _APPLIED = "_magi_zoo_applied"  # root instance attr: the StepRecords of the pla
 
 def apply(module: nn.Module, plan: Any = None, *, gpu: str | GpuProfile | None = None,
           layers: Sequence[tuple[str, PlanLayer]] | None = None,
-          preparations: Sequence[Preparation] = ()) -> Report:
+          preparations: Sequence[Preparation] = (), train: bool = False) -> Report:
     """Apply a plan in place to any `nn.Module` tree and return a live `Report`.
 
     `plan` is a dict ({section: {key: spec}}, or {key: spec} for compile alone), a
@@ -43,7 +44,8 @@ def apply(module: nn.Module, plan: Any = None, *, gpu: str | GpuProfile | None =
     ...]`` (what `magi_zoo.load` passes). `gpu` is a profile name or `GpuProfile` every step
     is told (default: the card the module's weights are on, or "cpu" -- the engine never
     initialises CUDA by itself). `preparations` are
-    an adapter's declared graph preparations. With no compile entry in any layer, the
+    an adapter's declared graph preparations. `train=True` tells every step the module
+    will be trained (attention then keeps a backend with a backward). With no compile entry in any layer, the
     engine default compiles the root: exactly `torch.compile(module)`.
 
     The steps run in `STEP_ORDER`, one engine module each, and this is the only place that
@@ -55,7 +57,8 @@ def apply(module: nn.Module, plan: Any = None, *, gpu: str | GpuProfile | None =
        in place before anything is traced;
     3. precision -- fp8 linears where the plan says matmul='fp8' (before tracing: the
        graphs must contain the fp8 ops);
-    4. recompute -- checkpointing must sit *inside* compiled regions (no module yet);
+    4. recompute -- activation checkpointing per region (none / full / selective / auto);
+       it must sit *inside* compiled regions, so it wraps each block before compile does;
     5. compile -- installs the compiled methods (compilation itself happens lazily on the
        first call and is booked to each region's counters);
     6. step_cache -- diffusers' step-caching hooks (first block cache, MagCache, ...) wrap
@@ -81,7 +84,7 @@ def apply(module: nn.Module, plan: Any = None, *, gpu: str | GpuProfile | None =
     try:
         records.append(prepare(module, list(preparations)))
         resolved: ResolvedPlan = resolve(module, list(layers))
-        ctx = StepContext(root=module, plan=resolved, profile=profile)
+        ctx = StepContext(root=module, plan=resolved, profile=profile, train=train)
         for name in STEP_ORDER[1:]:
             if name in STEPS:
                 records.append(STEPS[name](ctx))

@@ -38,6 +38,7 @@ class StepContext:
     plan: ResolvedPlan
     profile: GpuProfile
     regions: list = dataclasses.field(default_factory=list)  # compile regions (RegionStats), for the report
+    train: bool = False  # a training apply: steps keep what backward needs (e.g. attention with a backward)
 
 
 StepFn = Callable[[StepContext], StepRecord]

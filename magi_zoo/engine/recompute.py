@@ -1,0 +1,629 @@
+"""The recompute step: activation checkpointing per region, with the policy as data.
+
+The step replaces each target block's ``forward`` (an instance attribute, as the compile
+step does) with a wrapper that calls the original through
+``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``. It runs *before* the
+compile step, so the compiled region is the wrapper: dynamo traces the checkpoint as one
+higher-order op and the partitioner sees what to save and what to recompute (the order
+torchtitan uses: activation checkpointing -> compile -> FSDP).
+
+Policies (`RecomputeSpec.policy`):
+
+- ``full``: plain checkpoint, everything recomputed;
+- ``selective``: `create_selective_checkpoint_contexts` with a policy that keeps the
+  outputs of the `save` ops (op groups or names) and of every custom op registered with
+  ``is_compute_sensitive=True`` (the reader of that flag), recomputing the rest;
+- ``auto``: per block one of {full, keep attention, keep matmuls, keep both, no
+  checkpoint}, chosen by `choose` (a pure function) from a measured `BlockProfile` so that
+  the step's estimated peak fits the budget at the least recompute time. The profile is
+  measured by `calibrate(root, run)` -- one forward of `run` with the first block of every
+  auto region run eagerly under an op-recording dispatch mode; `load(train=True)` does it
+  on the model's example inputs. Until then an auto block refuses a grad-mode call.
+
+With grad disabled (inference) every wrapper calls the original forward directly, so an
+inference call traces exactly the graph it traced before. Undo puts the original
+``forward`` back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import heapq
+import time
+import warnings
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.nn as nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+from ..specs.recompute_spec import OP_GROUPS, RecomputeSpec, resolve_op_name
+from .custom_ops import NAMESPACE, list_custom_ops
+from .steps import StepContext, StepRecord, register_step
+
+GIB = 1024 ** 3
+_STATE = "_magi_zoo_recompute"  # block instance attr: its _BlockState
+_PRIOR = "_magi_zoo_recompute_prior"  # block instance attr: the `forward` instance attr before us (or None)
+
+
+# -- op groups and the selective policy ---------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def group_ops(group: str) -> frozenset:
+    """The op packets of one group (`OP_GROUPS`) that exist in this torch build."""
+    out = set()
+    for name in OP_GROUPS[group]:
+        ns, op = name.split(".")
+        packet = getattr(getattr(torch.ops, ns), op, None)
+        if packet is not None:
+            out.add(packet)
+    return frozenset(out)
+
+
+def op_group(func: Any) -> str:
+    """Which group an op belongs to: 'sensitive' (a compute-sensitive custom op), 'matmuls',
+    'attention', or 'other'."""
+    if is_compute_sensitive(func):
+        return "sensitive"
+    packet = getattr(func, "overloadpacket", func)
+    for group in OP_GROUPS:
+        if packet in group_ops(group):
+            return group
+    return "other"
+
+
+def is_compute_sensitive(func: Any) -> bool:
+    """Is `func` a custom op registered with ``is_compute_sensitive=True``? Read at trace
+    time, so an op registered after `apply` still counts."""
+    if getattr(func, "namespace", None) != NAMESPACE:
+        return False
+    return any(info.overload is func for info in list_custom_ops(is_compute_sensitive=True))
+
+
+def save_set(names: Sequence[str]) -> frozenset:
+    """Op packets / overloads that `save` names (groups expanded)."""
+    out: set = set()
+    for name in names:
+        out |= group_ops(name) if name in OP_GROUPS else {resolve_op_name(name)}
+    return frozenset(out)
+
+
+def _policy(saved: frozenset) -> Callable:
+    # A closure per save set (what dynamo's checkpoint support accepts as a policy): keep
+    # the named ops' outputs and the compute-sensitive custom ops', recompute the rest.
+    def policy(ctx, func, *args, **kwargs):
+        if func in saved or getattr(func, "overloadpacket", None) in saved or is_compute_sensitive(func):
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    return policy
+
+
+@functools.lru_cache(maxsize=None)
+def context_fn(saved: frozenset) -> Callable:
+    """The `context_fn` of a selective checkpoint keeping `saved`: one object per save set,
+    so blocks with the same choice share one compiled graph (dynamo guards on its identity)."""
+    return functools.partial(create_selective_checkpoint_contexts, _policy(saved))
+
+
+# -- the per-block wrapper ------------------------------------------------------------------------
+
+class _BlockState:
+    """What one block's wrapper reads: whether to checkpoint and with which context."""
+
+    def __init__(self, region: "_Region", checkpointed: bool, ctx_fn: Callable | None, label: str):
+        self.region = region
+        self.checkpointed = checkpointed  # False: plain forward (policy none, or auto chose none)
+        self.context_fn = ctx_fn  # None: full recompute (no selective context)
+        self.decided = region.spec.policy != "auto"
+        self.profiling = False  # True only inside `calibrate`
+        self.label = label  # what this block keeps, for the report
+        self.guard = None  # auto, until decided: the pre-hook refusing grad-mode calls
+
+
+def _wrap(orig: Callable, state: _BlockState) -> Callable:
+    def forward(*args, **kwargs):
+        if state.profiling:
+            return _profile_call(state, orig, args, kwargs)
+        if not torch.is_grad_enabled() or not state.checkpointed:
+            return orig(*args, **kwargs)
+        if state.context_fn is None:
+            return checkpoint(orig, *args, use_reentrant=False, **kwargs)
+        return checkpoint(orig, *args, use_reentrant=False, context_fn=state.context_fn, **kwargs)
+
+    forward.__wrapped__ = orig  # type: ignore[attr-defined]
+    return forward
+
+
+def _wrap_for(cls: type, orig: Callable, state: _BlockState) -> Callable:
+    """`_wrap`, with a code object of its own per block class. Why: dynamo keeps compiled
+    code per code object (and at most `recompile_limit` entries on one); sharing the wrapper's
+    code between block classes would turn a second class (Flux's single-stream blocks) into
+    a recompile of the first, and enough classes x choices into a silent eager fallback."""
+    fn = _wrap(orig, state)
+    code = _CODES.get(cls)
+    if code is None:
+        code = _CODES[cls] = fn.__code__.replace(co_name=f"{cls.__name__}_checkpointed_forward")
+    fn.__code__ = code
+    fn.__name__ = code.co_name
+    return fn
+
+
+_CODES: dict[type, Any] = {}  # block class -> the wrapper code object its blocks share
+
+
+def _refuse_undecided(module: nn.Module, args: tuple) -> None:
+    # A forward pre-hook on auto blocks until `calibrate` decides (hooks run outside the
+    # compiled forward, so this error reaches the caller as written).
+    state = module.__dict__[_STATE]
+    if torch.is_grad_enabled() and not state.decided and not state.profiling:
+        raise RuntimeError(
+            f"recompute='auto' on {state.region.key!r}: the per-block choice is not made yet. Measure it "
+            "once: magi_zoo.engine.recompute.calibrate(module, lambda: module(**inputs)) "
+            "(magi_zoo.load(..., train=True) does this on the example inputs)")
+
+
+def _install(module: nn.Module, state: _BlockState) -> None:
+    if _STATE in module.__dict__:
+        raise RuntimeError(f"{type(module).__name__} already has a recompute wrapper; call "
+                           "magi_zoo.remove(module) before applying another plan")
+    module.__dict__[_PRIOR] = module.__dict__.get("forward")
+    module.__dict__[_STATE] = state
+    object.__setattr__(module, "forward", _wrap_for(type(module), module.forward, state))
+    if not state.decided:
+        state.guard = module.register_forward_pre_hook(_refuse_undecided)
+
+
+def _uninstall(module: nn.Module) -> None:
+    if _STATE not in module.__dict__:
+        return
+    prior = module.__dict__.pop(_PRIOR)
+    state = module.__dict__.pop(_STATE)
+    if state.guard is not None:
+        state.guard.remove()
+    if prior is None:
+        module.__dict__.pop("forward", None)
+    else:
+        object.__setattr__(module, "forward", prior)
+
+
+# -- profiles (measured) and the choice (pure) ----------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class GroupCost:
+    """Outputs of one op group in one block forward: bytes, forward seconds, op calls."""
+
+    bytes: int = 0
+    seconds: float = 0.0
+    calls: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockProfile:
+    """One block's measured forward: per op group ('matmuls', 'attention', 'sensitive',
+    'other') the bytes of the outputs and the seconds spent; `boundary_bytes` = the inputs a
+    checkpoint keeps that are the block's own (the residual stream; inputs every block
+    shares, e.g. text states, are counted once, elsewhere); `no_checkpoint_bytes` = what
+    autograd saves for the block without checkpointing (unique storages, parameters
+    excluded), the block's inputs included."""
+
+    groups: dict[str, GroupCost]
+    forward_s: float
+    boundary_bytes: int
+    no_checkpoint_bytes: int
+
+    def group(self, name: str) -> GroupCost:
+        return self.groups.get(name, GroupCost())
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """One thing a block may do: what it keeps, the bytes that costs, the recompute seconds
+    left. `save` None = no checkpoint; () = full recompute (compute-sensitive ops kept)."""
+
+    name: str
+    save: tuple[str, ...] | None
+    bytes: int
+    recompute_s: float
+
+
+AUTO_SAVES: tuple[tuple[str, ...], ...] = ((), ("attention",), ("matmuls",), ("matmuls", "attention"))
+
+
+def options(p: BlockProfile) -> list[Option]:
+    """The choices `auto` weighs for a block with profile `p`, by its measured costs.
+
+    A checkpointed block keeps its boundary inputs, the compute-sensitive custom ops'
+    outputs and the outputs of the kept groups; it recomputes every other op (their
+    forward seconds). No checkpoint keeps what autograd saves and recomputes nothing.
+    """
+    sens = p.group("sensitive")
+    out = []
+    for save in AUTO_SAVES:
+        kept = [p.group(g) for g in save]
+        out.append(Option("full" if not save else "keep " + "+".join(save), save,
+                          p.boundary_bytes + sens.bytes + sum(g.bytes for g in kept),
+                          max(0.0, p.forward_s - sens.seconds - sum(g.seconds for g in kept))))
+    out.append(Option("no checkpoint", None, p.no_checkpoint_bytes, 0.0))
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """What `choose` picked: an option index per block, totals, and whether it fits."""
+
+    picks: tuple[int, ...]
+    bytes: int
+    recompute_s: float
+    fits: bool
+
+
+def _hull(opts: Sequence[Option]) -> list[int]:
+    """Indices of the lower convex hull of (bytes, recompute seconds), by bytes: the options
+    worth upgrading through (a dominated option -- more bytes, no fewer seconds -- or one
+    above the hull is never the best use of the bytes it costs)."""
+    order = sorted(range(len(opts)), key=lambda i: (opts[i].bytes, opts[i].recompute_s))
+    pareto: list[int] = []
+    for i in order:
+        if not pareto or opts[i].recompute_s < opts[pareto[-1]].recompute_s:
+            if pareto and opts[i].bytes == opts[pareto[-1]].bytes:
+                pareto.pop()
+            pareto.append(i)
+    hull: list[int] = []
+    for i in pareto:
+        while len(hull) >= 2:
+            a, b = opts[hull[-2]], opts[hull[-1]]
+            c = opts[i]
+            # b is above the segment a-c: a -> c saves seconds per byte at least as well.
+            if (b.recompute_s - a.recompute_s) * (c.bytes - a.bytes) >= (c.recompute_s - a.recompute_s) * (b.bytes - a.bytes):
+                hull.pop()
+            else:
+                break
+        hull.append(i)
+    return hull
+
+
+def choose(blocks: Sequence[Sequence[Option]], budget_bytes: float) -> Choice:
+    """Per block one option, so that the kept bytes fit `budget_bytes` at the least total
+    recompute time. Pure (tested on CPU with made-up profiles).
+
+    Multiple-choice knapsack by the greedy of its LP relaxation: every block starts at its
+    cheapest option and the upgrade with the most seconds saved per byte is taken while it
+    fits (upgrades walk each block's convex hull, so they come in order of efficiency);
+    then any block still able to afford a better option in what is left takes it. With
+    identical blocks this is optimal up to one block's step. If even the cheapest options
+    do not fit, those are returned with `fits=False`.
+    """
+    if not blocks:
+        return Choice((), 0, 0.0, True)
+    hulls = [_hull(opts) for opts in blocks]
+    picks = [h[0] for h in hulls]
+    pos = [0] * len(blocks)
+    used = sum(blocks[b][picks[b]].bytes for b in range(len(blocks)))
+    if used > budget_bytes:
+        return Choice(tuple(picks), used, sum(blocks[b][picks[b]].recompute_s for b in range(len(blocks))), False)
+    heap: list[tuple[float, int]] = []
+
+    def push(b: int) -> None:
+        if pos[b] + 1 < len(hulls[b]):
+            cur, nxt = blocks[b][hulls[b][pos[b]]], blocks[b][hulls[b][pos[b] + 1]]
+            gain = (cur.recompute_s - nxt.recompute_s) / max(1, nxt.bytes - cur.bytes)
+            heapq.heappush(heap, (-gain, b))
+
+    for b in range(len(blocks)):
+        push(b)
+    while heap:
+        _, b = heapq.heappop(heap)
+        cur, nxt = blocks[b][hulls[b][pos[b]]], blocks[b][hulls[b][pos[b] + 1]]
+        if used - cur.bytes + nxt.bytes <= budget_bytes:
+            used += nxt.bytes - cur.bytes
+            pos[b] += 1
+            picks[b] = hulls[b][pos[b]]
+            push(b)
+    # Fill: what is left may still buy a smaller step off the hull for some block.
+    for b, opts in enumerate(blocks):
+        cur = opts[picks[b]]
+        better = [i for i, o in enumerate(opts)
+                  if o.recompute_s < cur.recompute_s and used - cur.bytes + o.bytes <= budget_bytes]
+        if better:
+            i = min(better, key=lambda i: opts[i].recompute_s)
+            used += opts[i].bytes - cur.bytes
+            picks[b] = i
+    return Choice(tuple(picks), used, sum(blocks[b][picks[b]].recompute_s for b in range(len(blocks))), True)
+
+
+# -- measuring a block ------------------------------------------------------------------------------
+
+def _storage_key(t: torch.Tensor) -> tuple[int, int]:
+    s = t.untyped_storage()
+    return s.data_ptr(), s.nbytes()
+
+
+class _OpRecorder(TorchDispatchMode):
+    """Records, per op group, the bytes of each op's outputs (new storages only) and its
+    time (synchronised around every op on CUDA: a profiling pass, not a fast one)."""
+
+    def __init__(self, device: torch.device):
+        super().__init__()
+        self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        self.groups: dict[str, list] = {}
+        self.seen: set = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.sync()
+        t0 = time.perf_counter()
+        out = func(*args, **(kwargs or {}))
+        self.sync()
+        dt = time.perf_counter() - t0
+        nbytes = 0
+        for t in torch.utils._pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                key = _storage_key(t)
+                if key not in self.seen:
+                    self.seen.add(key)
+                    nbytes += key[1]
+        g = self.groups.setdefault(op_group(func), [0, 0.0, 0])
+        g[0] += nbytes
+        g[1] += dt
+        g[2] += 1
+        return out
+
+
+def _as_grad_input(x: Any) -> Any:
+    # Profiling runs inside calibrate's no_grad: give floating inputs requires_grad, as the
+    # residual stream has in a training step, so autograd saves what it would save then.
+    if isinstance(x, torch.Tensor) and x.is_floating_point():
+        return x.detach().requires_grad_(True)
+    return x
+
+
+def measure_block(fn: Callable, args: tuple, kwargs: dict, *, repeats: int = 2) -> BlockProfile:
+    """Run one block forward (`fn(*args, **kwargs)`, eager, no checkpoint) `repeats` times
+    under the op recorder and saved-tensor hooks; the last run's timings count (the first
+    warms kernels and allocators up)."""
+    leaves = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    device = leaves[0].device if leaves else torch.device("cpu")
+    module = getattr(fn, "__self__", None)
+    params = {_storage_key(p) for p in module.parameters()} if isinstance(module, nn.Module) else set()
+    prof = None
+    for _ in range(repeats):
+        a, k = torch.utils._pytree.tree_map(_as_grad_input, (args, kwargs))
+        saved: set = set()
+
+        def pack(t: torch.Tensor):
+            if t.device.type != "meta":
+                key = _storage_key(t)
+                if key not in params:
+                    saved.add(key)
+            return t
+
+        rec = _OpRecorder(device)
+        # fork_rng: a profiled forward must not move the RNG a training step will use.
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.enable_grad(), \
+                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            t0 = time.perf_counter()
+            with rec:
+                out = fn(*a, **k)
+            rec.sync()
+            total = time.perf_counter() - t0
+        out_shapes = {tuple(t.shape) for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)}
+        # The block's own inputs: those shaped like an output (the residual stream it passes on).
+        boundary = {_storage_key(t) for t in torch.utils._pytree.tree_leaves((a, k))
+                    if isinstance(t, torch.Tensor) and tuple(t.shape) in out_shapes}
+        prof = BlockProfile(
+            groups={g: GroupCost(int(v[0]), float(v[1]), int(v[2])) for g, v in rec.groups.items()},
+            forward_s=total,
+            boundary_bytes=sum(n for _, n in boundary),
+            no_checkpoint_bytes=sum(n for _, n in saved | boundary),
+        )
+        del out
+    return prof
+
+
+# -- regions, calibration, the step -----------------------------------------------------------------
+
+@dataclasses.dataclass
+class _Region:
+    key: str
+    spec: RecomputeSpec
+    states: list[_BlockState]
+    cls_name: str
+    record: StepRecord | None = None
+    profile: BlockProfile | None = None
+    choice: str | None = None  # auto: the report's words for what was chosen
+
+
+def _regions_under(root: nn.Module) -> list[_Region]:
+    out: list[_Region] = []
+    for m in root.modules():
+        st = m.__dict__.get(_STATE)
+        if st is not None and all(r is not st.region for r in out):
+            out.append(st.region)
+    return out
+
+
+def _profile_call(state: _BlockState, orig: Callable, args: tuple, kwargs: dict):
+    region = state.region
+    if region.spec.policy == "auto" and region.profile is None:
+        region.profile = measure_block(orig, args, kwargs)
+    return orig(*args, **kwargs)
+
+
+def _tensor_bytes(tensors) -> int:
+    seen, total = set(), 0
+    for t in tensors:
+        key = _storage_key(t)
+        if key not in seen and t.device.type != "meta":
+            seen.add(key)
+            total += key[1]
+    return total
+
+
+def calibrate(root: nn.Module, run: Callable[[], Any]) -> list[dict[str, Any]]:
+    """Measure every `auto` region under `root` and make its per-block choice.
+
+    `run()` should call the model once on inputs of the training shape (its output is
+    dropped). It runs without grad and with compiled regions forced eager (nothing is
+    compiled); the first block of each auto region is measured (`measure_block`). Then one
+    choice is made over all auto blocks against the budget: the estimated peak is
+
+        weights + trainable weights x (1 gradient + `optimizer_states`) + other memory live
+        now (CUDA: allocated minus weights) + the largest block's no-checkpoint bytes (the
+        block being recomputed in backward) + what every block keeps (its choice).
+
+    The choice is written to the recompute step's record (the report) and returned, one
+    dict per auto region. Calling it again re-measures and re-chooses.
+    """
+    regions = [r for r in _regions_under(root) if r.spec.policy == "auto"]
+    if not regions:
+        raise ValueError("calibrate: no recompute='auto' region under this module; nothing to measure")
+    budgets = {r.spec.memory_budget_gib for r in regions} | set()
+    if len(budgets) > 1 or len({r.spec.optimizer_states for r in regions}) > 1:
+        raise ValueError("recompute='auto' regions of one model share one budget; give every auto region the "
+                         f"same memory_budget_gib and optimizer_states (got {sorted(budgets)})")
+    for r in regions:
+        r.profile = None
+        for st in r.states:
+            st.profiling = True
+    try:
+        with _force_eager(), torch.no_grad():
+            run()
+    finally:
+        for r in regions:
+            for st in r.states:
+                st.profiling = False
+    missing = [r.key for r in regions if r.profile is None]
+    if missing:
+        raise RuntimeError(f"calibrate: run() never called the auto region(s) {missing}; pass a run that calls "
+                           "the model's forward")
+    spec = regions[0].spec
+    params = list(root.parameters())
+    weights = _tensor_bytes(params)
+    trainable = _tensor_bytes([p for p in params if p.requires_grad])
+    device = params[0].device if params else torch.device("cpu")
+    other = max(0, torch.cuda.memory_allocated(device) - weights) if device.type == "cuda" else 0
+    transient = max(r.profile.no_checkpoint_bytes for r in regions)
+    fixed = weights + int(trainable * (1 + spec.optimizer_states)) + other + transient
+    budget = spec.memory_budget_gib * GIB
+    blocks, owners = [], []
+    for r in regions:
+        opts = options(r.profile)
+        for st in r.states:
+            blocks.append(opts)
+            owners.append((r, st))
+    pick = choose(blocks, budget - fixed)
+    summary = []
+    for r in regions:
+        opts = options(r.profile)
+        counts: dict[str, int] = {}
+        for (reg, st), i in zip(owners, pick.picks):
+            if reg is not r:
+                continue
+            o = opts[i]
+            st.checkpointed = o.save is not None
+            st.context_fn = context_fn(save_set(o.save)) if o.save is not None else None
+            st.decided = True
+            st.label = o.name
+            if st.guard is not None:
+                st.guard.remove()
+                st.guard = None
+            counts[o.name] = counts.get(o.name, 0) + 1
+        r.choice = ", ".join(f"{n} x {name}" for name, n in counts.items())
+        summary.append({
+            "region": r.key, "blocks": len(r.states), "choice": counts,
+            "options": [{"name": o.name, "gib_per_block": round(o.bytes / GIB, 4),
+                         "recompute_ms_per_block": round(o.recompute_s * 1e3, 3)} for o in opts],
+        })
+    est_peak = (fixed + pick.bytes) / GIB
+    accounting = {"budget_gib": spec.memory_budget_gib, "weights_gib": round(weights / GIB, 3),
+                  "grads_and_optimizer_gib": round(trainable * (1 + spec.optimizer_states) / GIB, 3),
+                  "other_live_gib": round(other / GIB, 3), "largest_block_backward_gib": round(transient / GIB, 3),
+                  "kept_activations_gib": round(pick.bytes / GIB, 3), "estimated_peak_gib": round(est_peak, 3),
+                  "estimated_recompute_ms": round(pick.recompute_s * 1e3, 2), "fits": pick.fits}
+    if not pick.fits:
+        warnings.warn(f"recompute='auto': even full recompute everywhere is estimated at {est_peak:.2f} GiB, over the "
+                      f"{spec.memory_budget_gib:g} GiB budget (weights {weights / GIB:.2f}, gradients + optimizer "
+                      f"{trainable * (1 + spec.optimizer_states) / GIB:.2f}); raise the budget, shard (FSDP) or "
+                      "offload", RuntimeWarning, stacklevel=2)
+    for r in regions:
+        if r.record is not None:
+            r.record.details.setdefault("auto", {})[r.key] = {**next(s for s in summary if s["region"] == r.key),
+                                                                 **accounting}
+            r.record.did = _did(_regions_under(root) or regions)
+    return [{**s, **accounting} for s in summary]
+
+
+@contextlib.contextmanager
+def _force_eager():
+    # Calibration must not compile: compiled regions run their Python (our wrapper) eagerly.
+    set_stance = getattr(torch.compiler, "set_stance", None)
+    if set_stance is None:  # pragma: no cover - torch < 2.6
+        yield
+        return
+    with set_stance("force_eager"):
+        yield
+
+
+def _describe(r: _Region) -> str:
+    spec, n = r.spec, len(r.states)
+    where = f"{r.key or '<root>'} ({n} x {r.cls_name})"
+    if spec.policy == "full":
+        return f"full on {where}"
+    if spec.policy == "selective":
+        return f"selective on {where}, keeping {'+'.join(spec.saved)} and compute-sensitive custom ops"
+    if r.choice is None:
+        return (f"auto ({spec.memory_budget_gib:g} GiB budget) on {where}: not chosen yet (calibrate measures it; "
+                "load(train=True) does on the example inputs)")
+    est = r.record.details["auto"][r.key] if r.record is not None else {}
+    return (f"auto ({spec.memory_budget_gib:g} GiB budget) on {where}: {r.choice}; estimated peak "
+            f"{est.get('estimated_peak_gib', '?')} GiB, recompute {est.get('estimated_recompute_ms', '?')} ms/step")
+
+
+def _did(regions: list[_Region]) -> str:
+    return "; ".join(_describe(r) for r in regions) if regions else "none (no recompute section)"
+
+
+@register_step("recompute")
+def recompute_step(ctx: StepContext) -> StepRecord:
+    """Install a checkpointing wrapper on every block of every recompute region whose policy
+    is not 'none'; the record's undo removes them."""
+    section = ctx.plan.section("recompute")
+    installed: list[nn.Module] = []
+    regions: list[_Region] = []
+
+    def undo() -> None:
+        for m in reversed(installed):
+            _uninstall(m)
+
+    try:
+        for (key, _), targets in section.regions().items():
+            spec: RecomputeSpec = targets[0].spec
+            if spec.policy == "none":
+                continue
+            region = _Region(key=key, spec=spec, states=[], cls_name=targets[0].cls_name)
+            if spec.policy == "selective":
+                ctx_fn, label = context_fn(save_set(spec.saved)), "keep " + "+".join(spec.saved)
+            else:
+                ctx_fn, label = None, "full" if spec.policy == "full" else "auto (not chosen yet)"
+            for t in targets:
+                st = _BlockState(region, checkpointed=True, ctx_fn=ctx_fn, label=label)
+                _install(t.module, st)
+                installed.append(t.module)
+                region.states.append(st)
+            regions.append(region)
+    except BaseException:
+        undo()
+        raise
+    record = StepRecord("recompute", _did(regions), undo,
+                        {"regions": {r.key: {"policy": r.spec.policy, "blocks": len(r.states)} for r in regions}})
+    for r in regions:
+        r.record = record
+    return record
+
+
+def block_choices(root: nn.Module) -> list[tuple[str, str]]:
+    """(module path, what it keeps) for every checkpoint-wrapped block under `root`."""
+    return [(path, m.__dict__[_STATE].label) for path, m in root.named_modules() if _STATE in m.__dict__]

@@ -1,0 +1,131 @@
+"""Training with magi_zoo: the pieces `load(..., train=True)` and the training benchmark use.
+
+    handle = magi_zoo.load("wan2.1", train=True, recompute={"policy": "auto", "memory_budget_gib": 16})
+    model = handle.trainable            # the denoiser, in train mode, plan applied
+    loss = flow_matching_loss(model, handle.adapter.example_inputs(handle.pipe, handle.variant, "denoise"))
+    loss.backward()
+
+- `training_layers`: the recompute policy set on the regions a spec declares (its
+  ``[default.recompute]`` keys, the repeated blocks);
+- `set_train_mode`: the denoiser in train mode with gradients, the other components (text
+  encoders, VAE) frozen in eval mode, as a fine-tune runs them;
+- `calibrate`: measures the `auto` regions on the denoiser's example inputs;
+- `flow_matching_loss`: rectified-flow loss on given latents (what Wan and Flux train with);
+- `shard`: FSDP2 (`torch.distributed.fsdp.fully_shard`) per block, then the root, after the
+  plan is applied -- torchtitan's order: recompute -> compile -> shard.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+import torch
+import torch.nn as nn
+
+from .specs.recompute_spec import with_recompute
+
+DEFAULT_RECOMPUTE = "full"  # train=True without recompute=: what always fits one block at a time
+
+
+def training_layers(layers: list, recompute: Any) -> list:
+    """`layers` with the recompute policy on every region the spec declares."""
+    return with_recompute(layers, DEFAULT_RECOMPUTE if recompute is None else recompute)
+
+
+def trainable_module(adapter, native) -> nn.Module:
+    """The module a fine-tune trains: the family's first entry point's module (the denoiser)."""
+    if not adapter.entry_points:
+        raise ValueError(f"{adapter.family} declares no entry point, so nothing to train; train=True needs one")
+    return adapter.entry(native, adapter.entry_points[0])[0]
+
+
+def set_train_mode(adapter, native) -> nn.Module:
+    """Train mode + gradients on the denoiser; every other component eval and frozen."""
+    model = trainable_module(adapter, native)
+    for comp in adapter.components(native).values():
+        if comp is not model:
+            comp.eval().requires_grad_(False)
+    model.train().requires_grad_(True)
+    return model
+
+
+def calibrate(handle, **shape) -> list[dict[str, Any]]:
+    """Measure the `auto` recompute regions of a train handle on the denoiser's example
+    inputs (at `shape`, default the variant's call size) and make the per-block choice."""
+    from .engine.recompute import calibrate as calibrate_module
+
+    entry = handle.adapter.entry_points[0]
+    module, method = handle.adapter.entry(handle.pipe, entry)
+    kwargs = handle.adapter.example_inputs(handle.pipe, handle.variant, entry, **shape)
+    return calibrate_module(handle.modules, lambda: getattr(module, method)(**kwargs))
+
+
+def has_auto(layers: list) -> bool:
+    return any(spec.policy == "auto" for _, layer in layers for _, _, spec in layer.items("recompute"))
+
+
+def flow_matching_loss(model: nn.Module, inputs: dict[str, Any], *,
+                       generator: torch.Generator | None = None) -> torch.Tensor:
+    """Rectified-flow loss on the latents in ``inputs["hidden_states"]`` (x0): draw noise
+    and t ~ U(0, 1), feed x_t = (1 - t) x0 + t noise, regress the velocity noise - x0 (MSE,
+    fp32). The timestep keeps the example's convention: integer or > 1 = t x 1000 (Wan),
+    else t (Flux, which scales by 1000 inside)."""
+    x0 = inputs["hidden_states"]
+    b = x0.shape[0]
+    g = generator or torch.Generator(device="cpu").manual_seed(0)
+    noise = torch.randn(x0.shape, generator=g).to(x0)
+    t = torch.rand(b, generator=g).to(x0.device)
+    tb = t.view(b, *([1] * (x0.dim() - 1))).to(x0.dtype)
+    xt = (1 - tb) * x0 + tb * noise
+    ts = inputs["timestep"]
+    scale = 1000.0 if (not ts.is_floating_point() or float(ts.max()) > 1) else 1.0
+    timestep = (t * scale).view(b, *([1] * (ts.dim() - 1))).expand(ts.shape).to(ts.dtype)
+    out = model(**{**inputs, "hidden_states": xt, "timestep": timestep})
+    pred = out[0] if isinstance(out, (tuple, list)) else getattr(out, "sample", out)
+    return torch.nn.functional.mse_loss(pred.float(), (noise - x0).float())
+
+
+def shard(model: nn.Module, block_types: Iterable[type] | None = None, *, mesh=None,
+          mixed_precision: bool | None = None, reshard_after_forward: bool = True) -> nn.Module:
+    """FSDP2 over a model whose plan is applied: `fully_shard` each repeated block, then the
+    root (torchtitan's order: recompute -> compile -> shard; the blocks' compiled forwards
+    stay, FSDP's all-gather / reduce-scatter hooks run around them, never traced into them).
+
+    block_types: the classes to shard one by one (default: the classes that carry a
+    recompute wrapper or a compiled forward). mixed_precision (default: on CUDA): bf16
+    parameters for compute, fp32 gradient reduction (`MixedPrecisionPolicy`). Needs an
+    initialised process group (torchrun); mesh default: all ranks, on the model's device.
+    """
+    import torch.distributed as dist
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    if not dist.is_initialized():
+        raise RuntimeError("shard needs torch.distributed initialised: launch with torchrun and call "
+                           "torch.distributed.init_process_group first")
+    device = next(model.parameters()).device
+    if mesh is None:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    if mixed_precision is None:
+        mixed_precision = device.type == "cuda"
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed_precision \
+        else MixedPrecisionPolicy()
+    blocks = _blocks(model, block_types)
+    if not blocks:
+        raise ValueError("shard: no blocks to shard one by one; pass block_types= (the repeated block classes)")
+    for m in blocks:
+        fully_shard(m, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+    return model
+
+
+def _blocks(model: nn.Module, block_types: Iterable[type] | None) -> list[nn.Module]:
+    from .engine.compile import _ORIGINALS
+    from .engine.recompute import _STATE
+
+    if block_types is not None:
+        types = tuple(block_types)
+        return [m for m in model.modules() if isinstance(m, types) and m is not model]
+    return [m for m in model.modules() if m is not model and (_STATE in m.__dict__ or _ORIGINALS in m.__dict__)]
+

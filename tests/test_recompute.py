@@ -1,0 +1,301 @@
+"""The recompute section: spec validation, the selective policy (which reads the custom-op
+registry's `is_compute_sensitive` flag), the pure `auto` choice, and gradients of compiled +
+checkpointed tiny Wan / Flux equal to eager gradients (fp32, CPU), with no graph break."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+import magi_zoo
+from magi_zoo.engine import counters, remove
+from magi_zoo.engine.recompute import (BlockProfile, GroupCost, Option, block_choices, choose, options,
+                                       _hull)
+from magi_zoo.specs import PlanLayer, RecomputeSpec
+from magi_zoo.specs.plan import with_backend
+from magi_zoo.specs.recompute_spec import with_recompute
+
+
+# -- the spec ------------------------------------------------------------------------------------
+
+def test_spec_shorthand_fields_and_errors():
+    assert RecomputeSpec.from_shorthand("full").policy == "full"
+    assert RecomputeSpec(policy="selective").saved == ("matmuls", "attention")
+    assert RecomputeSpec(policy="selective", save="aten.mm").save == ("aten.mm",)
+    RecomputeSpec(policy="selective", save=["attention", "aten::bmm", "aten.mm.default"])  # all forms
+    with pytest.raises(ValueError, match="'ful'.*did you mean 'full'"):
+        PlanLayer(recompute={"Block": "ful"})
+    with pytest.raises(ValueError, match="save entry 'matmul' is not an op group -- did you mean 'matmuls'"):
+        RecomputeSpec(policy="selective", save=["matmul"])
+    with pytest.raises(ValueError, match="no torch op aten.mmm -- did you mean 'aten.mm'"):
+        RecomputeSpec(policy="selective", save=["aten.mmm"])
+    with pytest.raises(ValueError, match="aten.mm has no overload 'nope'; overloads: .*default"):
+        RecomputeSpec(policy="selective", save=["aten.mm.nope"])
+    with pytest.raises(ValueError, match="save= is for policy='selective'"):
+        RecomputeSpec(policy="full", save=["matmuls"])
+    with pytest.raises(ValueError, match="policy='auto' needs memory_budget_gib"):
+        RecomputeSpec(policy="auto")
+    with pytest.raises(ValueError, match="memory_budget_gib is for policy='auto'"):
+        RecomputeSpec(policy="full", memory_budget_gib=8)
+    with pytest.raises(ValueError, match="unknown field 'polcy' -- did you mean 'policy'"):
+        PlanLayer(recompute={"Block": {"polcy": "full"}})
+
+
+def test_with_recompute_sets_declared_regions_only():
+    layers = [("model default", PlanLayer(recompute={"Block": "none"}, compile={"Block": {}}))]
+    out = with_recompute(layers, {"policy": "auto", "memory_budget_gib": 16})
+    spec = out[-1][1].entries("recompute")["Block"]
+    assert (spec.policy, spec.memory_budget_gib) == ("auto", 16)
+    with pytest.raises(ValueError, match="declares no \\[\\*.recompute\\] regions"):
+        with_recompute([("model default", PlanLayer(compile={"Block": {}}))], "full")
+    with pytest.raises(ValueError, match="needs memory_budget_gib"):
+        with_recompute(layers, "auto")
+
+
+# -- the choice (pure) ------------------------------------------------------------------------------
+
+def _profile(mm_b=40, mm_s=0.6, at_b=10, at_s=0.3, other_s=0.1, boundary=5, no_ckpt=120):
+    return BlockProfile(groups={"matmuls": GroupCost(mm_b, mm_s, 4), "attention": GroupCost(at_b, at_s, 1),
+                                "other": GroupCost(200, other_s, 30)},
+                        forward_s=mm_s + at_s + other_s, boundary_bytes=boundary, no_checkpoint_bytes=no_ckpt)
+
+
+def test_options_follow_the_profile():
+    opts = {o.name: o for o in options(_profile())}
+    assert opts["full"] == Option("full", (), 5, pytest.approx(1.0))
+    assert (opts["keep attention"].bytes, opts["keep attention"].recompute_s) == (15, pytest.approx(0.7))
+    assert (opts["keep matmuls"].bytes, opts["keep matmuls"].recompute_s) == (45, pytest.approx(0.4))
+    assert (opts["keep matmuls+attention"].bytes, opts["keep matmuls+attention"].recompute_s) == (55, pytest.approx(0.1))
+    assert (opts["no checkpoint"].bytes, opts["no checkpoint"].recompute_s) == (120, 0.0)
+
+
+def test_choose_fits_the_budget_at_least_recompute_time():
+    opts = options(_profile())  # bytes: full 5, attn 15, mm 45, both 55, none 120
+    blocks = [opts] * 10
+    names = lambda c: [opts[i].name for i in c.picks]  # noqa: E731
+    # nothing beyond full fits: all full
+    c = choose(blocks, 50)
+    assert c.fits and names(c) == ["full"] * 10 and c.bytes == 50
+    # everything fits: no checkpoint anywhere
+    c = choose(blocks, 10 * 120)
+    assert names(c) == ["no checkpoint"] * 10 and c.recompute_s == 0
+    # in between: the bytes go to the best seconds-per-byte upgrades first (attention: 0.3 s
+    # for 10 B, then matmuls: 0.3 s for 30 B more), never over the budget, and more budget
+    # never costs more recompute time
+    last = float("inf")
+    for budget in range(50, 1201, 37):
+        c = choose(blocks, budget)
+        assert c.fits and c.bytes <= budget
+        assert c.recompute_s <= last + 1e-12
+        last = c.recompute_s
+    c = choose(blocks, 150)  # 10 x full = 50; +10 per attention upgrade -> all 10 = 150
+    assert names(c) == ["keep attention"] * 10
+    # brute force over counts agrees for identical blocks (optimal up to one block's step)
+    best = min(sum(o.recompute_s for o in combo) for combo in _combos(opts, 10)
+               if sum(o.bytes for o in combo) <= 400)
+    assert choose(blocks, 400).recompute_s <= best + max(o.recompute_s for o in opts)
+    # infeasible: the cheapest everywhere, flagged
+    c = choose(blocks, 10)
+    assert not c.fits and names(c) == ["full"] * 10
+
+
+def _combos(opts, n):
+    import itertools
+
+    for counts in itertools.combinations_with_replacement(range(len(opts)), n):
+        yield [opts[i] for i in counts]
+
+
+def test_hull_drops_dominated_options():
+    opts = [Option("a", (), 10, 1.0), Option("b", (), 20, 1.0), Option("c", (), 30, 0.2),
+            Option("d", (), 40, 0.5), Option("e", (), 12, 0.95)]
+    # b (more bytes, same time as a) and d (more bytes and time than c) are dominated; e is
+    # above the segment a-c, so upgrading a -> c is the better use of bytes
+    assert _hull(opts) == [0, 2]
+
+
+# -- the selective policy reads is_compute_sensitive ---------------------------------------------------
+
+CALLS = {"n": 0}
+
+
+@magi_zoo.register_custom_op("test_recompute_sensitive", is_compute_sensitive=True,
+                             fake=lambda x, w: torch.empty_like(x @ w))
+def _sensitive(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    CALLS["n"] += 1
+    return x @ w
+
+
+def _sens_backward(ctx, g):
+    x, w = ctx.saved_tensors
+    return g @ w.t(), x.t() @ g
+
+
+def _sens_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+_sensitive.register_autograd(_sens_backward, setup_context=_sens_setup)
+
+
+class _Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(8, 8) / 3)
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.tanh(self.lin(_sensitive(x, self.w))) + x
+
+
+class _Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([_Block() for _ in range(2)])
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+@pytest.mark.parametrize("policy, calls", [
+    ("none", 2),        # one forward call per block, nothing recomputed
+    ("full", 4),        # backward re-runs each block's forward, the custom op included
+    ("selective", 2),   # kept (compute-sensitive), not recomputed
+])
+def test_compute_sensitive_custom_op_is_saved_not_recomputed(policy, calls):
+    torch.manual_seed(0)
+    net = _Net()
+    x = torch.randn(3, 8, requires_grad=True)
+    net(x).sum().backward()
+    ref = [p.grad.clone() for p in net.parameters()]
+    net.zero_grad()
+    magi_zoo.apply(net, {"recompute": {"_Block": policy}, "compile": {"_Block": {"enabled": False}}})
+    CALLS["n"] = 0
+    net(x).sum().backward()
+    assert CALLS["n"] == calls
+    for p, r in zip(net.parameters(), ref):
+        torch.testing.assert_close(p.grad, r)
+    remove(net)
+    assert all("forward" not in b.__dict__ for b in net.blocks)  # undone exactly
+
+
+# -- tiny Wan and Flux: compiled + recompute gradients equal eager ----------------------------------------
+
+def _grads(model, kwargs):
+    model.zero_grad(set_to_none=True)
+    out = model(**kwargs)[0]
+    out.float().pow(2).mean().backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _max_rel(got, ref):
+    assert got.keys() == ref.keys()
+    return max(float((got[n] - ref[n]).norm() / ref[n].norm().clamp_min(1e-12)) for n in ref)
+
+
+@pytest.fixture(scope="module")
+def wan():
+    h = magi_zoo.load("wan2.1-tiny", gpu="cpu", compile=False)
+    h.pipe.transformer.train()
+    kw = h.adapter.example_inputs(h.pipe, h.variant, "denoise")
+    return h, kw, _grads(h.pipe.transformer, kw)
+
+
+@pytest.mark.parametrize("recompute", ["full", {"policy": "selective", "save": ["matmuls", "aten._softmax"]}])
+def test_wan_compiled_recompute_gradients_equal_eager(wan, fresh_dynamo, recompute):
+    h, kw, ref = wan
+    layers = with_recompute(with_backend(h.layers, "aot_eager"), recompute)
+    rep = magi_zoo.apply(h.modules, layers=layers, gpu="cpu", train=True,
+                         preparations=h.adapter.preparations(h.pipe))
+    try:
+        assert {c for _, c in block_choices(h.modules)} == {"full" if recompute == "full" else
+                                                            "keep matmuls+aten._softmax"}
+        before = counters.snapshot()
+        got = _grads(h.pipe.transformer, kw)
+        # 4 blocks, one compiled frame (the checkpoint is one higher-order op inside it), no break
+        counters.expect(counters.delta(before), frames=1, breaks=0, recompiles=0)
+        assert rep.region("WanTransformerBlock").counters.n_graph_breaks == 0
+        assert _max_rel(got, ref) < 1e-4
+    finally:
+        remove(h.modules)
+    assert not any("forward" in b.__dict__ for b in h.pipe.transformer.blocks)
+
+
+def test_flux_compiled_selective_gradients_equal_eager(fresh_dynamo):
+    h = magi_zoo.load("flux-tiny", gpu="cpu", compile=False)
+    model = h.pipe.transformer.train()
+    kw = h.adapter.example_inputs(h.pipe, h.variant, "denoise")
+    ref = _grads(model, kw)
+    layers = with_recompute(with_backend(h.layers, "aot_eager"), "selective")
+    rep = magi_zoo.apply(h.modules, layers=layers, gpu="cpu", train=True,
+                         preparations=h.adapter.preparations(h.pipe))
+    before = counters.snapshot()
+    got = _grads(model, kw)
+    # one compile per block class (2 double + 2 single blocks), no break
+    counters.expect(counters.delta(before), frames=2, breaks=0, recompiles=0)
+    assert "selective on FluxTransformerBlock (2 x FluxTransformerBlock)" in rep.step("recompute").did
+    assert _max_rel(got, ref) < 1e-4
+
+
+def test_inference_is_untouched_by_recompute(wan):
+    h, kw, _ = wan
+    layers = with_recompute([("model default", PlanLayer(compile={"": False}, recompute={"WanTransformerBlock": "none"}))],
+                            "full")
+    with torch.no_grad():
+        ref = h.pipe.transformer(**kw)[0]
+        magi_zoo.apply(h.modules, layers=layers, gpu="cpu")
+        try:
+            torch.testing.assert_close(h.pipe.transformer(**kw)[0], ref, rtol=0, atol=0)
+        finally:
+            remove(h.modules)
+
+
+# -- auto through load(train=True), and attention for training -------------------------------------------
+
+def test_load_train_auto_measures_chooses_and_reports(fresh_dynamo):
+    from magi_zoo.train import flow_matching_loss
+
+    big = magi_zoo.load("wan2.1-tiny", gpu="cpu", train=True, recompute={"policy": "auto", "memory_budget_gib": 4},
+                        compile={"WanTransformerBlock": {"backend": "aot_eager"}})
+    assert big.trainable.training and not big.pipe.text_encoder.training
+    assert not any(p.requires_grad for p in big.pipe.text_encoder.parameters())
+    rec = big.report().step("recompute")
+    auto = rec.details["auto"]["WanTransformerBlock"]
+    # 4 GiB is far more than the tiny model needs: nothing is checkpointed
+    assert auto["fits"] and auto["choice"] == {"no checkpoint": 4}
+    assert "auto (4 GiB budget) on WanTransformerBlock (4 x WanTransformerBlock): 4 x no checkpoint" in rec.did
+    assert [o["name"] for o in auto["options"]] == ["full", "keep attention", "keep matmuls",
+                                                    "keep matmuls+attention", "no checkpoint"]
+    before = counters.snapshot()
+    loss = flow_matching_loss(big.trainable, big.adapter.example_inputs(big.pipe, big.variant, "denoise"))
+    loss.backward()
+    counters.expect(counters.delta(before), frames=1, breaks=0)
+    # a budget below the weights, gradients and optimizer states: full everywhere, with a warning
+    from magi_zoo.train import calibrate
+
+    remove(big.modules)
+    layers = with_recompute(big.layers, {"policy": "auto", "memory_budget_gib": 1e-6})
+    magi_zoo.apply(big.modules, layers=layers, gpu="cpu", train=True)
+    with pytest.raises(RuntimeError, match="not made yet.*calibrate"):
+        big.trainable(**big.adapter.example_inputs(big.pipe, big.variant, "denoise"))
+    with pytest.warns(RuntimeWarning, match="even full recompute everywhere is estimated"):
+        out = calibrate(big)
+    assert out[0]["choice"] == {"full": 4} and not out[0]["fits"]
+
+
+def test_training_attention_keeps_a_backward():
+    from magi_zoo.engine.attention import _auto
+    from magi_zoo.engine.resolve import PlanError
+
+    h100 = magi_zoo.get_profile("h100")
+    name, skipped = _auto(h100, train=True)
+    assert name == "native" and "forward-only" in skipped[0]
+    net = nn.Sequential(nn.Linear(2, 2))
+    with pytest.raises(PlanError, match="backend 'fa3' is forward-only and this apply is for training"):
+        magi_zoo.apply(net, {"attention": {"": "fa3"}, "compile": {"": False}}, gpu="h100", train=True)
+    assert "forward" not in net.__dict__
+    with pytest.raises(ValueError, match="recompute= sets activation recompute for training: pass train=True"):
+        magi_zoo.load("wan2.1-tiny", gpu="cpu", recompute="full")
