@@ -278,6 +278,19 @@ def test_run_shows_progress_per_block(tmp_path, capsys):
     assert "12 m - 3" in capsys.readouterr().err
 
 
+def test_benchmark_smoke(tmp_path):
+    """benchmarks/self_forcing.py's CPU path (tiny model, eager backend): plumbing only."""
+    from benchmarks.self_forcing import main
+
+    rec = main(["--smoke", "--strategies", "eager,fullgraph", "--out", str(tmp_path)])
+    rows = {r["strategy"]: r for r in rec["results"]}
+    assert [r["status"] for r in rows.values()] == ["ok", "ok"], rows
+    f = rows["fullgraph"]
+    assert (f["frames_compiled"], f["breaks"], f["recompiles"], f["recompiles_second_video"]) == (1, 0, 0, 0)
+    assert rec["steps_per_video"] == STEPS_PER_VIDEO and f["rel_err_vs_eager"] < REL
+    assert (tmp_path / "self_forcing_smoke.md").is_file()
+
+
 @pytest.mark.gpu
 def test_gpu_compiled_equals_eager_bf16():
     """On a GPU: the tiny model in bf16, inductor, both cache attentions; compiled equals eager

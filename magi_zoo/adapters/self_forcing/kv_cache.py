@@ -28,6 +28,10 @@ class StaticKVCache:
         self.shape = (batch, heads, n, head_dim)
         self.k = [torch.zeros(self.shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(self.shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        from ...engine._torch_compat import mark_static_address
+
+        for t in self.k + self.v:  # written in place by the compiled step: CUDA graphs need fixed addresses
+            mark_static_address(t)
         s = schedule.block_tokens
         self.write_index = [torch.arange(schedule.block_start(b), schedule.block_start(b) + s, device=device)
                             for b in range(schedule.num_blocks)]

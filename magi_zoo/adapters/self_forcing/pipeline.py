@@ -169,6 +169,9 @@ class SelfForcingPipeline:
             cache = self.kv_cache(batch, sched)
 
             def step(block, x, timestep):
+                # A new step for CUDA graphs (mode="reduce-overhead"): the previous step's output
+                # has been consumed; a no-op otherwise.
+                torch.compiler.cudagraph_mark_step_begin()
                 cos, sin = rope[block]
                 return t.denoise_step(x, timestep, cross_k=cross_k, cross_v=cross_v, rope_cos=cos, rope_sin=sin,
                                       **cache.step_args(block))

@@ -1,0 +1,276 @@
+"""Self-Forcing (causal Wan2.1-T2V-1.3B) end to end: frames per second, time to the first
+decoded frames, and the transformer time of the full-graph static-cache step against the
+naive port of the reference -- with the graph-break and recompile counts of each.
+
+    python -m benchmarks.self_forcing --device cuda --out benchmarks/results
+    python -m benchmarks.self_forcing --device cuda --strategies fullgraph_cudagraphs,fullgraph_flex_cudagraphs
+    python -m benchmarks.self_forcing --smoke --out /tmp/sf   # CPU, tiny model, eager backend: plumbing only
+
+Setup: `self-forcing-wan2.1-1.3b` with random weights (`weights="random"`) at the published
+config, bf16, batch 1, 81 frames at 480x832 = 21 latent frames in 7 blocks of 3 (4,680
+query tokens per step, a 32,760-token cache per layer), 4 denoising steps per block at the
+published timesteps + 1 cache pass per block but the last = 34 transformer forwards. The
+VAE runs in --vae-dtype (default bf16: the reference's inference.py casts its whole pipeline,
+VAE included, to bf16).
+
+Strategies (one process; torch.compiler.reset() between them; all through magi_zoo's engine):
+- eager:                     the static-cache step, nothing compiled;
+- naive_compiled:            the reference's control flow (`naive_step`: `.item()` reads,
+                             cache slicing, `grid_sizes.tolist()`), torch.compile with
+                             fullgraph=False (it cannot be one graph);
+- fullgraph:                 the shipped spec: `denoise_step` fullgraph, static shapes, SDPA
+                             with a length mask over the whole cache;
+- fullgraph_flex:            the same with FlexAttention (tiles past the valid length skipped);
+- fullgraph_cudagraphs / fullgraph_flex_cudagraphs: the same, mode="reduce-overhead".
+
+Per strategy: the first video (cold: compile included) with its counter delta (frames
+compiled, graphs, graph breaks, recompiles) and a second video's delta (recompiles after
+warm-up); then >= --runs timed videos (after --warmup) of the block loop alone (decode off:
+"transformer time") and of the whole call (text encoding + 7 blocks + streaming VAE
+decode: "end to end"), CUDA events, median; the first decoded frames' latency (wall time
+from the call to the first block's frames on the host, median); relative error of the
+latents against eager on the same seed. Each invocation merges its rows into
+self_forcing_<card>.json/.md (so strategies can be run in separate commands).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from benchmarks import common
+
+MODEL, TINY = "self-forcing-wan2.1-1.3b", "self-forcing-tiny"
+KEY = "CausalWanTransformer3DModel"
+STRATEGIES: dict[str, dict[str, Any]] = {
+    "eager": dict(kind="static", attention="sdpa", compile=None),
+    "naive_compiled": dict(kind="naive", attention="sdpa", compile={"naive_step": {"fullgraph": False}}),
+    "fullgraph": dict(kind="static", attention="sdpa", compile={}),
+    "fullgraph_flex": dict(kind="static", attention="flex", compile={}),
+    "fullgraph_cudagraphs": dict(kind="static", attention="sdpa",
+                                 compile={"denoise_step": {"fullgraph": True, "dynamic": False,
+                                                           "mode": "reduce-overhead"}}),
+    "fullgraph_flex_cudagraphs": dict(kind="static", attention="flex",
+                                      compile={"denoise_step": {"fullgraph": True, "dynamic": False,
+                                                                "mode": "reduce-overhead"}}),
+}
+DEFAULT = "eager,naive_compiled,fullgraph,fullgraph_flex"
+PROMPT = "a corgi surfing a wave at sunset, cinematic lighting"
+COLUMNS = ["strategy", "status", "attention", "breaks", "recompiles", "frames_compiled", "first_video_s",
+           "transformer_ms", "ms_per_step", "speedup_vs_naive", "e2e_s", "fps", "first_frames_s",
+           "rel_err_vs_eager"]
+
+
+def _layers(handle, spec: dict | None, backend: str | None):
+    """The shipped spec's layers with this strategy's compile override (and backend) on top."""
+    from magi_zoo.zoo import spec_layers
+
+    override = {KEY: spec} if spec else None
+    layers = spec_layers(handle.adapter, handle.profile, compile=override)
+    if backend:
+        from magi_zoo.specs import with_backend
+
+        layers = with_backend(layers, backend)
+    return layers
+
+
+def _video(pipe, call, *, decode: bool, on_block=None):
+    if decode:
+        return pipe(PROMPT, on_block=on_block, **call)
+    out = None
+    for r in pipe.stream(PROMPT, decode=False, **call):
+        out = r
+    return out
+
+
+def run_strategy(name: str, handle, call: dict, args, ref_latents, device) -> dict[str, Any]:
+    import torch
+
+    from magi_zoo.engine import apply, counters, remove
+
+    cfg = STRATEGIES[name]
+    pipe = handle.pipe
+    row: dict[str, Any] = {"strategy": name, "attention": cfg["attention"], "kind": cfg["kind"]}
+    torch.compiler.reset()
+    pipe.strategy, pipe.transformer.cache_attention = cfg["kind"], cfg["attention"]
+    report = None
+    if cfg["compile"] is not None:
+        report = apply(handle.modules, layers=_layers(handle, cfg["compile"], args.backend), gpu=handle.profile,
+                       preparations=handle.adapter.preparations(pipe))
+    try:
+        before = counters.snapshot()
+        t0 = time.perf_counter()
+        _video(pipe, call, decode=False)
+        common.sync(device)
+        row["first_video_s"] = round(time.perf_counter() - t0, 2)
+        first = counters.delta(before)
+        before = counters.snapshot()
+        _video(pipe, call, decode=False)
+        second = counters.delta(before)
+        row.update(frames_compiled=first.frames, graphs=first.graphs, breaks=first.n_graph_breaks,
+                   recompiles=len(first.recompiles), recompiles_second_video=len(second.recompiles),
+                   frames_second_video=second.frames, compile_s=round(first.compile_s, 2),
+                   break_reasons={k.splitlines()[0][:160]: v for k, v in first.graph_breaks.items()})
+        print(f"[bench] {name}: first video {row['first_video_s']} s, {first.frames} frames compiled, "
+              f"{first.n_graph_breaks} breaks, {len(first.recompiles)} recompiles", flush=True)
+        # Latents of the whole video vs eager, same seed (bf16: the error grows over 34 steps;
+        # the first block's is the per-step figure).
+        lat = torch.cat([r.latents for r in pipe.stream(PROMPT, decode=False, **call)], dim=2).float()
+        if ref_latents is not None:
+            ref = ref_latents.float()
+            s = lat.shape[2] // 7 if lat.shape[2] >= 7 else lat.shape[2]
+            row["rel_err_vs_eager"] = round(float((lat - ref).abs().max() / ref.abs().max()), 5)
+            row["rel_err_first_block"] = round(float((lat[:, :, :s] - ref[:, :, :s]).abs().max()
+                                                     / ref[:, :, :s].abs().max()), 5)
+        t = common.time_calls(lambda: _video(pipe, call, decode=False), device, warmup=args.warmup, runs=args.runs)
+        row["transformer_ms"] = t["median_ms"]
+        row["transformer"] = t
+        row["ms_per_step"] = round(t["median_ms"] / args.steps_per_video, 2)
+        firsts: list[float] = []
+
+        def on_block(r):
+            if r.index == 0:
+                firsts.append(r.seconds)
+
+        e = common.time_calls(lambda: _video(pipe, call, decode=True, on_block=on_block), device,
+                              warmup=args.warmup, runs=args.runs)
+        row["e2e"] = e
+        row["e2e_s"] = round(e["median_ms"] / 1e3, 3)
+        row["fps"] = round(call["num_frames"] / (e["median_ms"] / 1e3), 2)
+        row["first_frames_s"] = round(statistics.median(firsts[args.warmup:] or firsts), 3)
+        if device.type == "cuda":
+            row["peak_gib"] = common.gib(torch.cuda.max_memory_allocated())
+        row["status"] = "ok"
+        print(f"[bench] {name}: transformer {row['transformer_ms']} ms ({row['ms_per_step']} ms/step), "
+              f"end to end {row['e2e_s']} s = {row['fps']} FPS, first frames {row['first_frames_s']} s", flush=True)
+        if report is not None:
+            row["report"] = report.table()
+        return row
+    finally:
+        if report is not None:
+            remove(handle.modules)
+        torch.compiler.reset()
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--strategies", default=DEFAULT, help=f"comma list of {', '.join(STRATEGIES)}")
+    p.add_argument("--height", type=int, default=None)
+    p.add_argument("--width", type=int, default=None)
+    p.add_argument("--frames", type=int, default=None)
+    p.add_argument("--vae-dtype", default="bf16", choices=["bf16", "fp32"])
+    p.add_argument("--backend", default=None, help="compile backend for every region (default: the spec's)")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--smoke", action="store_true", help="CPU, the tiny variant, eager backend, 1 run")
+    p.add_argument("--out", default="benchmarks/results")
+    args = p.parse_args(argv)
+    names = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    bad = [s for s in names if s not in STRATEGIES]
+    if bad:
+        raise SystemExit(f"unknown strategies {bad}; choices: {', '.join(STRATEGIES)}")
+    if args.smoke:
+        args.device, args.backend, args.warmup, args.runs = "cpu", args.backend or "eager", 0, 1
+        names = [n for n in names if "cudagraphs" not in n]  # no CUDA graphs on CPU
+    elif args.runs < 5:
+        raise SystemExit("--runs >= 5 (DESIGN.md section 5); --smoke for a plumbing run")
+
+    import torch
+
+    import magi_zoo
+
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA here; use --smoke for the CPU plumbing run")
+    model = TINY if args.smoke else MODEL
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    torch.set_grad_enabled(False)
+    handle = magi_zoo.load(model, gpu="auto" if device.type == "cuda" else "cpu", weights="random", dtype=dtype,
+                           device=device, compile=False)
+    pipe = handle.pipe
+    if device.type != "cuda":
+        args.vae_dtype = "fp32"  # CPU runs are fp32 throughout
+    elif args.vae_dtype == "bf16":
+        pipe.vae.to(torch.bfloat16)  # as the reference's `pipeline.to(dtype=torch.bfloat16)`
+    d = handle.variant.call_defaults
+    call = dict(height=args.height or d["height"], width=args.width or d["width"],
+                num_frames=args.frames or d["num_frames"], max_sequence_length=d["max_sequence_length"], seed=0)
+    sched = pipe.schedule(call["height"], call["width"], call["num_frames"])
+    args.steps_per_video = sched.num_blocks * (len(pipe.timesteps) + 1) - 1
+    env = common.environment(device)
+    t0 = time.perf_counter()
+    pipe.encode_prompt(PROMPT, call["max_sequence_length"])
+    common.sync(device)
+    text_s = time.perf_counter() - t0
+    text = common.time_calls(lambda: pipe.encode_prompt(PROMPT, call["max_sequence_length"]), device,
+                             warmup=args.warmup, runs=args.runs)
+    print(f"[bench] {model} on {env.get('card')}: {call['num_frames']} frames {call['height']}x{call['width']}, "
+          f"{sched.num_blocks} blocks x {sched.block_tokens} tokens, cache {sched.cache_tokens} tokens, "
+          f"{args.steps_per_video} transformer forwards; text encoding {text['median_ms']} ms", flush=True)
+
+    out_dir = Path(args.out)
+    stem = f"self_forcing_{'smoke' if args.smoke else _card_tag(env)}"
+    path = out_dir / f"{stem}.json"
+    record = json.loads(path.read_text()) if path.is_file() else {}
+    if record.get("env", {}).get("card") != env.get("card") or record.get("shape") != call:
+        record = {}  # another card or shape: start a new table
+    rows = {r["strategy"]: r for r in record.get("results", [])}
+    ref_latents = None
+    order = (["eager"] if "eager" in names else []) + [n for n in names if n != "eager"]
+    if "eager" not in names:  # the reference for the error column, not timed
+        pipe.strategy, pipe.transformer.cache_attention = "static", "sdpa"
+        ref_latents = torch.cat([r.latents for r in pipe.stream(PROMPT, decode=False, **call)], dim=2)
+    for name in order:
+        try:
+            row = run_strategy(name, handle, call, args, ref_latents, device)
+            if name == "eager":
+                ref_latents = torch.cat([r.latents for r in pipe.stream(PROMPT, decode=False, **call)], dim=2)
+                row["rel_err_vs_eager"] = 0.0
+        except Exception as e:
+            row = {"strategy": name, "status": "error", "error": f"{type(e).__name__}: {' '.join(str(e).split())[:400]}",
+                   "traceback": traceback.format_exc()[-3000:]}
+            print(f"[bench] {name}: ERROR {row['error']}", flush=True)
+        row["env_commit"] = env.get("commit")
+        rows[name] = row
+    naive = rows.get("naive_compiled", {}).get("transformer_ms")
+    for r in rows.values():
+        if naive and r.get("transformer_ms"):
+            r["speedup_vs_naive"] = round(naive / r["transformer_ms"], 3)
+    record.update(model=model, env=env, shape=call, smoke=args.smoke, vae_dtype=args.vae_dtype,
+                  steps_per_video=args.steps_per_video, blocks=sched.num_blocks, block_tokens=sched.block_tokens,
+                  cache_tokens=sched.cache_tokens, text_encoding=text, text_encoding_first_s=round(text_s, 3),
+                  results=[rows[k] for k in STRATEGIES if k in rows])
+    md = [f"# Self-Forcing ({model}): {call['num_frames']} frames {call['height']}x{call['width']}, "
+          f"{sched.num_blocks} blocks, {args.steps_per_video} transformer forwards", "",
+          common.env_line(env), "",
+          f"VAE {args.vae_dtype}; text encoding {text['median_ms']} ms (median); transformer time = the 7-block "
+          "loop without decode; end to end = text encoding + blocks + streaming VAE decode; first frames = "
+          "wall time to the first block's decoded frames on the host; breaks / recompiles / frames compiled: "
+          "counters over the first video.", "",
+          common.results_table(record["results"], COLUMNS)]
+    for r in record["results"]:
+        if r.get("break_reasons"):
+            md += ["", f"{r['strategy']} graph breaks (first video):"]
+            md += [f"- x{n}: {k}" for k, n in r["break_reasons"].items()]
+    written = common.write_results(out_dir, stem, record, "\n".join(md))
+    print(f"[bench] wrote {', '.join(map(str, written))}", flush=True)
+    return record
+
+
+def _card_tag(env: dict[str, Any]) -> str:
+    card = str(env.get("card") or "cpu").lower()
+    for tag in ("h100", "h200", "a100", "l40s", "4090", "5090"):
+        if tag in card:
+            return tag
+    return "".join(c if c.isalnum() else "_" for c in card)[:24]
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)
