@@ -119,3 +119,16 @@ def custom_op_module(op: Any) -> str | None:
     """
     fn = getattr(op, "_init_fn", None)
     return getattr(fn, "__module__", None)
+
+
+def mark_static_address(tensor: Any) -> None:
+    """Tell the compiler a tensor passed as an argument keeps its address across calls (a
+    static KV cache). Why private: CUDA graphs (mode="reduce-overhead") allow in-place
+    writes only to inputs with a static address -- parameters and buffers are marked by
+    dynamo itself, a cache handed over as an argument needs `torch._dynamo.mark_static_address`,
+    which has no public equivalent in torch.compiler (2.11-2.13). guard=False: no recompile
+    if the address changes (CUDA graphs re-record instead)."""
+    import torch._dynamo
+
+    torch._dynamo.mark_static_address(tensor, guard=False)
+
