@@ -220,10 +220,16 @@ def test_config_that_does_not_fit_the_weights_names_the_tensor(dirs, tmp_path):
         magi_zoo.load(TINY, gpu="cpu", weights=str(d), compile=False)
 
 
-def test_wan22_original_layout_is_refused(tmp_path):
-    (tmp_path / "high_noise_model").mkdir()
+def test_wan22_original_layout_is_refused(dirs, tmp_path):
+    (tmp_path / "a14b" / "high_noise_model").mkdir(parents=True)
     with pytest.raises(ValueError, match=r"Wan2\.2 A14B checkpoint in the original layout.*-Diffusers"):
-        magi_zoo.load("wan2.2-tiny", gpu="cpu", weights=str(tmp_path), compile=False)
+        magi_zoo.load("wan2.2-tiny", gpu="cpu", weights=str(tmp_path / "a14b"), compile=False)
+    d = _copy(dirs[1], tmp_path)  # TI2V-5B: one DiT, config.json model_type "ti2v", Wan2.2_VAE.pth
+    (d / "Wan2.1_VAE.pth").rename(d / "Wan2.2_VAE.pth")
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps(dict(cfg, model_type="ti2v", in_dim=48, out_dim=48)))
+    with pytest.raises(ValueError, match=r"model_type='ti2v' \(Wan2\.2-TI2V-5B\).*Wan2\.2-TI2V-5B-Diffusers"):
+        magi_zoo.load("wan2.2-ti2v-tiny", gpu="cpu", weights=str(d), compile=False)
 
 
 # -- the 720p I2V variant -----------------------------------------------------------------------

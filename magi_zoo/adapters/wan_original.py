@@ -69,7 +69,8 @@ def detect_layout(path: str | Path) -> str:
     weights = _transformer_files(path)
     if cfg is not None and {"dim", "num_heads"} <= set(cfg) and weights:
         return "original"
-    held = sorted(p.name + ("/" if p.is_dir() else "") for p in path.iterdir())[:12] if path.is_dir() else []
+    held = sorted(p.name + ("/" if p.is_dir() else "") for p in path.iterdir()) if path.is_dir() else []
+    held = held[:12] + (["..."] if len(held) > 12 else [])
     why = ("config.json has no WanModel fields (dim, num_heads)" if cfg is not None and weights
            else f"no {TRANSFORMER_GLOB}.safetensors/.pth" if cfg is not None else "no model_index.json or config.json")
     raise ValueError(f"{str(path)!r} is not a Wan checkpoint directory in a known layout ({why}; it holds: "
@@ -197,6 +198,10 @@ def transformer_config(original: Mapping[str, Any], src: _TensorSource | None = 
     WanModel does not write to config.json). Refuses what diffusers' Wan DiT cannot run."""
     cfg = dict(original)
     model_type = cfg.get("model_type", "t2v")
+    if model_type == "ti2v":
+        raise ValueError("config.json says model_type='ti2v' (Wan2.2-TI2V-5B): only Wan2.1 loads from the original "
+                         "layout (the Wan2.2 VAE's converter is a diffusers script, not part of the library). Pass "
+                         "the -Diffusers directory (Wan-AI/Wan2.2-TI2V-5B-Diffusers)")
     if model_type != "t2v":
         raise ValueError(f"config.json says model_type={model_type!r}: only text-to-video (t2v) Wan2.1 checkpoints "
                          f"load from the original layout (the I2V/FLF2V image encoder {CLIP_FILE} is an open-clip "
@@ -331,14 +336,15 @@ def load_pipeline(path: str | Path, variant_config: Mapping[str, Any], *, dtype:
     from transformers import AutoTokenizer
 
     path = Path(path)
+    # The DiT's config first: an I2V or Wan2.2 checkpoint is refused for what it is, before
+    # any file is missed or 10 GB of T5 is read.
+    transformer_config(_read_config(path))
     need = [n for n in (T5_FILE, VAE_FILE) if not (path / n).is_file()]
     if not (path / TOKENIZER_DIR).is_dir():
         need.append(TOKENIZER_DIR + "/")
     if need:
         raise ValueError(f"{str(path)!r} is in the original Wan layout but lacks {', '.join(need)}; the Wan-AI "
                          "Wan2.1 repositories ship all of them beside the DiT")
-    # Check the DiT's config first: an I2V checkpoint is refused before 10 GB of T5 is read.
-    transformer_config(_read_config(path))
     transformer = load_transformer(path, dtype=dtype, device=device)
     text_encoder = load_text_encoder(path / T5_FILE, variant_config["text_encoder"], dtype=dtype, device=device)
     vae = load_vae(path / VAE_FILE, device=device)  # fp32, as published
