@@ -368,6 +368,8 @@ def _cmd_run(args) -> int:
         n = sum(1 for r in report.regions if r.spec.enabled)
         _print(f"compiling {n} region(s) on the first call (spec {args.spec_file or handle.adapter.spec_file}, "
                f"[gpu.{handle.profile.name}]); later steps reuse the code")
+        if args.step_cache is not None:
+            _print(f"step cache: {report.step('step_cache').did}")
     rank0 = distributed.rank() == 0  # rank 0 writes; the others compute their share, quietly
     written = generate_to(handle, prompt=args.prompt, out=args.out, progress=rank0, write=rank0, **opts)
     for path in written:
