@@ -65,9 +65,17 @@ def test_plan_streams_run_once_units_first():
     # buffer 2 + TE pool 2 x 0.5 replace 2 + 2 resident: 7), every transformer block stays.
     p = plan_offload(us, fixed_bytes=0, activation_bytes=0, budget_bytes=7 * GIB)
     assert set(p.streamed) == {"te", *(u.name for u in us if u.group == "TEBlock")}
-    # At 6 GiB transformer blocks must stream too (the peak counts every phase's buffers at once).
+    # At 6 GiB transformer blocks must stream too.
     assert any(n.startswith("t.") for n in
                plan_offload(us, fixed_bytes=0, activation_bytes=0, budget_bytes=6 * GIB).streamed)
+
+
+def test_plan_counts_buffers_per_phase():
+    # Two components run one after the other; each streams through its own 2 buffers, but
+    # only one component's buffers exist at a time: 2 x 1 GiB, not 4.
+    us = blocks(4, phase="a") + blocks(4, group="B", phase="b")
+    p = plan_offload(us, fixed_bytes=0, activation_bytes=0, budget_bytes=2 * GIB)
+    assert len(p.streamed) == 8 and p.expected_peak == 2 * GIB and p.slots == {"Block": (2, GIB), "B": (2, GIB)}
 
 
 def test_prefetch_order_without_times():
@@ -240,6 +248,31 @@ def test_nested_component_unit_and_grad_guard():
     assert rt.units["enc"].group.slots == [None]  # a one-of-a-kind unit's buffer is freed after use
     with pytest.raises(RuntimeError, match="inference-only"):
         root.enc(x)
+    remove(root)
+
+
+def test_a_new_phase_frees_the_previous_ones_buffers():
+    torch.manual_seed(0)
+    root = nn.ModuleDict({"a": Net(n=4), "b": Net(n=4)})
+    x = torch.randn(2, 32)
+    with torch.no_grad():
+        ref = root.b(root.a(x))
+    fixed = 2 * (32 * 32 + 32) * 4
+    plan = {"compile": {"Block": {"backend": "eager"}},
+            "offload": {"": {"memory_budget_gib": (fixed + 2 * BLOCK) / GIB, "activation_gib": 0.0}, "Block": "auto"}}
+    apply(root, plan, gpu="cpu")
+    rt = off.runtime(root)
+    assert len(rt.plan.streamed) == 8  # both components' blocks, 2 buffers per phase
+    ga, gb = rt.units["a.blocks.0"].group, rt.units["b.blocks.0"].group
+    assert ga is not gb
+    with torch.no_grad():
+        for _ in range(2):
+            y = root.a(x)
+            assert gb.slots == [None, None] and all(s is not None for s in ga.slots)
+            y = root.b(y)
+            assert ga.slots == [None, None] and all(s is not None for s in gb.slots)
+            assert torch.equal(y, ref)
+    assert rt.counters.phase_changes == 4
     remove(root)
 
 

@@ -128,17 +128,32 @@ def find_units(ctx_plan, root: nn.Module) -> tuple[list[UnitSpec], dict[str, Any
 
 
 def _groups(units: list[UnitSpec]) -> dict[str, str]:
-    """unit path -> group label: the class name, suffixed when one class has several layouts."""
+    """unit path -> group label: units of one component (phase), class and layout share
+    buffers. The label is the class name, suffixed '#k' when one class has several layouts,
+    and prefixed 'component/' when the class appears in several components (Wan2.2's two
+    experts each get their own buffers: they run in different phases)."""
+    keys: dict[str, tuple] = {}
     layouts: dict[str, list[tuple]] = {}
-    out = {}
+    phases: dict[str, set[str]] = {}
     for u in units:
         cls = type(u.module).__name__
         seen = layouts.setdefault(cls, [])
         if u.layout not in seen:
             seen.append(u.layout)
-        i = seen.index(u.layout)
-        out[u.path] = cls if i == 0 else f"{cls}#{i}"
+        phases.setdefault(cls, set()).add(_phase(u.path))
+        keys[u.path] = (cls, seen.index(u.layout))
+    out = {}
+    for u in units:
+        cls, i = keys[u.path]
+        label = cls if i == 0 else f"{cls}#{i}"
+        out[u.path] = f"{_phase(u.path)}/{label}" if len(phases[cls]) > 1 else label
     return out
+
+
+def _phase(path: str) -> str:
+    """The component a unit runs in (its first path segment): units of different components
+    never run interleaved."""
+    return path.split(".")[0]
 
 
 def plan_units(root: nn.Module, resolved_plan, profile, *, budget_gib: float | None = None,
@@ -158,7 +173,7 @@ def plan_units(root: nn.Module, resolved_plan, profile, *, budget_gib: float | N
         if id(t) not in owned and id(t) not in seen:
             seen.add(id(t))
             fixed += _nbytes(t)
-    units = [Unit(u.path, u.nbytes, groups[u.path], u.path.split(".")[0], u.mode, (times_s or {}).get(u.path), u.once)
+    units = [Unit(u.path, u.nbytes, groups[u.path], _phase(u.path), u.mode, (times_s or {}).get(u.path), u.once)
              for u in specs]
     plan = plan_offload(units, fixed_bytes=fixed, activation_bytes=int(activation * GIB),
                         budget_bytes=int(budget * GIB),
@@ -213,6 +228,7 @@ class OffloadCounters:
     prefetched: int = 0  # copies started ahead of use by the schedule
     demand: int = 0  # copies started by the unit's own pre-hook (the compute waits for all of it)
     deferred: int = 0  # scheduled copies postponed because no buffer was free
+    phase_changes: int = 0  # a unit of another component ran: the previous one's buffers were freed
 
     def to_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
@@ -278,8 +294,8 @@ class HostArenas:
 class _Group:
     """Device buffers shared by the streamed units of one layout."""
 
-    def __init__(self, label: str, layout: tuple, n_slots: int, transient: bool):
-        self.label, self.layout, self.transient = label, layout, transient
+    def __init__(self, label: str, layout: tuple, n_slots: int, transient: bool, phase: str):
+        self.label, self.layout, self.transient, self.phase = label, layout, transient, phase
         self.slots: list[list[torch.Tensor] | None] = [None] * n_slots
         self.free = collections.deque(range(n_slots))
         self.free_event: list[Any] = [None] * n_slots  # event after which the slot may be overwritten
@@ -305,6 +321,7 @@ class OffloadRuntime:
         self._originals: list[tuple[torch.Tensor, torch.device]] = []  # (tensor, original device)
         self._handles: list[Any] = []
         self.units: dict[str, _Streamed] = {}
+        self.phase: str | None = None  # the component whose units ran last
         sizes = [_nbytes(t) for s in specs if s.path in set(plan.streamed) for t in s.tensors]
         self.host = HostArenas(self.cuda, HostArenas.total(sizes))
         self.over_budget_warned = False
@@ -330,7 +347,7 @@ class OffloadRuntime:
                 g = group_of[path]
                 if g not in groups:
                     n, _ = self.plan.slots.get(g, (1, 0))
-                    groups[g] = _Group(g, s.layout, n, transient=g not in self.plan.slots)
+                    groups[g] = _Group(g, s.layout, n, transient=g not in self.plan.slots, phase=_phase(path))
                 host = self._to_host(s.tensors)
                 self.units[path] = _Streamed(s, groups[g], host)
             with torch.no_grad():
@@ -446,6 +463,8 @@ class OffloadRuntime:
                 raise RuntimeError(f"{u.spec.path} streams its weights (offload), which is inference-only; call it "
                                    "under torch.no_grad() / torch.inference_mode(), or raise the memory budget so "
                                    "it stays resident")
+            if u.group.phase != self.phase:
+                self._enter_phase(u.group.phase)
             if u.slot is None:
                 if not self._issue(u, demand=True):
                     self._steal(u)
@@ -486,6 +505,28 @@ class OffloadRuntime:
             g.free.append(i)
             u.slot, u.ready = None, None
         return hook
+
+    def _enter_phase(self, phase: str) -> None:
+        """A unit of another component runs: free every other component's buffers (the plan
+        counts buffers per phase). Copies still in flight into them (the next call's first
+        blocks, prefetched) are dropped; the compute stream first waits for the side stream,
+        so the memory is reused only after those copies finished."""
+        if self.cuda and self.phase is not None:
+            torch.cuda.current_stream(self.device).wait_stream(self.stream)
+        for v in self.units.values():
+            g = v.group
+            if g.phase == phase or v.spec.module in self._running:
+                continue
+            if v.slot is not None:  # prefetched, not run: copied again when it runs
+                g.free.append(v.slot)
+                v.slot, v.ready = None, None
+        for g in {id(v.group): v.group for v in self.units.values()}.values():
+            if g.phase != phase and len(g.free) == len(g.slots):  # nothing of it runs or holds data
+                g.slots = [None] * len(g.slots)
+                g.free_event = [None] * len(g.slots)
+                g.free = collections.deque(range(len(g.slots)))
+        self.phase = phase
+        self.counters.phase_changes += 1
 
     def _check_peak(self) -> None:
         peak = torch.cuda.max_memory_reserved(self.device)

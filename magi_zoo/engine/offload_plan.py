@@ -12,10 +12,13 @@ budget; the host->device copy rate.
 Memory model (what `expected_peak` adds up)::
 
     peak = fixed (weights outside units) + resident units
-         + streaming pools (per group with streamed units: (prefetch + 1) buffers of one unit)
-         + the largest streamed one-of-a-kind unit (a component streamed whole: its buffer
-           exists only while it runs)
+         + the largest phase's buffers: its streaming pools (per group with streamed units:
+           (prefetch + 1) buffers of one unit) + its largest streamed one-of-a-kind unit (a
+           component streamed whole: its buffer exists only while it runs)
          + activations
+
+(The runtime frees a phase's buffers when a unit of another phase starts: the text
+encoder's buffers are gone before the denoising loop, the transformer's before the VAE.)
 
 Which units stay: all of them if they fit. Otherwise units are demoted to streaming until
 the peak fits, one-of-a-kind units (components, run once per generation) first, largest
@@ -134,20 +137,28 @@ def _groups(units: Sequence[Unit]) -> dict[str, list[Unit]]:
 
 def _peak(units: Sequence[Unit], streamed: set[str], *, fixed: int, activation: int,
           prefetch: int) -> tuple[int, dict[str, tuple[int, int]], int]:
-    """(peak bytes, pools {group: (buffers, bytes)}, transient bytes) for one streamed set."""
+    """(peak bytes, pools {group: (buffers, bytes)}, transient bytes) for one streamed set.
+
+    Phases run one after another, and the runtime frees a phase's buffers when another
+    phase starts, so buffers count per phase: the peak takes the largest phase's pools plus
+    its largest one-of-a-kind unit."""
     resident = sum(u.nbytes for u in units if u.name not in streamed)
     pools: dict[str, tuple[int, int]] = {}
-    transient = 0
+    per_phase: dict[str, list[int]] = {}  # phase -> [pool bytes, largest transient]
     for g, us in _groups(units).items():
         n_str = sum(u.name in streamed for u in us)
         if not n_str:
             continue
         size = max(u.nbytes for u in us)
+        acc = per_phase.setdefault(us[0].phase, [0, 0])
         if len(us) == 1:  # one of a kind: a buffer only while it runs
-            transient = max(transient, size)
+            acc[1] = max(acc[1], size)
         else:
             pools[g] = (min(prefetch + 1, n_str), size)
-    return fixed + resident + sum(n * b for n, b in pools.values()) + transient + activation, pools, transient
+            acc[0] += pools[g][0] * size
+    buffers = max((a + b for a, b in per_phase.values()), default=0)
+    transient = max((b for _, b in per_phase.values()), default=0)
+    return fixed + resident + buffers + activation, pools, transient
 
 
 def _spread(n_total: int, n_streamed: int) -> list[int]:
