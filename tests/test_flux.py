@@ -56,7 +56,7 @@ def test_published_variants_and_aliases():
     _, schnell = lookup("flux.1-schnell")
     assert schnell.hub_id == "black-forest-labs/FLUX.1-schnell"
     assert dev.config["transformer"]["guidance_embeds"] and not schnell.config["transformer"]["guidance_embeds"]
-    assert dev.call_defaults == dict(height=1024, width=1024, num_inference_steps=28, guidance_scale=3.5,
+    assert dev.call_defaults == dict(height=1024, width=1024, num_inference_steps=50, guidance_scale=3.5,
                                      max_sequence_length=512)
     assert schnell.call_defaults == dict(height=1024, width=1024, num_inference_steps=4, guidance_scale=0.0,
                                          max_sequence_length=256)
