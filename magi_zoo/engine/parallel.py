@@ -223,6 +223,68 @@ def _backend_name(model: nn.Module) -> str | None:
     return None
 
 
+# -- FA3 under context parallelism ------------------------------------------------------------------
+def _fa3_forward_op(ctx, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                    enable_gqa=False, return_lse=False, _save_ctx=True, _parallel_config=None):
+    """Diffusers' context-parallel forward-op contract on the fa3 kernel (what Ulysses calls
+    between its all-to-alls, and ring once per KV chunk, with return_lse=True)."""
+    from .kernels import fa3
+
+    return fa3.fa3_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse)
+
+
+def _fa3_backward_op(ctx, grad_out, *args, **kwargs):
+    raise RuntimeError("attention backend 'fa3' is forward-only (no backward under context parallelism either)")
+
+
+def fa3_context_parallel_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                   enable_gqa=False, return_lse=False, _parallel_config=None):
+    """The engine's fa3 backend, plus diffusers' templated Ulysses / ring around it when the
+    layer carries a context-parallel config (diffusers' own backends are written the same way)."""
+    from diffusers.models.attention_dispatch import _templated_context_parallel_attention
+
+    from .kernels import fa3
+
+    if _parallel_config is None:
+        return fa3.fa3_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse)
+    return _templated_context_parallel_attention(
+        query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse,
+        forward_op=_fa3_forward_op, backward_op=_fa3_backward_op, _parallel_config=_parallel_config)
+
+
+def _fa3_cp_shim(member) -> Callable[[], None]:
+    """Serve `member` (the slot the engine's fa3 kernel occupies) with
+    `fa3_context_parallel_attention`, marked context-parallel capable; returns the undo that
+    puts the registry entry back. The fa3 kernel module (another owner's) is left as it is."""
+    from diffusers.models.attention_dispatch import _AttentionBackendRegistry as R
+
+    saved = (R._backends.get(member), R._constraints.get(member), R._supported_arg_names.get(member),
+             member.value in R._supports_context_parallel)
+    R.register(member, constraints=list(saved[1] or []), supports_context_parallel=True)(
+        fa3_context_parallel_attention)
+
+    def undo() -> None:
+        fn, constraints, names, was_cp = saved
+        R._backends[member], R._constraints[member], R._supported_arg_names[member] = fn, constraints, names
+        if not was_cp:
+            R._supports_context_parallel.discard(member.value)
+
+    return undo
+
+
+def _engine_backend(model: nn.Module):
+    """(member, function) when the model's attention dispatches to a function of this package
+    (an engine kernel such as fa3), else (member or None, None)."""
+    from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry as R
+
+    name = _backend_name(model)
+    if name is None:
+        return None, None
+    member = AttentionBackendName(name)
+    fn = R._backends.get(member)
+    return member, (fn if getattr(fn, "__module__", "").startswith("magi_zoo.") else None)
+
+
 def _check_sequence_parallel(model: nn.Module, spec: ParallelSpec, key: str) -> None:
     """Everything that would fail later inside diffusers, refused now with what to do."""
     from diffusers.models.attention_dispatch import _AttentionBackendRegistry
@@ -240,7 +302,15 @@ def _check_sequence_parallel(model: nn.Module, spec: ParallelSpec, key: str) -> 
                          f"ranks, which does not divide; use a ulysses_degree that divides {heads}, ring_degree "
                          "instead, or uneven=true")
     backend = _backend_name(model)
-    if backend is not None:
+    _, engine_fn = _engine_backend(model)
+    if engine_fn is not None and engine_fn is not fa3_context_parallel_attention:
+        from .kernels import fa3
+
+        if engine_fn is not fa3.fa3_attention:
+            raise ValueError(f"parallel {key!r}: the engine's attention kernel in the {backend!r} slot "
+                             f"({engine_fn.__name__}) has no context-parallel support; use bf16 fa3, '_native_cudnn' "
+                             "or 'flash' with ulysses/ring (or cfg=true alone)")
+    elif backend is not None:
         able = sorted(_AttentionBackendRegistry._supports_context_parallel)
         if backend not in able:
             raise ValueError(f"parallel {key!r}: attention backend {backend!r} has no context-parallel support in "
@@ -316,7 +386,13 @@ def _sequence_parallel(model: nn.Module, spec: ParallelSpec, mesh, key: str) -> 
         for m in model.modules():
             if id(m) not in had_registry and "_diffusers_hook" in m.__dict__ and not m._diffusers_hook.hooks:
                 del m.__dict__["_diffusers_hook"]
+        for u in undo_shim:
+            u()
 
+    undo_shim: list[Callable[[], None]] = []
+    member, engine_fn = _engine_backend(model)
+    if engine_fn is not None and engine_fn is not fa3_context_parallel_attention:
+        undo_shim.append(_fa3_cp_shim(member))  # checked above: the bf16 fa3 kernel
     try:
         for mid, names in fresh.items():  # before the split hooks: inside them, it sees the split
             sub = model.get_submodule(mid) if mid else model
