@@ -273,3 +273,24 @@ def test_run_edit_understand_think_and_errors(tiny, tmp_path):
         tiny("x", task="paint")
     with pytest.raises(ValueError, match="needs an input image"):
         tiny("x", task="edit")
+
+
+def test_h100_plan_serves_every_task_in_one_process(tiny):
+    """The shipped [gpu.h100] plan (eager backend, on CPU): text-to-image with different
+    prompt lengths, an edit, understanding with and without think, all in one process.
+    With static layer shapes this failed (FailOnRecompileLimitHit on the 4th prompt); now the
+    layer region has exactly 6 frames = {text, ViT, latent} blocks x {empty, non-empty} context."""
+    from magi_zoo.specs.gpu_profiles import get_profile
+
+    prof = get_profile("h100")
+    torch.compiler.reset()
+    counters.reset()
+    rep = magi_zoo.apply(tiny.modules, layers=with_backend(spec_layers(tiny.adapter, prof), "eager"), gpu=prof)
+    img = _image()
+    for p in ("a", "one two three four five", "a b c d e f g h i j k l m n o p"):
+        tiny(p, num_inference_steps=2, height=32, width=32)
+    tiny("make it blue", image=img, num_inference_steps=2)
+    tiny("what?", image=img, task="understand", think=True, max_new_tokens=2)
+    tiny("what is it?", image=img, task="understand", max_new_tokens=2)
+    lay = rep.region("BagelMoTLayer")
+    assert (lay.counters.frames, lay.counters.n_graph_breaks) == (6, 0), lay.counters.recompiles
