@@ -239,7 +239,9 @@ def test_bad_override_is_plan_error(tiny):
 
 
 def test_gpu_spec_sections_resolve(tiny):
-    """h100: the layer region static, denoise_step fenced (layers stay regional), decode whole."""
+    """h100: the layer region symbolic (static shapes exhausted the recompile limit, see
+    bagel.toml), denoise_step fenced (layers stay regional), decode whole, the editing
+    prefill fenced."""
     from magi_zoo.engine import resolve
     from magi_zoo.specs import get_profile
 
@@ -248,7 +250,8 @@ def test_gpu_spec_sections_resolve(tiny):
     by = {(t.path, t.method): t.spec for t in plan.targets}
     assert by[("model", "denoise_step")].enabled is False
     assert by[("model", "decode_step")].dynamic is True
-    assert by[("model.language_model.model.layers.2", "forward")].dynamic is False
+    assert by[("model.language_model.model.layers.2", "forward")].dynamic is True
+    assert by[("model", "prefill_vae_block")].enabled is False
 
 
 # -- checkpoint in the official layout -------------------------------------------------------
