@@ -152,6 +152,42 @@ def test_naive_port_breaks_and_recompiles(eager):
     assert rel_err(out.latents, ref.latents) < REL
 
 
+@pytest.mark.parametrize("cache_frames, sink_frames", [(12, 3), (11, 1)])
+def test_rolling_cache_with_sinks_equals_reference(eager, cache_frames, sink_frames):
+    """Longer videos on a rolling cache: 117 frames = 30 latent frames = 10 blocks, a cache of
+    12 latent frames with 3 sink frames (the ring after the sinks holds 9 = 3 blocks: slots
+    repeat every 3 blocks) or 11 with 1 (a ring of 10 frames: a block's slots wrap around).
+    The static ring equals the reference's shift-left eviction, and the compiled step is
+    still one graph for all 10 blocks."""
+    h, _ = eager
+    pipe = h.pipe
+    call = dict(CALL, num_frames=117, cache_frames=cache_frames, sink_frames=sink_frames)
+    with torch.no_grad():
+        static = torch.cat([r.latents for r in pipe.stream("a corgi", decode=False, **call)], dim=2)
+        sched = pipe.static_cache.schedule
+        assert sched.rolling and sched.cache_tokens == cache_frames * 4 and sched.num_blocks == 10
+        assert [int(x) for x in pipe.static_cache.kv_len][3:] == [sched.cache_tokens] * 7  # full from block 3 on
+        pipe.strategy = "naive"
+        try:
+            ref = torch.cat([r.latents for r in pipe.stream("a corgi", decode=False, **call)], dim=2)
+        finally:
+            pipe.strategy = "static"
+    assert static.shape[2] == 30 and rel_err(static, ref) < REL
+    if sink_frames == 3:  # one compile check is enough: the ring only changes index values
+        torch.compiler.reset()
+        t = pipe.transformer
+        t.denoise_step = torch.compile(t.denoise_step, fullgraph=True, dynamic=False, backend="eager")
+        try:
+            before = counters.snapshot()
+            with torch.no_grad():
+                out = torch.cat([r.latents for r in pipe.stream("a corgi", decode=False, **call)], dim=2)
+            counters.expect(counters.delta(before), frames=1, breaks=0, recompiles=0)
+        finally:
+            del t.denoise_step
+            torch.compiler.reset()
+        assert rel_err(out, static) < REL
+
+
 def test_stream_yields_decoded_blocks(eager):
     """`stream` yields each block's frames as they are decoded: 9 frames for the first block
     (1 + 4 x 2), 12 for each later one (4 x 3), 81 in all -- and the causal VAE cache kept

@@ -59,16 +59,33 @@ class BlockSchedule:
     nothing is read back from the device.
 
     latent_frames: latent frames of the video; frame_tokens: tokens per latent frame
-    (latent H/2 x W/2); frames_per_block: latent frames per block."""
+    (latent H/2 x W/2); frames_per_block: latent frames per block.
+
+    cache_frames / sink_frames: the rolling cache for long videos (the reference's
+    `local_attn_size` / `sink_size`). None = the cache holds the whole video (the published
+    setting). Otherwise it holds `cache_frames` latent frames: the first `sink_frames`
+    (sinks, never evicted) and a ring over the rest, so a block attends to the sinks plus
+    the most recent tokens -- the set the reference keeps by shifting its cache left.
+    Attention does not depend on the order of keys (they carry their RoPE position from
+    the write), so a ring with host-computed slots gives the same result with a fixed
+    shape and no copies."""
 
     latent_frames: int
     frame_tokens: int
     frames_per_block: int = NUM_FRAME_PER_BLOCK
+    cache_frames: int | None = None
+    sink_frames: int = 0
 
     def __post_init__(self):
         if self.latent_frames % self.frames_per_block:
             raise ValueError(f"{self.latent_frames} latent frames are not a whole number of blocks of "
                              f"{self.frames_per_block}")
+        if self.cache_frames is None:
+            if self.sink_frames:
+                raise ValueError("sink_frames needs a rolling cache: set cache_frames too")
+        elif self.sink_frames < 0 or self.cache_frames - self.sink_frames < self.frames_per_block:
+            raise ValueError(f"cache_frames={self.cache_frames}, sink_frames={self.sink_frames}: the cache must "
+                             f"hold the sinks plus at least one block ({self.frames_per_block} latent frames)")
 
     @property
     def num_blocks(self) -> int:
@@ -80,21 +97,40 @@ class BlockSchedule:
         return self.frames_per_block * self.frame_tokens
 
     @property
+    def rolling(self) -> bool:
+        return self.cache_frames is not None and self.cache_frames < self.latent_frames
+
+    @property
     def cache_tokens(self) -> int:
         """Keys/values the cache holds per layer (32760 at 480x832, 81 frames)."""
-        return self.latent_frames * self.frame_tokens
+        frames = self.latent_frames if self.cache_frames is None else min(self.cache_frames, self.latent_frames)
+        return frames * self.frame_tokens
 
     def block_start(self, block: int) -> int:
-        """First token of `block` in the cache: where its keys are written."""
+        """First token of `block` in the video (its position; its cache slot without rolling)."""
         return block * self.block_tokens
 
     def block_end(self, block: int) -> int:
-        """One past the last token `block` attends to (its own tokens included)."""
+        """One past the block's last token in the video."""
         return (block + 1) * self.block_tokens
 
     def start_frame(self, block: int) -> int:
         """Latent frame index of the block's first frame (its RoPE time offset)."""
         return block * self.frames_per_block
+
+    def slot(self, token: int) -> int:
+        """Cache slot of video token `token`: itself while it fits, then a ring after the sinks."""
+        cap, sink = self.cache_tokens, self.sink_frames * self.frame_tokens
+        return token if token < cap else sink + (token - sink) % (cap - sink)
+
+    def write_slots(self, block: int) -> list[int]:
+        """The slots `block` writes its keys/values to."""
+        return [self.slot(t) for t in range(self.block_start(block), self.block_end(block))]
+
+    def attend_len(self, block: int) -> int:
+        """Slots [0, attend_len) hold what `block` attends to (earlier blocks and itself);
+        the ring fills from the front, so this is a prefix."""
+        return min(self.block_end(block), self.cache_tokens)
 
 
 def latent_frames_for(num_frames: int, temporal: int = 4) -> int:

@@ -4,9 +4,9 @@ computes from the block index.
 Per layer one key and one value tensor (B, heads, N, D), N = every token of the video
 (32,760 at 480x832 x 81 frames: 30 layers x 2 x 32,760 x 12 x 128 x 2 bytes = 6.0 GB in
 bf16), in the layout attention reads (heads before tokens). The schedule is fixed, so
-every offset is known before the first block runs: per block the S positions it writes
-(block_start .. block_start + S) and the length it attends to (block_end) are made into
-device tensors once, and each step is handed the same-shaped tensors -- nothing is read
+every offset is known before the first block runs: per block the S slots it writes
+(block_start .. block_start + S; a ring after the sinks with a rolling cache) and the
+length it attends to are made into device tensors once, and each step is handed the same-shaped tensors -- nothing is read
 back, and no shape depends on the block.
 """
 
@@ -32,10 +32,9 @@ class StaticKVCache:
 
         for t in self.k + self.v:  # written in place by the compiled step: CUDA graphs need fixed addresses
             mark_static_address(t)
-        s = schedule.block_tokens
-        self.write_index = [torch.arange(schedule.block_start(b), schedule.block_start(b) + s, device=device)
+        self.write_index = [torch.tensor(schedule.write_slots(b), dtype=torch.long, device=device)
                             for b in range(schedule.num_blocks)]
-        self.kv_len = [torch.tensor(schedule.block_end(b), dtype=torch.long, device=device)
+        self.kv_len = [torch.tensor(schedule.attend_len(b), dtype=torch.long, device=device)
                        for b in range(schedule.num_blocks)]
 
     def matches(self, num_layers: int, batch: int, heads: int, head_dim: int, schedule: BlockSchedule,

@@ -153,8 +153,8 @@ class CausalWanTransformer3DModel(WanTransformer3DModel):
 
     # -- the reference's control flow (benchmark strategy and equality oracle) -------------------
     def naive_step(self, hidden_states, timestep, encoder_hidden_states, kv_cache, crossattn_cache,
-                   current_start: int) -> torch.Tensor:
+                   current_start: int, sink_tokens: int = 0) -> torch.Tensor:
         """One forward the way the reference runs it (dict caches, `.item()` reads, cache
         slicing by tensor-derived ends, `grid_sizes.tolist()` RoPE); see naive.py."""
         return naive.naive_step(self, hidden_states, timestep, encoder_hidden_states, kv_cache, crossattn_cache,
-                          current_start)
+                                current_start, sink_tokens)

@@ -14,6 +14,8 @@ per-block shape under `torch.compile`:
 - `grid_sizes` is a tensor built per call; RoPE iterates `grid_sizes.tolist()` and the
   start frame is `current_start // prod(grid_sizes[0][1:]).item()`;
 - the cross-attention cache is a dict with a Python `is_init` flag, filled on first use;
+- the rolling cache (local_attn_size / sink_size) shifts its contents left with a clone
+  when a new block does not fit;
 - the text projection runs on every call.
 Cache layout is the reference's (B, N, heads, D).
 """
@@ -50,7 +52,7 @@ def _rope(model, x, grid_sizes, start_frame):
     return torch.cat(out)
 
 
-def _self_attention(model, a, n, grid_sizes, kv_cache, current_start):
+def _self_attention(model, a, n, grid_sizes, kv_cache, current_start, sink_tokens):
     b, s = n.shape[:2]
     q = a.norm_q(a.to_q(n)).unflatten(2, (a.heads, -1))
     k = a.norm_k(a.to_k(n)).unflatten(2, (a.heads, -1))
@@ -60,11 +62,22 @@ def _self_attention(model, a, n, grid_sizes, kv_cache, current_start):
     q = _rope(model, q, grid_sizes, current_start_frame)
     k = _rope(model, k, grid_sizes, current_start_frame)
     current_end = current_start + q.shape[1]
-    local_end = kv_cache["local_end_index"].item() + current_end - kv_cache["global_end_index"].item()
+    cache_size = kv_cache["k"].shape[1]
+    if current_end > kv_cache["global_end_index"].item() and s + kv_cache["local_end_index"].item() > cache_size:
+        # The rolling cache (local_attn_size != -1): evict the oldest tokens after the sinks by
+        # shifting the rest left (a clone: the slices overlap), then append the new block.
+        evicted = s + kv_cache["local_end_index"].item() - cache_size
+        rolled = kv_cache["local_end_index"].item() - evicted - sink_tokens
+        for name in ("k", "v"):
+            kv_cache[name][:, sink_tokens:sink_tokens + rolled] = \
+                kv_cache[name][:, sink_tokens + evicted:sink_tokens + evicted + rolled].clone()
+        local_end = kv_cache["local_end_index"].item() + current_end - kv_cache["global_end_index"].item() - evicted
+    else:
+        local_end = kv_cache["local_end_index"].item() + current_end - kv_cache["global_end_index"].item()
     local_start = local_end - s
     kv_cache["k"][:, local_start:local_end] = k
     kv_cache["v"][:, local_start:local_end] = v
-    max_attention_size = kv_cache["k"].shape[1]  # local_attn_size -1: the whole cache
+    max_attention_size = cache_size  # local_attn_size x frame tokens = the cache (-1: the whole video)
     lo = max(0, local_end - max_attention_size)
     o = F.scaled_dot_product_attention(q.transpose(1, 2), kv_cache["k"][:, lo:local_end].transpose(1, 2),
                                        kv_cache["v"][:, lo:local_end].transpose(1, 2)).transpose(1, 2)
@@ -85,7 +98,7 @@ def _cross_attention(a, n, context, cache):
 
 
 def naive_step(model, hidden_states, timestep, encoder_hidden_states, kv_cache, crossattn_cache,
-               current_start: int) -> torch.Tensor:
+               current_start: int, sink_tokens: int = 0) -> torch.Tensor:
     """One forward over one block, the reference's way; same arithmetic as
     `CausalWanTransformer3DModel.denoise_step`, so the two agree to rounding."""
     x = model.patch_embedding(hidden_states)
@@ -97,7 +110,7 @@ def naive_step(model, hidden_states, timestep, encoder_hidden_states, kv_cache, 
     for i, block in enumerate(model.blocks):
         shift, scale, gate, c_shift, c_scale, c_gate = (block.scale_shift_table + tproj.float()).chunk(6, dim=1)
         n = (block.norm1(x.float()) * (1 + scale) + shift).type_as(x)
-        o = _self_attention(model, block.attn1, n, grid_sizes, kv_cache[i], current_start)
+        o = _self_attention(model, block.attn1, n, grid_sizes, kv_cache[i], current_start, sink_tokens)
         x = (x.float() + o * gate).type_as(x)
         n = block.norm2(x.float()).type_as(x)
         x = x + _cross_attention(block.attn2, n, context, crossattn_cache[i])

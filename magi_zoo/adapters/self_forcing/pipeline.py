@@ -92,7 +92,8 @@ class SelfForcingPipeline:
         out = self.text_encoder(tok.input_ids.to(dev), mask).last_hidden_state
         return (out * mask.unsqueeze(-1).to(out.dtype)).to(device=self.device, dtype=self.dtype)
 
-    def schedule(self, height: int, width: int, num_frames: int) -> BlockSchedule:
+    def schedule(self, height: int, width: int, num_frames: int, cache_frames: int | None = None,
+                 sink_frames: int = 0) -> BlockSchedule:
         """The block schedule of a video, or a clear error for a size the model cannot make."""
         st, ss = self.vae_scale_factor_temporal, self.vae_scale_factor_spatial
         p_t, p_h, p_w = self.transformer.config.patch_size
@@ -104,7 +105,8 @@ class SelfForcingPipeline:
             raise ValueError(f"--frames {num_frames}: Self-Forcing makes whole blocks of 3 latent frames, i.e. "
                              f"12 m - 3 video frames: {', '.join(map(str, counts))}, ...")
         return BlockSchedule(latent_frames=latent_frames_for(num_frames, st),
-                             frame_tokens=(height // ss // p_h) * (width // ss // p_w))
+                             frame_tokens=(height // ss // p_h) * (width // ss // p_w),
+                             cache_frames=cache_frames, sink_frames=sink_frames)
 
     def kv_cache(self, batch: int, schedule: BlockSchedule) -> StaticKVCache:
         """The static cache for this shape: allocated once and reused while the shape holds
@@ -121,11 +123,16 @@ class SelfForcingPipeline:
     @torch.no_grad()
     def stream(self, prompt: str | list[str], *, height: int = 480, width: int = 832, num_frames: int = 81,
                max_sequence_length: int = 512, generator: torch.Generator | None = None,
-               seed: int | None = None, decode: bool = True) -> Iterator[BlockResult]:
+               seed: int | None = None, decode: bool = True, cache_frames: int | None = None,
+               sink_frames: int = 0) -> Iterator[BlockResult]:
         """Yield each block's decoded frames as soon as they exist (decode=False: latents
-        only, frames None -- what a transformer-only benchmark times)."""
+        only, frames None -- what a transformer-only benchmark times).
+
+        cache_frames / sink_frames: a rolling cache of that many latent frames, the first
+        `sink_frames` kept for good (the reference's local_attn_size / sink_size), for videos
+        longer than the cache; None = the cache holds the whole video (published setting)."""
         t0 = time.perf_counter()
-        sched = self.schedule(height, width, num_frames)
+        sched = self.schedule(height, width, num_frames, cache_frames, sink_frames)
         if generator is None:
             generator = torch.Generator(device="cpu").manual_seed(0 if seed is None else int(seed))
         text = self.encode_prompt(prompt, max_sequence_length)
@@ -182,18 +189,22 @@ class SelfForcingPipeline:
                                     dtype=self.dtype, device=self.device)
             cross = naive.new_crossattn_cache(len(t.blocks))
 
+            sink = sched.sink_frames * sched.frame_tokens
+
             def step(block, x, timestep):
-                return t.naive_step(x, timestep, text, kv, cross, sched.block_start(block))
+                return t.naive_step(x, timestep, text, kv, cross, sched.block_start(block), sink)
             return step
         raise ValueError(f"strategy {self.strategy!r}; choices: {', '.join(STRATEGIES)}")
 
     def __call__(self, prompt: str | list[str], *, height: int = 480, width: int = 832, num_frames: int = 81,
                  max_sequence_length: int = 512, generator: torch.Generator | None = None, seed: int | None = None,
+                 cache_frames: int | None = None, sink_frames: int = 0,
                  on_block: Callable[[BlockResult], None] | None = None) -> SelfForcingOutput:
         """The whole video; `on_block(result)` is called as each block's frames arrive."""
         frames, latents, secs = [], [], []
         for r in self.stream(prompt, height=height, width=width, num_frames=num_frames,
-                             max_sequence_length=max_sequence_length, generator=generator, seed=seed):
+                             max_sequence_length=max_sequence_length, generator=generator, seed=seed,
+                             cache_frames=cache_frames, sink_frames=sink_frames):
             frames.append(r.frames)
             latents.append(r.latents)
             secs.append(r.seconds)
