@@ -73,6 +73,14 @@ class ZooPipeline:
         self._maybe_save_cache()
         return out
 
+    def stream(self, *args, **kwargs):
+        """Streaming generation, for families whose native pipeline streams (Self-Forcing:
+        each block's decoded frames as they are made); call defaults filled in as for a call."""
+        if not callable(getattr(self.pipe, "stream", None)):
+            raise TypeError(f"{self.variant.name} does not stream; call the handle instead")
+        yield from self.pipe.stream(*args, **{**self.call_defaults(), **kwargs})
+        self._maybe_save_cache()
+
     def _maybe_save_cache(self) -> None:
         # Save after the first compile, and again whenever later calls compiled more
         # (a new shape); calls that compiled nothing cost one integer comparison.
