@@ -249,3 +249,15 @@ def test_refused_option_names_exist_in_this_torch():
     assert sorted(set(REFUSED_FILE_OPTIONS) - known - {"debug_dir"}) == []
     # and nothing harmless is caught by the suffix rule
     assert refused_file_option("max_autotune") is None and refused_file_option("triton.cudagraphs") is None
+
+
+def test_compile_spec_with_inductor_options_resolves_into_a_region():
+    """A spec holding a dict (inductor `options`) must hash: regions are grouped by spec."""
+    import magi_zoo
+
+    h = magi_zoo.load("wan2.1-tiny", gpu="cpu", overrides={
+        "compile": {"WanTransformerBlock": {"options": {"triton.multi_kernel": 1}}}})
+    rows = {r["region"]: r for r in h.report().plan.table() if r["section"] == "compile"}
+    assert "options={'triton.multi_kernel': 1}" in rows["WanTransformerBlock"]["spec"]
+    a = magi_zoo.TorchCompileSpec(options={"x": 1})
+    assert hash(a) == hash(magi_zoo.TorchCompileSpec(options={"x": 1})) and len({a, a.model_copy()}) == 1

@@ -58,6 +58,12 @@ class SectionSpec(BaseModel):
                  if getattr(self, k) != getattr(default, k)]
         return ", ".join(parts) or "default"
 
+    def __hash__(self) -> int:
+        # pydantic's frozen hash hashes the field values, which fails on a dict field (a
+        # compile spec's inductor `options`); specs are grouped by value (one region per
+        # spec), so hash what equality compares: the dumped fields.
+        return hash(self.digest())
+
     def digest(self) -> str:
         """Stable hash of the spec (used in cache keys)."""
         blob = json.dumps({"section": self.section, **self.model_dump()}, sort_keys=True, default=str)
