@@ -180,6 +180,11 @@ class StepCacheSpec(SectionSpec):
             kw["threshold"] = self.threshold
         return kw
 
+    def short(self) -> str:
+        """`method=first_block, threshold=0.1` / `method=taylorseer, cache_interval=3, ...`."""
+        parts = [f"method={self.method}"] + [f"{k}={v}" for k, v in self.config_kwargs().items()]
+        return ", ".join(parts)
+
     @classmethod
     def from_shorthand(cls, value: Any) -> "StepCacheSpec":
         # `transformer = "first_block"` is shorthand for { method = "first_block" }.
