@@ -229,3 +229,18 @@ def test_video_metrics_used_by_the_quality_benchmarks():
     r = compare_videos(b, a, chunk=2)
     assert len(r["psnr_per_frame_db"]) == 3 and r["identical_frames"] == 0 and 0 < r["ssim_mean"] < 1
     assert rel_l2(a, a) == 0.0
+
+
+@pytest.mark.gpu
+def test_gpu_first_block_cache_with_the_shipped_spec():
+    """On a CUDA card with the shipped spec (inductor, the card's attention backend): the
+    hooks wrap the compiled blocks, skip block work, recompile nothing."""
+    h = magi_zoo.load("wan2.1-tiny", gpu="auto",
+                      overrides={"step_cache": {"transformer": {"method": "first_block", "threshold": 0.2}}})
+    _gen(h)  # compiles
+    calls = _calls(h.report(), "WanTransformerBlock")
+    c = counters.snapshot()
+    _gen(h)
+    counters.expect(counters.delta(c), frames=0, breaks=0, recompiles=0)
+    assert STEPS * 2 < _calls(h.report(), "WanTransformerBlock") - calls < STEPS * 2 * 4
+    remove(h.modules)
