@@ -97,6 +97,13 @@ except ValueError as e:
     result["uneven_refusal"] = str(e)
 remove(h.modules)
 result["ulysses"]["undo_exact"] = state(h.modules) == before
+try:  # uneven shards exchange sizes with collectives dynamo cannot trace: refused in compiled blocks
+    magi_zoo.apply(h.modules, {"compile": eager_compile,
+                               "parallel": {"transformer": {"ulysses_degree": 2, "uneven": True}}}, gpu="cpu")
+    result["uneven_compiled_refusal"] = None
+except ValueError as e:
+    result["uneven_compiled_refusal"] = str(e)
+result["uneven_compiled_undo_exact"] = state(h.modules) == before
 
 # 3. Ranks that disagree are told so, on every rank, before any work.
 try:

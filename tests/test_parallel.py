@@ -124,6 +124,8 @@ def test_two_processes_equal_one(tmp_path):
     assert u["undo_exact"]
     assert "does not divide by the sequence-parallel degree 2" in r["uneven_refusal"]
     assert "or set uneven=true" in r["uneven_refusal"]
+    assert "uneven=true runs only in eager regions" in r["uneven_compiled_refusal"]
+    assert r["uneven_compiled_undo_exact"]
     assert "different command lines" in r["mismatch"] and "ranks [0]" in r["mismatch"]
 
 

@@ -455,6 +455,13 @@ def _cfg_parallel(model: nn.Module, group, branch: int, key: str) -> Callable[[]
 
 
 # -- the step -----------------------------------------------------------------------------------
+def _compiled_under(ctx: StepContext, path: str) -> list[str]:
+    """Compile regions (enabled) at or under `path` in the plan just applied."""
+    prefix = f"{path}." if path else ""
+    return [r.name for r in ctx.regions if r.spec.enabled
+            and any(m == path or m.startswith(prefix) for m in r.modules)]
+
+
 def _check_device(model: nn.Module, key: str) -> None:
     """Each rank's weights on its own GPU (LOCAL_RANK): the usual mistake is loading before
     `distributed.init()` set the device, which puts every rank on cuda:0."""
@@ -507,6 +514,15 @@ def parallel_step(ctx: StepContext) -> StepRecord:
                 _check_device(t.module, key)
                 if spec.sequence_degree > 1:
                     _check_sequence_parallel(t.module, spec, key)
+                if spec.uneven and _compiled_under(ctx, t.path):
+                    # diffusers' uneven-shard attention exchanges the shard sizes with eager
+                    # collectives (and splits all-to-alls by them) inside attention; dynamo cannot
+                    # trace that (measured: the compiled block fails in a fake-tensor call).
+                    raise ValueError(f"parallel {key!r}: uneven=true runs only in eager regions (its attention "
+                                     f"exchanges shard sizes with collectives a compiled block cannot trace), and "
+                                     f"{', '.join(_compiled_under(ctx, t.path)[:3])} is compiled; pick a shape whose "
+                                     "token count divides by the degree, or fence the blocks off "
+                                     "(compile {'<block class>': {'enabled': false}})")
             for t in targets:
                 if spec.sequence_degree > 1:
                     undos.append(_sequence_parallel(t.module, spec, mesh, key))
