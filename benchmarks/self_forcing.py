@@ -21,7 +21,10 @@ Strategies (one process; torch.compiler.reset() between them; all through magi_z
 - fullgraph:                 the shipped spec: `denoise_step` fullgraph, static shapes, SDPA
                              with a length mask over the whole cache;
 - fullgraph_flex:            the same with FlexAttention (tiles past the valid length skipped);
-- fullgraph_cudagraphs / fullgraph_flex_cudagraphs: the same, mode="reduce-overhead".
+- fullgraph_fa3:             the same with FlashAttention-3, `seqused_k` = the valid length
+                             (needs the `hopper` extra, fa3-fwd);
+- fullgraph_cudagraphs / fullgraph_flex_cudagraphs / fullgraph_fa3_cudagraphs: the same,
+                             mode="reduce-overhead".
 
 Per strategy: the first video (cold: compile included) with its counter delta (frames
 compiled, graphs, graph breaks, recompiles) and a second video's delta (recompiles after
@@ -53,14 +56,18 @@ STRATEGIES: dict[str, dict[str, Any]] = {
     "naive_compiled": dict(kind="naive", attention="sdpa", compile={"naive_step": {"fullgraph": False}}),
     "fullgraph": dict(kind="static", attention="sdpa", compile={}),
     "fullgraph_flex": dict(kind="static", attention="flex", compile={}),
+    "fullgraph_fa3": dict(kind="static", attention="fa3", compile={}),
     "fullgraph_cudagraphs": dict(kind="static", attention="sdpa",
                                  compile={"denoise_step": {"fullgraph": True, "dynamic": False,
                                                            "mode": "reduce-overhead"}}),
     "fullgraph_flex_cudagraphs": dict(kind="static", attention="flex",
                                       compile={"denoise_step": {"fullgraph": True, "dynamic": False,
                                                                 "mode": "reduce-overhead"}}),
+    "fullgraph_fa3_cudagraphs": dict(kind="static", attention="fa3",
+                                     compile={"denoise_step": {"fullgraph": True, "dynamic": False,
+                                                               "mode": "reduce-overhead"}}),
 }
-DEFAULT = "eager,naive_compiled,fullgraph,fullgraph_flex"
+DEFAULT = "eager,naive_compiled,fullgraph,fullgraph_flex,fullgraph_fa3"
 PROMPT = "a corgi surfing a wave at sunset, cinematic lighting"
 COLUMNS = ["strategy", "status", "attention", "breaks", "recompiles", "frames_compiled", "first_video_s",
            "transformer_ms", "ms_per_step", "speedup_vs_naive", "e2e_s", "fps", "first_frames_s",
@@ -178,7 +185,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise SystemExit(f"unknown strategies {bad}; choices: {', '.join(STRATEGIES)}")
     if args.smoke:
         args.device, args.backend, args.warmup, args.runs = "cpu", args.backend or "eager", 0, 1
-        names = [n for n in names if "cudagraphs" not in n]  # no CUDA graphs on CPU
+        names = [n for n in names if "cudagraphs" not in n and "fa3" not in n]  # CUDA-only strategies
     elif args.runs < 5:
         raise SystemExit("--runs >= 5 (DESIGN.md section 5); --smoke for a plumbing run")
 

@@ -14,6 +14,11 @@ whole cache and the valid length is a tensor:
   the same tensor: key tiles past `kv_len` are skipped, so the work is proportional to
   the valid length; the mask's tile counts are tensors, so shapes stay fixed. Compiled,
   it is one generated kernel (inductor); eager it runs torch's reference implementation.
+- "fa3": FlashAttention-3's forward kernel (the `fa3-fwd` wheel, the `hopper` extra; bf16,
+  CUDA) with `seqused_k` = the valid length as a device tensor -- FA3's own KV-cache
+  interface (`flash_attn_with_kvcache(cache_seqlens=...)` passes its cache lengths the same
+  way): only the valid keys are read, at flash speed. The kernel is a torch.library custom
+  op with a fake implementation, so it stays inside one graph.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-IMPLS = ("sdpa", "flex")
+IMPLS = ("sdpa", "flex", "fa3")
 
 
 def length_mask(n: int, kv_len: torch.Tensor) -> torch.Tensor:
@@ -37,6 +42,8 @@ def cache_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_len: t
         return F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
     if impl == "flex":
         return flex_cache_attention(q, k, v, kv_len)
+    if impl == "fa3":
+        return fa3_cache_attention(q, k, v, kv_len)
     raise ValueError(f"cache attention {impl!r}; choices: {', '.join(IMPLS)}")
 
 
@@ -51,3 +58,33 @@ def flex_cache_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_l
 
     mask = create_block_mask(prefix, B=None, H=None, Q_LEN=q.shape[2], KV_LEN=k.shape[2], device=q.device)
     return flex_attention(q, k, v, block_mask=mask)
+
+
+_fa3_forward = None
+
+
+def fa3_forward():
+    """FA3's forward op (`fa3_fwd_interface._flash_attn_forward`), or a clear error saying
+    what to install."""
+    global _fa3_forward
+    if _fa3_forward is None:
+        from ...engine.kernels import fa3
+
+        why = fa3.missing_reason()
+        if why is not None:
+            raise RuntimeError(f"cache_attention='fa3': {why}; or use cache_attention='sdpa'")
+        _fa3_forward = fa3._import_kernel()._flash_attn_forward
+    return _fa3_forward
+
+
+def fa3_cache_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_len: torch.Tensor) -> torch.Tensor:
+    """FA3 over the cache prefix: q (B, H, S, D), k / v (B, H, N, D) views read as FA3's
+    (B, N, H, D) layout (strided, last dim contiguous), `seqused_k` = kv_len per batch
+    element (int32)."""
+    if q.dtype != torch.bfloat16 or q.device.type != "cuda":
+        raise TypeError(f"cache_attention='fa3' runs bf16 on CUDA (got {q.dtype} on {q.device.type}); "
+                        "use cache_attention='sdpa'")
+    seqused = kv_len.to(torch.int32).reshape(1).expand(q.shape[0]).contiguous()
+    out, *_ = fa3_forward()(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), seqused_k=seqused,
+                            softmax_scale=q.shape[-1] ** -0.5, causal=False)
+    return out.transpose(1, 2)

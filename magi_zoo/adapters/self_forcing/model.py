@@ -35,8 +35,9 @@ class CausalWanTransformer3DModel(WanTransformer3DModel):
     """Wan2.1's transformer with Self-Forcing's block-causal, KV-cached inference.
 
     `cache_attention` picks the attention over the static cache ("sdpa": a length mask
-    over the whole cache, any device; "flex": FlexAttention, which skips the blocks past
-    the valid length -- see attention.py)."""
+    over the whole cache, any device; "flex": FlexAttention, which skips the key tiles
+    past the valid length; "fa3": FlashAttention-3 reading only the valid keys, bf16 on
+    Hopper -- see attention.py)."""
 
     cache_attention: str = "sdpa"
 
