@@ -1,0 +1,81 @@
+"""Wan2.1 image-to-video: `--image` is the first frame of the I2V variants (480p, 720p).
+
+The published I2V models are 14B; the path is run on a tiny I2V configuration built by the
+Wan adapter (WanImageToVideoPipeline with a small CLIP image encoder), not registered as a
+variant (so the conformance suite does not build it a second time).
+"""
+
+import numpy as np
+import pytest
+import torch
+
+import magi_zoo
+from magi_zoo import adapters
+from magi_zoo.adapters.base import Variant
+from magi_zoo.adapters.wan import _TINY, WanAdapter
+
+# I2V-14B's shape in small: 36 input channels (16 noise + 4 mask + 16 image latents), CLIP
+# image tokens (224 / 14 = 16 -> 256 patches + class = 257) projected by the added K/V.
+_TINY_I2V = dict(
+    _TINY, transformer=dict(_TINY["transformer"], in_channels=36, image_dim=24, added_kv_proj_dim=32),
+    image_encoder=dict(hidden_size=24, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2,
+                       image_size=224, patch_size=14, projection_dim=24))
+VARIANT = Variant(name="wan2.1-i2v-tiny-test", family="wan", config=_TINY_I2V, tiny=True,
+                  call_defaults=dict(height=32, width=32, num_frames=9, num_inference_steps=2, guidance_scale=5.0,
+                                     max_sequence_length=16))
+
+
+@pytest.fixture(scope="module")
+def handle():
+    from magi_zoo.zoo import ZooPipeline
+
+    adapter = WanAdapter()
+    pipe = adapter.build(VARIANT, weights=None, dtype=torch.float32, device=torch.device("cpu"))
+    return ZooPipeline(pipe, torch.nn.ModuleDict(adapter.components(pipe)), None, adapter=adapter, variant=VARIANT,
+                       profile=magi_zoo.get_profile("cpu"), dtype=torch.float32, device=torch.device("cpu"), layers=[])
+
+
+@pytest.fixture
+def png(tmp_path):
+    from PIL import Image
+
+    path = tmp_path / "first.png"
+    rgba = np.random.default_rng(0).integers(0, 256, (40, 48, 4), dtype=np.uint8)
+    Image.fromarray(rgba, "RGBA").save(path)
+    return path
+
+
+def test_generate_takes_the_image_as_the_first_frame(handle, png):
+    from PIL import Image
+
+    assert type(handle.pipe).__name__ == "WanImageToVideoPipeline"
+    out = handle.adapter.generate(handle, prompt="a corgi surfing", image=str(png), seed=0, progress=False)
+    assert out.kind == "video" and len(out.value) == 9 and out.value[0].shape == (32, 32, 3)
+    # The same call on the pipeline itself, with the image read as Wan's generate.py reads
+    # it (convert("RGB")): the same video.
+    want = handle(prompt="a corgi surfing", image=Image.open(png).convert("RGB"), output_type="np",
+                  generator=torch.Generator().manual_seed(0)).frames[0]
+    assert np.array_equal(np.stack(out.value), want)
+
+
+def test_image_is_required_by_i2v_and_refused_by_t2v(png, tmp_path):
+    a, v720 = adapters.lookup("wan2.1-i2v-14b-720p")
+    with pytest.raises(ValueError, match=r"wan2\.1-i2v-14b-720p is image-to-video: pass --image FILE"):
+        a.check_run(v720, {"image": None}, tmp_path / "out.mp4")
+    with pytest.raises(ValueError, match=r"--image '.*nope\.png': no such file"):
+        a.check_run(v720, {"image": str(tmp_path / "nope.png")}, tmp_path / "out.mp4")
+    (tmp_path / "text.png").write_text("not an image")
+    with pytest.raises(ValueError, match=r"not an image PIL can read"):
+        a.check_run(v720, {"image": str(tmp_path / "text.png")}, tmp_path / "out.mp4")
+    assert a.check_run(v720, {"image": str(png)}, tmp_path / "out.mp4") == {"image": str(png)}
+    a, tiny = adapters.lookup("wan2.1-tiny")
+    with pytest.raises(ValueError, match=r"wan2\.1-tiny cannot use --image; .*; --image is for the image-to-video "
+                                         r"variants: wan2\.1-i2v-14b-480p, wan2\.1-i2v-14b-720p$"):
+        a.check_run(tiny, {"image": str(png)}, tmp_path / "out.mp4")
+    a22, tiny22 = adapters.lookup("wan2.2-tiny")  # Wan2.2 registers no image-to-video variant
+    with pytest.raises(ValueError, match=r"wan2\.2-tiny cannot use --image; it takes --prompt, --out and --steps, "
+                                         r"--height, --width, --frames, --seed$"):
+        a22.check_run(tiny22, {"image": str(png)}, tmp_path / "out.mp4")
+    # An I2V variant lists what it takes when given something it cannot use.
+    with pytest.raises(ValueError, match=r"wan2\.1-i2v-14b-720p cannot use --max-new-tokens"):
+        a.check_run(v720, {"image": str(png), "max_new_tokens": 4}, tmp_path / "out.mp4")
