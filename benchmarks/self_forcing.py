@@ -32,7 +32,8 @@ warm-up); then >= --runs timed videos (after --warmup) of the block loop alone (
 "transformer time") and of the whole call (text encoding + 7 blocks + streaming VAE
 decode: "end to end"), CUDA events, median; the first decoded frames' latency (wall time
 from the call to the first block's frames on the host, median); relative error of the
-latents against eager on the same seed. Each invocation merges its rows into
+latents against eager on the same seed, and of one step per block on identical inputs
+(the per-step figure, free of the drift a whole video accumulates). Each invocation merges its rows into
 self_forcing_<card>.json/.md (so strategies can be run in separate commands).
 """
 
@@ -71,7 +72,7 @@ DEFAULT = "eager,naive_compiled,fullgraph,fullgraph_flex,fullgraph_fa3"
 PROMPT = "a corgi surfing a wave at sunset, cinematic lighting"
 COLUMNS = ["strategy", "status", "attention", "breaks", "recompiles", "frames_compiled", "first_video_s",
            "transformer_ms", "ms_per_step", "speedup_vs_naive", "e2e_s", "fps", "first_frames_s",
-           "rel_err_vs_eager"]
+           "rel_err_step_max", "rel_err_vs_eager"]
 
 
 def _layers(handle, spec: dict | None, backend: str | None):
@@ -135,6 +136,15 @@ def run_strategy(name: str, handle, call: dict, args, ref_latents, device) -> di
             row["rel_err_vs_eager"] = round(float((lat - ref).abs().max() / ref.abs().max()), 5)
             row["rel_err_first_block"] = round(float((lat[:, :, :s] - ref[:, :, :s]).abs().max()
                                                      / ref[:, :, :s].abs().max()), 5)
+        if cfg["kind"] == "static" and args.step_refs:
+            # Per block, one step on identical inputs (a random cache, the block's offsets):
+            # compiled vs eager without the drift a whole video accumulates.
+            errs = []
+            for b, ref in enumerate(args.step_refs):
+                got = pipe.transformer.denoise_step(**_step_inputs(handle, call, b)).float()
+                errs.append(float((got - ref).abs().max() / ref.abs().max()))
+            row["rel_err_per_step"] = [round(e, 5) for e in errs]
+            row["rel_err_step_max"] = round(max(errs), 5)
         t = common.time_calls(lambda: _video(pipe, call, decode=False), device, warmup=args.warmup, runs=args.runs)
         row["transformer_ms"] = t["median_ms"]
         row["transformer"] = t
@@ -163,6 +173,12 @@ def run_strategy(name: str, handle, call: dict, args, ref_latents, device) -> di
         if report is not None:
             remove(handle.modules)
         torch.compiler.reset()
+
+
+def _step_inputs(handle, call: dict, block: int) -> dict[str, Any]:
+    """The adapter's example inputs of `denoise_step` for `block` (seeded: identical each time)."""
+    return handle.adapter.example_inputs(handle.pipe, handle.variant, "denoise_step", height=call["height"],
+                                         width=call["width"], frames=call["num_frames"], block=block)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -229,6 +245,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if record.get("env", {}).get("card") != env.get("card") or record.get("shape") != call:
         record = {}  # another card or shape: start a new table
     rows = {r["strategy"]: r for r in record.get("results", [])}
+    pipe.strategy, pipe.transformer.cache_attention = "static", "sdpa"
+    args.step_refs = [pipe.transformer.denoise_step(**_step_inputs(handle, call, b)).float()
+                      for b in range(sched.num_blocks)]  # eager, per block: the per-step reference
     ref_latents = None
     order = (["eager"] if "eager" in names else []) + [n for n in names if n != "eager"]
     if "eager" not in names:  # the reference for the error column, not timed
@@ -260,7 +279,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"VAE {args.vae_dtype}; text encoding {text['median_ms']} ms (median); transformer time = the 7-block "
           "loop without decode; end to end = text encoding + blocks + streaming VAE decode; first frames = "
           "wall time to the first block's decoded frames on the host; breaks / recompiles / frames compiled: "
-          "counters over the first video.", "",
+          "counters over the first video; rel_err_step_max: one step per block on identical inputs vs eager "
+          "(max over blocks); rel_err_vs_eager: the whole video's latents (same seed; bf16 drift accumulates "
+          "over 34 steps).", "",
           common.results_table(record["results"], COLUMNS)]
     for r in record["results"]:
         if r.get("break_reasons"):
