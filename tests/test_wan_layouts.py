@@ -262,3 +262,17 @@ def test_i2v_720p_is_the_published_config():
         assert adapter.denoiser(pipe)(**kw)[0].shape == (1, 16, 21, 90, 160)
     regions = resolve(nn.ModuleDict(adapter.components(pipe)), spec_layers(adapter, magi_zoo.get_profile("h100"))).regions()
     assert len(regions[("WanTransformerBlock", "forward")]) == 40  # one region over all 40 blocks
+
+
+def test_transformer_from_a_state_dict(reference, original_state):
+    """A DiT held in a dict (a training checkpoint), original names with the
+    `model.diffusion_model.` prefix some trainers write: the same model as the directory load."""
+    from magi_zoo.adapters.wan_original import transformer_from_state_dict
+
+    sd = {"model.diffusion_model." + k: v for k, v in original_state["transformer"].items()}
+    model = transformer_from_state_dict(sd, OFFICIAL["transformer"]["config"], dtype=torch.float32)
+    want = reference.transformer.state_dict()
+    assert model.state_dict().keys() == want.keys() and all(torch.equal(model.state_dict()[k], want[k]) for k in want)
+    with pytest.raises(ValueError, match=r"1 tensor\(s\) the model needs are not in the file \(first: 'proj_out\.bias'\)"):
+        transformer_from_state_dict({k: v for k, v in sd.items() if not k.endswith("head.head.bias")},
+                                    OFFICIAL["transformer"]["config"], dtype=torch.float32)

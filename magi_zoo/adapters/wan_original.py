@@ -118,6 +118,13 @@ class _TensorSource:
                 for k, v in sd.items():
                     self._where[k] = (v, f)
 
+    @classmethod
+    def from_dict(cls, state: Mapping[str, torch.Tensor], name: str = "<state dict>") -> "_TensorSource":
+        src = cls([])
+        src.files = [Path(name)]
+        src._where = {k: (v, Path(name)) for k, v in state.items()}
+        return src
+
     def keys(self) -> list[str]:
         return list(self._where)
 
@@ -246,14 +253,25 @@ def load_transformer(path: str | Path, *, dtype: torch.dtype, device: torch.devi
                      config: Mapping[str, Any] | None = None):
     """WanTransformer3DModel from an original-layout directory (config.json + the DiT's
     weight files); `config` replaces config.json (original names)."""
-    from diffusers import WanTransformer3DModel
-
     path = Path(path)
     files = _transformer_files(path)
     if not files:
         raise ValueError(f"{str(path)!r}: no {TRANSFORMER_GLOB}.safetensors or .pth (the Wan DiT's weights)")
-    src = _open(files)
-    cfg = transformer_config(config if config is not None else _read_config(path), src)
+    return _transformer(_open(files), config if config is not None else _read_config(path), dtype, device)
+
+
+def transformer_from_state_dict(state: Mapping[str, torch.Tensor], config: Mapping[str, Any], *,
+                                dtype: torch.dtype, device: torch.device | str = "cpu"):
+    """WanTransformer3DModel from a state dict in the original key naming (e.g. a training
+    checkpoint's DiT; a `model.diffusion_model.` prefix is accepted) and WanModel's config
+    (original names, as in config.json). Strict, like the directory load."""
+    return _transformer(_TensorSource.from_dict(state), config, dtype, device)
+
+
+def _transformer(src: _TensorSource, config: Mapping[str, Any], dtype: torch.dtype, device):
+    from diffusers import WanTransformer3DModel
+
+    cfg = transformer_config(config, src)
     model = _empty(lambda: WanTransformer3DModel(**cfg))
     keep = tuple(WanTransformer3DModel._keep_in_fp32_modules or ())
     _load_strict(model, transformer_key_names(src.keys()), src, "the Wan DiT", dtype, keep)
