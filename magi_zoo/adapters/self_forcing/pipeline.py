@@ -141,8 +141,15 @@ class SelfForcingPipeline:
         lat_h, lat_w = height // ss, width // ss
         c = self.transformer.config.in_channels
         dev, dt = self.device, self.dtype
+        if generator.device != dev:
+            # Noise is drawn on the model's device: a host tensor copied in before every step
+            # would make the host wait for the GPU each time (a pageable copy is synchronous),
+            # so no launch could overlap the previous step. The device generator is seeded from
+            # the caller's, so a seed still fixes the video.
+            seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+            generator = torch.Generator(device=dev).manual_seed(seed)
         noise = lambda: torch.randn((batch, c, sched.frames_per_block, lat_h, lat_w), generator=generator,  # noqa: E731
-                                    device=generator.device).to(device=dev, dtype=dt)
+                                    device=dev).to(dt)
         t_steps = [torch.full((batch,), t, device=dev) for t in self.timesteps]
         t_clean = torch.full((batch,), float(CONTEXT_NOISE), device=dev)
         step = self._stepper(text, batch, sched, lat_h, lat_w)
