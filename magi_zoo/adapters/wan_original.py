@@ -111,7 +111,12 @@ class _TensorSource:
                 for k in handle.keys():
                     self._where[k] = (handle, f)
             else:
-                sd = torch.load(str(f), map_location="cpu", weights_only=True, mmap=True)
+                try:  # mmap: the 11 GB T5 is paged in as it is read, not copied up front
+                    sd = torch.load(str(f), map_location="cpu", weights_only=True, mmap=True)
+                except RuntimeError as e:  # a legacy (pre-zipfile) torch.save cannot be mapped
+                    if "mmap" not in str(e):
+                        raise
+                    sd = torch.load(str(f), map_location="cpu", weights_only=True)
                 if not isinstance(sd, Mapping) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
                     raise ValueError(f"{str(f)!r} is not a flat state dict of tensors (got {type(sd).__name__}); "
                                      "save the model's state_dict() itself")
