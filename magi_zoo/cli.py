@@ -330,6 +330,7 @@ def _check_run(args):
     opts = dict(image=args.image, audio_out=args.audio_out, num_inference_steps=args.steps, height=args.height,
                 width=args.width, num_frames=args.frames, max_new_tokens=args.max_new_tokens, seed=args.seed)
     opts.update(task=args.task, think=args.think or None)  # BAGEL: which task; reason first
+    opts.update(audio=args.audio, voice=args.voice)  # Qwen3-Omni: audio prompt, speech voice
     adapter, variant = adapters.lookup(args.model)
     adapter.check_run(variant, opts, Path(args.out))
     overrides = parse_compile_overrides(args.compile_overrides)
@@ -345,6 +346,11 @@ def _check_run(args):
     par = distributed.run_parallel_fields(world if distributed.is_launched() else args.nproc,
                                           ulysses=args.ulysses, ring=args.ring, cfg=args.cfg_parallel,
                                           uneven=args.uneven, runs_cfg=runs_cfg)
+    if par and args.gpu == "cpu" and (par.get("ulysses_degree", 1) > 1 or par.get("ring_degree", 1) > 1):
+        raise ValueError("--ulysses / --ring use diffusers' context parallelism, which runs on GPUs; on --gpu cpu "
+                         "only --cfg-parallel splits the work")
+    if par is not None:  # the spec's [*.parallel] keys get the degrees (and --no-compile fences every compile key)
+        par = distributed.parallel_overrides(args.spec_file or str(adapter.spec_path()), par, eager=not args.compile)
     return adapter, opts, overrides, par
 
 
@@ -355,8 +361,6 @@ def _cmd_run(args) -> int:
     compile_arg = False if not args.compile else overrides
     if par is not None:
         # The parallel section is part of the plan; --no-compile then fences off every compile key.
-        par = distributed.parallel_overrides(args.spec_file or str(adapter.spec_path()), par,
-                                             eager=not args.compile)
         compile_arg = overrides if args.compile else par.pop("compile")
         opts["seed"] = distributed.broadcast_seed(args.seed)  # one initial noise for every rank
     handle = load(args.model, gpu=args.gpu, weights=args.weights, dtype=args.dtype, compile=compile_arg,
@@ -430,6 +434,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", required=True, help="output file (.mp4 video, .png image, .txt text)")
     r.add_argument("--image", default=None, help="input image (image-conditioned models)")
     r.add_argument("--audio-out", default=None, help="write speech to this .wav (models with audio)")
+    r.add_argument("--audio", default=None, help="input audio .wav (Qwen3-Omni: through its audio encoder)")
+    r.add_argument("--voice", default=None, help="speech voice (Qwen3-Omni: Ethan, Chelsie or Aiden)")
     r.add_argument("--gpu", default="auto", type=str.lower, choices=GPU_CHOICES)
     r.add_argument("--dtype", default=None)
     r.add_argument("--steps", type=int, default=None)

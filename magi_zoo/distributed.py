@@ -17,6 +17,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -180,11 +181,47 @@ def launch(nproc: int, argv: Sequence[str]) -> int:
     # torchrun otherwise prints a banner about OMP_NUM_THREADS=1 in every job: set it as it
     # would (one thread per process avoids oversubscription), unless the user chose.
     env.setdefault("OMP_NUM_THREADS", "1")
+    debug = "--debug" in argv
     try:
-        proc = subprocess.run(torchrun_command(nproc, argv), env=env)
+        proc = subprocess.Popen(torchrun_command(nproc, argv), env=env, stderr=None if debug else subprocess.PIPE,
+                                text=True, bufsize=1)
+        if not debug:
+            _relay_stderr(proc.stderr)
+        proc.wait()
     except KeyboardInterrupt:
         return 130
-    return proc.returncode
+    if proc.returncode:
+        # torchrun has stopped the other ranks and printed its summary (which rank failed first);
+        # the failing rank printed its own one-line, rank-tagged error before that.
+        print(f"magi-zoo: error: the {nproc}-process run failed (torchrun exit status {proc.returncode}); the "
+              "rank-tagged 'magi-zoo: error: [rank R/N]' line above says why", file=sys.stderr)
+        return 2
+    return 0
+
+
+_AGENT_LOG = re.compile(r"^[IWE]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ ")  # torchrun's agent (glog format)
+
+
+def _relay_stderr(stream) -> None:
+    """Pass the job's stderr through, minus torchrun's own agent log lines and the Python
+    traceback of its ChildFailedError (torchrun's, not ours: the rank's own error line and
+    torchrun's failure summary, which names the first failing rank, are kept). `--debug`
+    relays everything."""
+    held: list[str] = []
+    for line in stream:
+        if held:
+            held.append(line)
+            if line[:1] not in (" ", "\t") and not line.startswith("Traceback"):
+                if not line.startswith("torch.distributed.elastic.multiprocessing.errors.ChildFailedError"):
+                    sys.stderr.writelines(held)
+                held = []
+            continue
+        if line.startswith("Traceback (most recent call last):"):
+            held = [line]
+        elif not _AGENT_LOG.match(line):
+            sys.stderr.write(line)
+    sys.stderr.writelines(held)
+    sys.stderr.flush()
 
 
 def _without_option(argv: list[str], name: str) -> list[str]:
