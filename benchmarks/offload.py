@@ -2,6 +2,8 @@
 and diffusers group offload, one transformer forward, at several budgets.
 
     python -m benchmarks.offload --out benchmarks/results                 # the GPU table (H100)
+    python -m benchmarks.offload --models flux.1-dev --out benchmarks/results   # one model
+    python -m benchmarks.offload --pipeline --out benchmarks/results      # whole Wan I2V generation
     python -m benchmarks.offload --smoke --out /tmp/offload-smoke         # CPU, tiny model
 
 GPU rows (random weights at the published configs, bf16, batch 1, regional compile):
@@ -19,6 +21,11 @@ Strategies, each in its own process (so peaks and caps are honest):
               `compile_repeated_blocks(fullgraph=False)` (fullgraph=True fails: dynamo traces
               the onload hook), under the same cap. It streams every block and holds only the
               transformer (magi_zoo's plan also budgets the text encoder, image encoder and VAE).
+
+`--pipeline`: the whole Wan2.1-I2V-14B-480P generation (text and image encoders, N denoising
+steps with CFG, VAE decode; default 4 steps) resident vs magi_zoo at 24 GiB, under the cap
+for the whole generation: seconds per step (median of steps 2..N) and the process's
+max_memory_reserved (CFG included).
 
 Every row records ms per forward (CUDA events, 2 warm-up, 5 timed, median), the measured
 `torch.cuda.max_memory_reserved()` and `max_memory_allocated()` over the timed calls *and*
@@ -43,6 +50,8 @@ GPU_CASES = [  # (model, shape, budgets GiB)
     ("flux.1-dev", {"height": 1024, "width": 1024}, [12]),
 ]
 SMOKE_CASES = [("wan2.1-tiny", {}, [0.00025])]  # 256 KiB: most of the tiny model streams
+PIPELINE_CASE = ("wan2.1-i2v-14b-480p", {"height": 480, "width": 832, "num_frames": 81}, [24])
+SMOKE_PIPELINE_CASE = ("wan2.1-tiny", {}, [0.00025])
 STRATEGIES = ("resident", "magi_zoo", "diffusers")
 
 
@@ -90,6 +99,8 @@ def worker(args) -> dict[str, Any]:
                                offload_type="block_level", num_blocks_per_group=1, use_stream=cuda)
         module.compile_repeated_blocks(fullgraph=False, **({} if cuda else {"backend": "eager"}))
         h, report, rt = None, None, None
+    if args.pipeline:
+        return {**rec, **_pipeline_row(h, shape, args.steps, dev)}
     inputs = adapter.example_inputs(h.pipe if h else pipe, variant, "denoise", **shape)
     inputs = {k: (v.to(dev) if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
     fn = getattr(module, method)
@@ -116,6 +127,46 @@ def worker(args) -> dict[str, Any]:
     return rec
 
 
+def _pipeline_row(h, shape: dict, steps: int, dev) -> dict[str, Any]:
+    """One whole generation through the handle (encoders, `steps` CFG steps, VAE decode):
+    seconds per step from the step callback, and the peaks over the whole process."""
+    import time
+
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from magi_zoo.engine import offload as off
+
+    stamps: list[float] = []
+
+    def on_step(pipe, i, t, kw):
+        common.sync(dev)
+        stamps.append(time.perf_counter())
+        return {}
+
+    call = dict(prompt="a corgi surfing a wave at sunset", num_inference_steps=steps, output_type="np",
+                callback_on_step_end=on_step, generator=torch.Generator().manual_seed(0), **shape)
+    if "image" in __import__("inspect").signature(h.pipe.__call__).parameters:
+        hw = (shape.get("width", 64), shape.get("height", 64))
+        call["image"] = Image.fromarray((np.random.default_rng(0).random((hw[1], hw[0], 3)) * 255).astype("uint8"))
+    t0 = time.perf_counter()
+    out = h(**call)
+    common.sync(dev)
+    total = time.perf_counter() - t0
+    per_step = [b - a for a, b in zip(stamps, stamps[1:])]  # steps 2..N: the first one compiles
+    rec = {"steps": steps, "generation_s": round(total, 2),
+           "s_per_step_median": round(float(np.median(per_step)), 4) if per_step else None,
+           "frames_shape": list(np.asarray(out.frames).shape)}
+    if dev.type == "cuda":
+        rec["process_max_reserved_gib"] = common.gib(torch.cuda.max_memory_reserved())
+        rec["process_max_allocated_gib"] = common.gib(torch.cuda.max_memory_allocated())
+    rt = off.runtime(h.modules)
+    if rt is not None:
+        rec["offload_counters"] = rt.stats()
+    return rec
+
+
 def _rel(a, b) -> float:
     return float((a - b).norm() / b.norm())
 
@@ -126,6 +177,9 @@ def main(argv=None) -> int:
     p.add_argument("--smoke", action="store_true", help="CPU, tiny model, 1 warm-up / 2 runs")
     p.add_argument("--strategies", default=",".join(STRATEGIES))
     p.add_argument("--models", default=None, help="comma-separated subset of the cases' models")
+    p.add_argument("--budgets", default=None, help="comma-separated budgets in GiB (default: each case's)")
+    p.add_argument("--pipeline", action="store_true", help="whole generations instead of one forward")
+    p.add_argument("--steps", type=int, default=4, help="--pipeline: denoising steps (CFG on)")
     # worker mode (one strategy in this process)
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     for a in ("--model", "--strategy", "--shape", "--tmp", "--tag", "--result"):
@@ -134,6 +188,7 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
     p.add_argument("--warmup", type=int, default=2, help=argparse.SUPPRESS)
     p.add_argument("--runs", type=int, default=5, help=argparse.SUPPRESS)
+    p.set_defaults(pipeline=False)
     args = p.parse_args(argv)
     if args.one:
         try:
@@ -149,6 +204,12 @@ def main(argv=None) -> int:
     if device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("the offload benchmark needs CUDA (or --smoke for the CPU path)")
     cases = SMOKE_CASES if args.smoke else GPU_CASES
+    if args.pipeline:
+        cases = [SMOKE_PIPELINE_CASE if args.smoke else PIPELINE_CASE]
+        strategies = [s for s in args.strategies.split(",") if s != "diffusers"]
+        args.strategies = ",".join(strategies)
+    if args.budgets:
+        cases = [(m, shp, [float(b) for b in args.budgets.split(",")]) for m, shp, _ in cases]
     if args.models:
         cases = [c for c in cases if c[0] in args.models.split(",")]
     strategies = args.strategies.split(",")
@@ -166,7 +227,8 @@ def main(argv=None) -> int:
             rec = common.run_isolated("benchmarks.offload", [
                 "--one", "--model", model, "--strategy", strategy, "--shape", json.dumps(shape),
                 "--tmp", str(tmp), "--tag", tag, "--result", str(result), "--device", device,
-                "--warmup", str(warm), "--runs", str(runs), *(["--budget", str(budget)] if budget else [])],
+                "--warmup", str(warm), "--runs", str(runs), *(["--budget", str(budget)] if budget else []),
+                *(["--pipeline", "--steps", str(args.steps)] if args.pipeline else [])],
                 result_file=result, timeout=3600)
             rec.setdefault("model", model)
             rec.setdefault("strategy", strategy)
@@ -179,13 +241,15 @@ def main(argv=None) -> int:
                 elif ref is not None:
                     rec["rel_err_vs_resident"] = round(_rel(out, ref), 6)
             rows.append(rec)
-            print(f"[bench]   -> {rec.get('status')}: {rec.get('median_ms')} ms, timed peak reserved "
-                  f"{rec.get('timed_max_reserved_gib')} GiB {rec.get('error', '')[:200]}", flush=True)
-    resident = {r["model"]: r.get("median_ms") for r in rows if r["strategy"] == "resident" and r.get("status") == "ok"}
+            print(f"[bench]   -> {rec.get('status')}: {rec.get('median_ms')} ms, {rec.get('s_per_step_median')} s/step, "
+                  f"peak reserved {rec.get('timed_max_reserved_gib') or rec.get('process_max_reserved_gib')} GiB "
+                  f"{rec.get('error', '')[:200]}", flush=True)
+    key = "s_per_step_median" if args.pipeline else "median_ms"
+    resident = {r["model"]: r.get(key) for r in rows if r["strategy"] == "resident" and r.get("status") == "ok"}
     for r in rows:
         base = resident.get(r["model"])
-        if base and r.get("median_ms"):
-            r["speed_vs_resident"] = round(base / r["median_ms"], 3)
+        if base and r.get(key):
+            r["speed_vs_resident"] = round(base / r[key], 3)
         plan = r.get("plan") or {}
         r["expected_peak_gib"] = plan.get("expected_peak_gib")
         r["resident_units"] = len(plan.get("resident", [])) if plan else None
@@ -193,10 +257,16 @@ def main(argv=None) -> int:
         r["expected_copy_ms"] = (plan.get("copy_ms_per_call") or {}).get("transformer")
     env = common.environment(torch.device(device))
     record = {"environment": env, "smoke": args.smoke, "warmup": warm, "runs": runs, "rows": rows}
-    cols = ["model", "strategy", "budget_gib", "status", "median_ms", "speed_vs_resident", "timed_max_reserved_gib",
+    if args.pipeline:
+        cols = ["model", "strategy", "budget_gib", "status", "steps", "s_per_step_median", "speed_vs_resident",
+                "generation_s", "process_max_reserved_gib", "process_max_allocated_gib", "expected_peak_gib",
+                "resident_units", "streamed_units"]
+    else:
+        cols = ["model", "strategy", "budget_gib", "status", "median_ms", "speed_vs_resident", "timed_max_reserved_gib",
             "timed_max_allocated_gib", "expected_peak_gib", "resident_units", "streamed_units", "expected_copy_ms",
-            "first_call_s", "rel_err_vs_resident", "recompiles", "graph_breaks"]
-    md = [f"# Weight offload: one transformer forward under a memory cap{' (SMOKE: CPU, tiny)' if args.smoke else ''}",
+                "first_call_s", "rel_err_vs_resident", "recompiles", "graph_breaks"]
+    what = "a whole generation" if args.pipeline else "one transformer forward"
+    md = [f"# Weight offload: {what} under a memory cap{' (SMOKE: CPU, tiny)' if args.smoke else ''}",
           "", common.env_line(env), "",
           "`timed_max_reserved_gib`: torch.cuda.max_memory_reserved() over the timed calls, under a hard cap of "
           "budget_gib (set_per_process_memory_fraction, set before the build). speed_vs_resident = resident ms / "
@@ -205,7 +275,10 @@ def main(argv=None) -> int:
     errors = [f"- {r['model']} {r['strategy']} {r.get('budget_gib')}: {r.get('error')}" for r in rows if r.get("status") != "ok"]
     if errors:
         md += ["", "Errors:", *errors]
-    stem = "offload_smoke" if args.smoke else f"offload_{str(env.get('card') or 'gpu').split()[-1].lower()}"
+    card = str(env.get("card") or "gpu").replace("NVIDIA ", "").split()[0].lower()  # "h100"
+    stem = f"offload{'_pipeline' if args.pipeline else ''}_{'smoke' if args.smoke else card}"
+    if args.models and not args.pipeline:
+        stem += "_" + args.models.replace(",", "_")
     for path in common.write_results(Path(args.out), stem, record, "\n".join(md)):
         print(f"wrote {path}")
     return 0

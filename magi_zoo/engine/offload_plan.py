@@ -237,12 +237,16 @@ def plan_offload(units: Sequence[Unit], *, fixed_bytes: int, activation_bytes: i
                 out |= {cands[g][i].name for i in _spread(len(cands[g]), n)}
             return out
 
-        for g in order:
-            while count.get(g, 0) < len(cands[g]) and peak > budget_bytes:
-                count[g] = count.get(g, 0) + 1
-                peak, _, _ = _peak(units, chosen(), **kw)
-            if peak <= budget_bytes:
+        # One block at a time: from the group with the largest blocks; among groups of one
+        # size (Wan2.2's two experts), the one with the smallest share streamed so far, so
+        # equal groups stream equally.
+        while peak > budget_bytes:
+            left = [g for g in order if count.get(g, 0) < len(cands[g])]
+            if not left:
                 break
+            g = max(left, key=lambda g: (max(u.nbytes for u in cands[g]), -count.get(g, 0) / len(cands[g])))
+            count[g] = count.get(g, 0) + 1
+            peak, _, _ = _peak(units, chosen(), **kw)
         streamed = chosen()
     peak, pools, transient = _peak(units, streamed, **kw)
     assert peak <= budget_bytes  # guaranteed by the minimum check: streaming everything fits
