@@ -57,7 +57,9 @@ def calibrate(handle, **shape) -> list[dict[str, Any]]:
     entry = handle.adapter.entry_points[0]
     module, method = handle.adapter.entry(handle.pipe, entry)
     kwargs = handle.adapter.example_inputs(handle.pipe, handle.variant, entry, **shape)
-    return calibrate_module(handle.modules, lambda: getattr(module, method)(**kwargs))
+    # forward through __call__: module hooks (FSDP2's all-gather) must run as in training
+    fn = module if method == "forward" else getattr(module, method)
+    return calibrate_module(handle.modules, lambda: fn(**kwargs))
 
 
 def has_auto(layers: list) -> bool:

@@ -122,6 +122,7 @@ class _BlockState:
         self.profiling = False  # True only inside `calibrate`
         self.label = label  # what this block keeps, for the report
         self.guard = None  # auto, until decided: the pre-hook refusing grad-mode calls
+        self.module_params: list = []  # the block's parameters (where calibrate looks for the device)
 
 
 def _wrap(orig: Callable, state: _BlockState) -> Callable:
@@ -453,8 +454,10 @@ def _profile_call(state: _BlockState, orig: Callable, args: tuple, kwargs: dict)
 
 
 def _tensor_bytes(tensors) -> int:
+    """Bytes of distinct storages (a DTensor counts its local shard: what this rank holds)."""
     seen, total = set(), 0
     for t in tensors:
+        t = t.to_local() if hasattr(t, "to_local") else t
         key = _storage_key(t)
         if key not in seen and t.device.type != "meta":
             seen.add(key)
@@ -470,9 +473,13 @@ def calibrate(root: nn.Module, run: Callable[[], Any]) -> list[dict[str, Any]]:
     compiled); the first block of each auto region is measured (`measure_block`). Then one
     choice is made over all auto blocks against the budget: the estimated peak is
 
-        weights + trainable weights x (1 gradient + `optimizer_states`) + other memory live
-        now (CUDA: allocated minus weights) + the largest block's no-checkpoint bytes (the
-        block being recomputed in backward) + what every block keeps (its choice).
+        memory live now (CUDA: allocated -- weights, inputs, whatever else is held; CPU: the
+        weights on the blocks' device) + trainable weights x (1 gradient + `optimizer_states`,
+        optimizer states do not exist yet at calibration) + the largest block's
+        no-checkpoint bytes (the block being recomputed in backward) + what every block keeps.
+
+    Not counted: activations outside the blocks (embeddings, head, loss) and FSDP's
+    all-gathered parameters of the block in flight; leave headroom for them.
 
     The choice is written to the recompute step's record (the report) and returned, one
     dict per auto region. Calling it again re-measures and re-chooses.
@@ -480,7 +487,7 @@ def calibrate(root: nn.Module, run: Callable[[], Any]) -> list[dict[str, Any]]:
     regions = [r for r in _regions_under(root) if r.spec.policy == "auto"]
     if not regions:
         raise ValueError("calibrate: no recompute='auto' region under this module; nothing to measure")
-    budgets = {r.spec.memory_budget_gib for r in regions} | set()
+    budgets = {r.spec.memory_budget_gib for r in regions}
     if len(budgets) > 1 or len({r.spec.optimizer_states for r in regions}) > 1:
         raise ValueError("recompute='auto' regions of one model share one budget; give every auto region the "
                          f"same memory_budget_gib and optimizer_states (got {sorted(budgets)})")
@@ -501,12 +508,16 @@ def calibrate(root: nn.Module, run: Callable[[], Any]) -> list[dict[str, Any]]:
                            "the model's forward")
     spec = regions[0].spec
     params = list(root.parameters())
-    weights = _tensor_bytes(params)
+    block_params = [p for r in regions for st in r.states[:1] for p in st.module_params]
+    device = block_params[0].device if block_params else torch.device("cpu")
     trainable = _tensor_bytes([p for p in params if p.requires_grad])
-    device = params[0].device if params else torch.device("cpu")
-    other = max(0, torch.cuda.memory_allocated(device) - weights) if device.type == "cuda" else 0
+    if device.type == "cuda":
+        live = torch.cuda.memory_allocated(device)
+    else:
+        live = _tensor_bytes([p for p in params if p.device == device])
     transient = max(r.profile.no_checkpoint_bytes for r in regions)
-    fixed = weights + int(trainable * (1 + spec.optimizer_states)) + other + transient
+    optim = int(trainable * (1 + spec.optimizer_states))
+    fixed = live + optim + transient
     budget = spec.memory_budget_gib * GIB
     blocks, owners = [], []
     for r in regions:
@@ -538,21 +549,22 @@ def calibrate(root: nn.Module, run: Callable[[], Any]) -> list[dict[str, Any]]:
                          "recompute_ms_per_block": round(o.recompute_s * 1e3, 3)} for o in opts],
         })
     est_peak = (fixed + pick.bytes) / GIB
-    accounting = {"budget_gib": spec.memory_budget_gib, "weights_gib": round(weights / GIB, 3),
-                  "grads_and_optimizer_gib": round(trainable * (1 + spec.optimizer_states) / GIB, 3),
-                  "other_live_gib": round(other / GIB, 3), "largest_block_backward_gib": round(transient / GIB, 3),
+    accounting = {"budget_gib": spec.memory_budget_gib, "live_gib": round(live / GIB, 3),
+                  "grads_and_optimizer_gib": round(optim / GIB, 3),
+                  "largest_block_backward_gib": round(transient / GIB, 3),
                   "kept_activations_gib": round(pick.bytes / GIB, 3), "estimated_peak_gib": round(est_peak, 3),
                   "estimated_recompute_ms": round(pick.recompute_s * 1e3, 2), "fits": pick.fits}
     if not pick.fits:
-        warnings.warn(f"recompute='auto': even full recompute everywhere is estimated at {est_peak:.2f} GiB, over the "
-                      f"{spec.memory_budget_gib:g} GiB budget (weights {weights / GIB:.2f}, gradients + optimizer "
-                      f"{trainable * (1 + spec.optimizer_states) / GIB:.2f}); raise the budget, shard (FSDP) or "
+        warnings.warn(f"recompute='auto': even full recompute everywhere is estimated at {est_peak:.3g} GiB, over the "
+                      f"{spec.memory_budget_gib:g} GiB budget (live now {live / GIB:.3g}, gradients + optimizer "
+                      f"{optim / GIB:.3g}); raise the budget, shard (FSDP) or "
                       "offload", RuntimeWarning, stacklevel=2)
     for r in regions:
         if r.record is not None:
             r.record.details.setdefault("auto", {})[r.key] = {**next(s for s in summary if s["region"] == r.key),
                                                                  **accounting}
-            r.record.did = _did(_regions_under(root) or regions)
+    for record in {id(r.record): r.record for r in regions if r.record is not None}.values():
+        record.did = _did([r for r in _regions_under(root) if r.record is record])
     return [{**s, **accounting} for s in summary]
 
 
@@ -610,6 +622,7 @@ def recompute_step(ctx: StepContext) -> StepRecord:
                 ctx_fn, label = None, "full" if spec.policy == "full" else "auto (not chosen yet)"
             for t in targets:
                 st = _BlockState(region, checkpointed=True, ctx_fn=ctx_fn, label=label)
+                st.module_params = list(t.module.parameters())[:1]
                 _install(t.module, st)
                 installed.append(t.module)
                 region.states.append(st)

@@ -1,0 +1,329 @@
+"""Training step benchmark: activation recompute strategies, FSDP2 and data parallel.
+
+One GPU (each strategy in a fresh process, so peaks and compile state do not leak):
+
+    python -m benchmarks.train --model wan2.1-t2v-1.3b --gpu h100          # 480x832x81
+    python -m benchmarks.train --model flux.1-dev --gpu h100               # 1024x1024
+    python -m benchmarks.train --smoke --out /tmp/train                    # tiny models, CPU
+
+Two GPUs (torchrun):
+
+    torchrun --nproc-per-node 2 -m benchmarks.train --fsdp --model wan2.1-t2v-14b --gpu h100
+    torchrun --nproc-per-node 2 -m benchmarks.train --dp --model wan2.1-t2v-1.3b --gpu h100
+    torchrun --nproc-per-node 2 -m benchmarks.train --fsdp --smoke --out /tmp/train   # CPU, gloo
+
+A step = flow-matching loss on random latents at the variant's call shape (Wan 480x832x81:
+32,760 tokens; Flux 1024^2: 4,096 + 512 tokens), backward, AdamW step (bf16 weights and
+states), zero_grad. Random text states stand in for the text encoder, so the text encoder
+and the VAE are moved to the host after `load` (a fine-tune with cached embeddings does the
+same) and `auto` is re-measured without them. Strategies (`--strategies`):
+
+- eager_full: blocks eager (compile off for the block classes), full checkpointing;
+- regional_full: the shipped regional compile, full checkpointing;
+- save_all: regional compile, selective checkpointing keeping every matmul and attention output;
+- auto16 / auto40: regional compile, `recompute="auto"` at a 16 / 40 GiB budget (the choice is
+  printed and recorded);
+- none: regional compile, no checkpointing (out of memory at the Wan shape on 80 GB, DESIGN.md).
+
+Per row: median ms per step over --runs after --warmup steps (CUDA events), peak GiB allocated
+over the timed steps, first-step seconds (compile included), graph breaks and recompiles of
+the block regions, the loss. Writes benchmarks/results/train_<model>[_<gpu>].json/.md.
+
+--fsdp: FSDP2 (`magi_zoo.train.shard`: recompute -> compile -> fully_shard per block, bf16
+params / fp32 reduce) with `auto` at --budget GiB per GPU; ms/step and peak per rank.
+--dp: the same step per rank on its own batch; first each rank alone (no collectives), then
+FSDP2 over all ranks: scaling = world x single-GPU ms / sharded ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks import common
+
+STRATEGIES = ("eager_full", "regional_full", "save_all", "auto16", "auto40")
+ALL_STRATEGIES = (*STRATEGIES, "none")
+
+
+def _recompute(strategy: str, budget: float | None = None) -> Any:
+    if strategy in ("eager_full", "regional_full"):
+        return "full"
+    if strategy == "save_all":
+        return {"policy": "selective", "save": ["matmuls", "attention"]}
+    if strategy == "none":
+        return "none"
+    if strategy.startswith("auto"):
+        return {"policy": "auto", "memory_budget_gib": float(budget if budget is not None else strategy[4:])}
+    raise ValueError(f"unknown strategy {strategy!r}; choices: {', '.join(ALL_STRATEGIES)}")
+
+
+def _block_keys(model: str) -> list[str]:
+    """The regions the spec declares for recompute (the repeated block classes)."""
+    from magi_zoo import adapters
+    from magi_zoo.specs import SpecFile
+
+    adapter, _ = adapters.lookup(model)
+    return list(SpecFile.from_toml(adapter.spec_path()).default.entries("recompute"))
+
+
+def build(model: str, strategy: str, *, gpu: str, device: str, backend: str | None, budget: float | None = None,
+          calibrate: bool = True):
+    """load(train=True) for one strategy; frozen components to the host; auto re-measured."""
+    import torch
+
+    import magi_zoo
+    from magi_zoo.train import calibrate as calibrate_handle
+
+    compile_override: dict[str, Any] = {}
+    if strategy == "eager_full":
+        compile_override = {k: {"enabled": False} for k in _block_keys(model)}
+    elif backend:
+        compile_override = {k: {"backend": backend} for k in _block_keys(model)}
+    kw = dict(gpu=gpu, weights=None if model.endswith("tiny") else "random", device=device, train=True,
+              recompute=_recompute(strategy, budget), compile=compile_override or None)
+    if device == "cpu":
+        kw["dtype"] = "float32"
+    h = magi_zoo.load(model, **kw)
+    for name, comp in h.adapter.components(h.pipe).items():
+        if comp is not h.trainable:
+            comp.to("cpu")
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    if calibrate and strategy.startswith("auto"):
+        calibrate_handle(h)  # again, now that only the denoiser is on the card
+    return h
+
+
+def make_step(h, opt, inputs):
+    from magi_zoo.train import flow_matching_loss
+
+    gen = __import__("torch").Generator(device="cpu").manual_seed(0)
+
+    def step():
+        loss = flow_matching_loss(h.trainable, inputs, generator=gen)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    return step
+
+
+def _blocks_counters(report) -> dict[str, int]:
+    regions = [r for r in report.regions if r.name in set(_block_keys_from(report))]
+    return {"graph_breaks": sum(r.counters.n_graph_breaks for r in regions),
+            "recompiles": sum(len(r.counters.recompiles) for r in regions),
+            "frames_compiled": sum(r.counters.frames for r in regions)}
+
+
+def _block_keys_from(report) -> list[str]:
+    return [k for (k, _) in report.plan.section("recompute").regions()]
+
+
+def _auto_choice(report) -> dict[str, Any] | None:
+    rec = report.step("recompute")
+    return rec.details.get("auto")
+
+
+def run_one(args) -> dict[str, Any]:
+    """One strategy in this process (the parent runs each in a fresh one)."""
+    import torch
+
+    device = torch.device(args.device)
+    row: dict[str, Any] = {"strategy": args.one}
+    try:
+        h = build(args.model, args.one, gpu=args.gpu, device=args.device, backend=args.backend)
+        inputs = h.adapter.example_inputs(h.pipe, h.variant, "denoise")
+        opt = torch.optim.AdamW([p for p in h.trainable.parameters() if p.requires_grad], lr=1e-5, foreach=True)
+        step = make_step(h, opt, inputs)
+        loss, first_s = common.first_call(step, device)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        t = common.time_calls(step, device, warmup=max(0, args.warmup - 1), runs=args.runs)
+        peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+        row.update(status="ok", ms_per_step=t["median_ms"], min_ms=t["min_ms"], max_ms=t["max_ms"], runs=t["runs"],
+                   peak_gib=common.gib(peak), first_step_s=round(first_s, 2), loss=round(float(loss), 5),
+                   **_blocks_counters(h.report()), recompute=h.report().step("recompute").did,
+                   auto=_auto_choice(h.report()))
+    except torch.OutOfMemoryError as e:
+        row.update(status="out of memory", error=str(e).splitlines()[0][:300])
+    except Exception as e:  # recorded, not fatal: the other strategies still run
+        row.update(status="error", error=f"{type(e).__name__}: {e}"[:2000])
+    return row
+
+
+def run_single(args) -> dict[str, Any]:
+    import torch
+
+    strategies = args.strategies.split(",")
+    rows = []
+    for i, s in enumerate(strategies, 1):
+        print(f"[bench] [{i}/{len(strategies)}] {args.model}: {s} (fresh process)", flush=True)
+        result_file = Path(args.out) / f".train_{args.model}_{s}.json"
+        result_file.parent.mkdir(parents=True, exist_ok=True)
+        result_file.unlink(missing_ok=True)
+        child = ["--one", s, "--model", args.model, "--gpu", args.gpu, "--device", args.device,
+                 "--runs", str(args.runs), "--warmup", str(args.warmup), "--result-file", str(result_file)]
+        if args.backend:
+            child += ["--backend", args.backend]
+        row = common.run_isolated("benchmarks.train", child, result_file=result_file, timeout=args.timeout)
+        row.setdefault("strategy", s)
+        result_file.unlink(missing_ok=True)
+        print(f"[bench]     {_row_line(row)}", flush=True)
+        rows.append(row)
+    base = next((r for r in rows if r["strategy"] == "eager_full" and r.get("status") == "ok"), None)
+    for r in rows:
+        if base and r.get("status") == "ok":
+            r["speedup_vs_eager_full"] = round(base["ms_per_step"] / r["ms_per_step"], 3)
+    return {"kind": "single", "model": args.model, "gpu": args.gpu, "env": common.environment(torch.device(args.device)),
+            "step": "flow-matching loss on random latents + backward + AdamW "
+                    f"({'bf16' if args.device.startswith('cuda') else 'fp32'} weights and states), batch 1",
+            "runs": args.runs, "warmup": args.warmup, "results": rows}
+
+
+def _row_line(r: dict[str, Any]) -> str:
+    if r.get("status") != "ok":
+        return f"{r.get('strategy')}: {r.get('status')}: {str(r.get('error', ''))[:200]}"
+    return (f"{r['strategy']}: {r['ms_per_step']} ms/step, peak {r.get('peak_gib')} GiB, first step "
+            f"{r['first_step_s']} s, breaks {r['graph_breaks']}, recompiles {r['recompiles']}")
+
+
+def markdown(rec: dict[str, Any]) -> str:
+    lines = [f"# Training step: {rec['model']} ({rec['kind']})", "", common.env_line(rec["env"]), "",
+             f"Step: {rec.get('step', '')}. Median of {rec.get('runs')} steps after {rec.get('warmup')} warm-up.", ""]
+    cols = ["strategy", "status", "ms_per_step", "peak_gib", "speedup_vs_eager_full", "first_step_s",
+            "graph_breaks", "recompiles", "loss"]
+    if rec["kind"] != "single":
+        cols = ["mode", "world", "status", "ms_per_step", "peak_gib_per_gpu", "scaling", "first_step_s", "loss"]
+    lines.append(common.results_table(rec["results"], cols))
+    for r in rec["results"]:
+        if r.get("auto"):
+            lines += ["", f"What `auto` chose ({r.get('strategy', r.get('mode'))}):", ""]
+            for key, a in r["auto"].items():
+                lines.append(f"- {key}: {a['choice']} of {a['blocks']} blocks; estimated peak {a['estimated_peak_gib']} GiB "
+                             f"of {a['budget_gib']} (live {a['live_gib']}, grads+AdamW {a['grads_and_optimizer_gib']}, "
+                             f"one block's backward {a['largest_block_backward_gib']}, kept {a['kept_activations_gib']}); "
+                             f"estimated recompute {a['estimated_recompute_ms']} ms/step")
+                lines.append("  options per block: " + "; ".join(
+                    f"{o['name']} {o['gib_per_block']} GiB / {o['recompute_ms_per_block']} ms" for o in a["options"]))
+    return "\n".join(lines)
+
+
+# -- torchrun modes ------------------------------------------------------------------------------
+
+def run_distributed(args) -> dict[str, Any] | None:
+    import torch
+    import torch.distributed as dist
+
+    from magi_zoo.train import shard
+
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    cuda = args.device.startswith("cuda")
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    dist.init_process_group("nccl" if cuda else "gloo")
+    device = torch.device(f"cuda:{torch.cuda.current_device()}" if cuda else "cpu")
+    strategy = "auto" if args.budget else "regional_full"
+    rows = []
+
+    def measure(h, mode: str) -> dict[str, Any]:
+        inputs = h.adapter.example_inputs(h.pipe, h.variant, "denoise", seed=rank)  # each rank its own batch
+        opt = torch.optim.AdamW([p for p in h.trainable.parameters() if p.requires_grad], lr=1e-5, foreach=True)
+        step = make_step(h, opt, inputs)
+        row: dict[str, Any] = {"mode": mode, "world": world if mode != "single" else 1}
+        try:
+            loss, first_s = common.first_call(step, device)
+            if cuda:
+                torch.cuda.reset_peak_memory_stats(device)
+            t = common.time_calls(step, device, warmup=max(0, args.warmup - 1), runs=args.runs)
+            peak = torch.cuda.max_memory_allocated(device) if cuda else None
+            row.update(status="ok", ms_per_step=t["median_ms"], first_step_s=round(first_s, 2),
+                       peak_gib_per_gpu=common.gib(peak), loss=round(float(loss), 5), auto=_auto_choice(h.report()))
+        except torch.OutOfMemoryError as e:
+            row.update(status="out of memory", error=str(e).splitlines()[0][:300])
+        return row
+
+    if args.dp:  # each rank alone first: the single-GPU time on this card, same moment
+        h = build(args.model, strategy, gpu=args.gpu, device=str(device), backend=args.backend, budget=args.budget)
+        rows.append(measure(h, "single"))
+        del h
+        if cuda:
+            torch.cuda.empty_cache()
+    h = build(args.model, strategy, gpu=args.gpu, device=str(device), backend=args.backend, budget=args.budget,
+              calibrate=False)
+    shard(h.trainable)  # recompute -> compile (applied by load) -> fully_shard per block, then the root
+    if strategy == "auto":
+        from magi_zoo.train import calibrate
+
+        calibrate(h)  # per-rank accounting now that the weights are sharded
+    rows.append(measure(h, "fsdp2"))
+    single = next((r for r in rows if r["mode"] == "single" and r.get("status") == "ok"), None)
+    if single and rows[-1].get("status") == "ok":
+        rows[-1]["scaling"] = round(world * single["ms_per_step"] / rows[-1]["ms_per_step"], 3)
+    gathered = [None] * world
+    dist.all_gather_object(gathered, rows)
+    dist.destroy_process_group()
+    if rank != 0:
+        return None
+    return {"kind": "dp" if args.dp else "fsdp", "model": args.model, "gpu": args.gpu, "env": common.environment(device),
+            "step": f"flow-matching loss + backward + AdamW, FSDP2 ({'bf16 params / fp32 reduce' if cuda else 'fp32, gloo'}), "
+                    f"recompute {strategy}"
+                    + (f" at {args.budget} GiB per GPU" if args.budget else ""),
+            "runs": args.runs, "warmup": args.warmup, "results": rows, "per_rank": gathered}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="wan2.1-t2v-1.3b")
+    p.add_argument("--strategies", default=",".join(STRATEGIES), help=f"comma list of {', '.join(ALL_STRATEGIES)}")
+    p.add_argument("--gpu", default="auto")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--backend", default=None, help="compile backend for the blocks (default: the spec's, inductor)")
+    p.add_argument("--timeout", type=float, default=1500, help="seconds per strategy process")
+    p.add_argument("--fsdp", action="store_true", help="torchrun: FSDP2 step (auto recompute at --budget)")
+    p.add_argument("--dp", action="store_true", help="torchrun: data-parallel scaling against one GPU")
+    p.add_argument("--budget", type=float, default=None, help="--fsdp/--dp: auto recompute budget, GiB per GPU "
+                   "(default: full checkpointing)")
+    p.add_argument("--smoke", action="store_true", help="tiny models on CPU, eager backend, 2 runs: plumbing")
+    p.add_argument("--one", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--result-file", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--out", default="benchmarks/results")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.device, args.gpu, args.backend = "cpu", "cpu", args.backend or "eager"
+        args.runs, args.warmup = min(args.runs, 2), min(args.warmup, 1)
+    if args.one:
+        row = run_one(args)
+        Path(args.result_file).write_text(json.dumps(row, default=str))
+        return 0
+    if args.fsdp or args.dp:
+        if args.smoke:
+            args.model = "wan2.1-tiny" if args.model == "wan2.1-t2v-1.3b" else args.model
+        rec = run_distributed(args)
+        if rec is None:
+            return 0
+        stem = f"train_{'dp' if args.dp else 'fsdp'}_{args.model}" + (f"_{args.gpu}" if args.gpu not in ("auto", "cpu") else "")
+        recs = [(stem, rec)]
+    else:
+        models = ["wan2.1-tiny", "flux-tiny"] if args.smoke else [args.model]
+        recs = []
+        for m in models:
+            args.model = m
+            stem = f"train_{m}" + (f"_{args.gpu}" if args.gpu not in ("auto", "cpu") else "")
+            recs.append((stem, run_single(args)))
+    for stem, rec in recs:
+        for path in common.write_results(Path(args.out), stem, rec, markdown(rec)):
+            print(f"[bench] wrote {path}", flush=True)
+        print(markdown(rec))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

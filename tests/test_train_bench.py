@@ -1,0 +1,33 @@
+"""benchmarks/train.py without a GPU: the strategy table maps to recompute specs the engine
+accepts, and a results record renders (the CPU paths themselves: `--smoke`, see its docstring)."""
+
+import pytest
+
+from benchmarks import train
+from magi_zoo.specs import RecomputeSpec
+
+
+def test_strategies_are_valid_recompute_specs():
+    for s in train.ALL_STRATEGIES:
+        value = train._recompute(s)
+        spec = RecomputeSpec.from_shorthand(value) if isinstance(value, str) else RecomputeSpec(**value)
+        assert spec.policy in ("full", "selective", "auto", "none")
+    assert train._recompute("auto16")["memory_budget_gib"] == 16.0
+    with pytest.raises(ValueError, match="unknown strategy 'fast'"):
+        train._recompute("fast")
+    assert train._block_keys("wan2.1-tiny") == ["WanTransformerBlock"]
+    assert train._block_keys("flux-tiny") == ["FluxTransformerBlock", "FluxSingleTransformerBlock"]
+
+
+def test_markdown_shows_rows_and_the_auto_choice():
+    auto = {"WanTransformerBlock": {"choice": {"keep matmuls+attention": 12, "full": 18}, "blocks": 30,
+                                    "estimated_peak_gib": 15.2, "budget_gib": 16.0, "live_gib": 2.9,
+                                    "grads_and_optimizer_gib": 7.3, "largest_block_backward_gib": 1.6,
+                                    "kept_activations_gib": 3.4, "estimated_recompute_ms": 300.0,
+                                    "options": [{"name": "full", "gib_per_block": 0.1, "recompute_ms_per_block": 20}]}}
+    rec = {"kind": "single", "model": "m", "env": {"card": "X"}, "runs": 5, "warmup": 2, "step": "s",
+           "results": [{"strategy": "auto16", "status": "ok", "ms_per_step": 1.0, "auto": auto},
+                       {"strategy": "none", "status": "out of memory"}]}
+    md = train.markdown(rec)
+    assert "| auto16 " in md and "out of memory" in md
+    assert "{'keep matmuls+attention': 12, 'full': 18} of 30 blocks; estimated peak 15.2 GiB of 16.0" in md
