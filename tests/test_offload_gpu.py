@@ -83,9 +83,9 @@ def test_tiny_wan_pipeline_streams_on_cuda(fresh_dynamo):
     ref = magi_zoo.load("wan2.1-tiny", **kw)
     want = ref(generator=torch.Generator().manual_seed(0), **call).frames
     del ref
-    h = magi_zoo.load("wan2.1-tiny", memory_budget_gib=0.0005, **kw)
+    h = magi_zoo.load("wan2.1-tiny", memory_budget_gib=0.0001, **kw)  # ~100 KiB: every unit streams (bf16)
     rt = off.runtime(h.modules)
-    assert rt is not None and rt.cuda and "text_encoder" in rt.plan.streamed
+    assert rt is not None and rt.cuda and {"text_encoder", "transformer.blocks.0"} <= set(rt.plan.streamed)
     got = h(generator=torch.Generator().manual_seed(0), **call).frames
     import numpy as np
 
