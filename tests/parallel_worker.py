@@ -97,6 +97,43 @@ except ValueError as e:
     result["uneven_refusal"] = str(e)
 remove(h.modules)
 result["ulysses"]["undo_exact"] = state(h.modules) == before
+# The engine's fa3 kernel (CUDA only) under Ulysses: served through diffusers' templated
+# context-parallel attention by the step. Here a stand-in with fa3's contract (SDPA inside)
+# takes its place in the registry, so the wiring and its undo run on CPU.
+from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry as R  # noqa: E402
+
+from magi_zoo.engine.kernels import fa3  # noqa: E402
+
+member = AttentionBackendName._FLASH_3
+saved_entry = (R._backends.get(member), member.value in R._supports_context_parallel)
+
+
+def fake_fa3(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
+             return_lse=False, _parallel_config=None):
+    assert _parallel_config is None  # fa3's own refusal; the step must route around it
+    q, k, v = (x.transpose(1, 2) for x in (query, key, value))
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale).transpose(1, 2)
+
+
+fake_fa3.__module__ = fa3.__name__
+real_fa3, fa3.fa3_attention = fa3.fa3_attention, fake_fa3
+R.register(member)(fake_fa3)
+procs = [m.processor for m in t.modules() if hasattr(getattr(m, "processor", None), "_attention_backend")]
+for p in procs:
+    p._attention_backend = member
+rep = magi_zoo.apply(h.modules, {"compile": eager_compile, "parallel": {"transformer": {"ulysses_degree": 2}}},
+                     gpu="cpu")
+result["fa3"] = {"fwd_max_diff": float((forward() - ref_fwd).abs().max()),
+                 "cp_entry": R._backends[member].__name__, "did": next(x.did for x in rep.steps if x.step == "parallel")}
+remove(h.modules)
+result["fa3"]["entry_restored"] = R._backends[member] is fake_fa3 and (member.value in R._supports_context_parallel) \
+    == saved_entry[1]
+for p in procs:
+    p._attention_backend = None
+fa3.fa3_attention = real_fa3
+if saved_entry[0] is not None:
+    R._backends[member] = saved_entry[0]
+
 try:  # uneven shards exchange sizes with collectives dynamo cannot trace: refused in compiled blocks
     magi_zoo.apply(h.modules, {"compile": eager_compile,
                                "parallel": {"transformer": {"ulysses_degree": 2, "uneven": True}}}, gpu="cpu")

@@ -125,6 +125,9 @@ def test_two_processes_equal_one(tmp_path):
     assert "does not divide by the sequence-parallel degree 2" in r["uneven_refusal"]
     assert "or set uneven=true" in r["uneven_refusal"]
     assert "uneven=true runs only in eager regions" in r["uneven_compiled_refusal"]
+    fa3 = r["fa3"]  # the engine's fa3 kernel (a stand-in on CPU) served to Ulysses, and put back on undo
+    assert fa3["cp_entry"] == "fa3_context_parallel_attention" and fa3["fwd_max_diff"] < 1e-5, fa3
+    assert "attention backend _flash_3" in fa3["did"] and fa3["entry_restored"], fa3
     assert r["uneven_compiled_undo_exact"]
     assert "different command lines" in r["mismatch"] and "ranks [0]" in r["mismatch"]
 
