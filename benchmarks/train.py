@@ -50,7 +50,7 @@ STRATEGIES = ("eager_full", "regional_full", "save_all", "auto16", "auto40")
 ALL_STRATEGIES = (*STRATEGIES, "none")
 
 
-def _recompute(strategy: str, budget: float | None = None) -> Any:
+def _recompute(strategy: str, budget: float | None = None, optimizer: str = "adamw") -> Any:
     if strategy in ("eager_full", "regional_full"):
         return "full"
     if strategy == "save_all":
@@ -58,7 +58,8 @@ def _recompute(strategy: str, budget: float | None = None) -> Any:
     if strategy == "none":
         return "none"
     if strategy.startswith("auto"):
-        return {"policy": "auto", "memory_budget_gib": float(budget if budget is not None else strategy[4:])}
+        return {"policy": "auto", "memory_budget_gib": float(budget if budget is not None else strategy[4:]),
+                "optimizer_states": 2.0 if optimizer == "adamw" else 0.0}
     raise ValueError(f"unknown strategy {strategy!r}; choices: {', '.join(ALL_STRATEGIES)}")
 
 
@@ -72,7 +73,7 @@ def _block_keys(model: str) -> list[str]:
 
 
 def build(model: str, strategy: str, *, gpu: str, device: str, backend: str | None, budget: float | None = None,
-          calibrate: bool = True):
+          calibrate: bool = True, optimizer: str = "adamw"):
     """load(train=True) for one strategy; frozen components to the host; auto re-measured."""
     import torch
 
@@ -85,7 +86,7 @@ def build(model: str, strategy: str, *, gpu: str, device: str, backend: str | No
     elif backend:
         compile_override = {k: {"backend": backend} for k in _block_keys(model)}
     kw = dict(gpu=gpu, weights=None if model.endswith("tiny") else "random", device=device, train=True,
-              recompute=_recompute(strategy, budget), compile=compile_override or None)
+              recompute=_recompute(strategy, budget, optimizer), compile=compile_override or None)
     if device == "cpu":
         kw["dtype"] = "float32"
     h = magi_zoo.load(model, **kw)
@@ -99,16 +100,26 @@ def build(model: str, strategy: str, *, gpu: str, device: str, backend: str | No
     return h
 
 
-def make_step(h, opt, inputs):
+def make_step(h, inputs, optimizer: str = "adamw"):
+    """One training step: loss, backward, then the AdamW step (or, with optimizer "none",
+    only dropping the gradients -- the forward + backward the DESIGN.md reference times)."""
+    import torch
+
     from magi_zoo.train import flow_matching_loss
 
-    gen = __import__("torch").Generator(device="cpu").manual_seed(0)
+    params = [p for p in h.trainable.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-5, foreach=True) if optimizer == "adamw" else None
+    gen = torch.Generator(device="cpu").manual_seed(0)
 
     def step():
         loss = flow_matching_loss(h.trainable, inputs, generator=gen)
         loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        if opt is not None:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        else:
+            for p in params:
+                p.grad = None
         return loss.detach()
 
     return step
@@ -137,10 +148,10 @@ def run_one(args) -> dict[str, Any]:
     device = torch.device(args.device)
     row: dict[str, Any] = {"strategy": args.one}
     try:
-        h = build(args.model, args.one, gpu=args.gpu, device=args.device, backend=args.backend)
+        h = build(args.model, args.one, gpu=args.gpu, device=args.device, backend=args.backend,
+                  optimizer=args.optimizer)
         inputs = h.adapter.example_inputs(h.pipe, h.variant, "denoise")
-        opt = torch.optim.AdamW([p for p in h.trainable.parameters() if p.requires_grad], lr=1e-5, foreach=True)
-        step = make_step(h, opt, inputs)
+        step = make_step(h, inputs, args.optimizer)
         loss, first_s = common.first_call(step, device)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
@@ -168,7 +179,8 @@ def run_single(args) -> dict[str, Any]:
         result_file.parent.mkdir(parents=True, exist_ok=True)
         result_file.unlink(missing_ok=True)
         child = ["--one", s, "--model", args.model, "--gpu", args.gpu, "--device", args.device,
-                 "--runs", str(args.runs), "--warmup", str(args.warmup), "--result-file", str(result_file)]
+                 "--runs", str(args.runs), "--warmup", str(args.warmup), "--result-file", str(result_file),
+                 "--optimizer", args.optimizer]
         if args.backend:
             child += ["--backend", args.backend]
         row = common.run_isolated("benchmarks.train", child, result_file=result_file, timeout=args.timeout)
@@ -181,8 +193,9 @@ def run_single(args) -> dict[str, Any]:
         if base and r.get("status") == "ok":
             r["speedup_vs_eager_full"] = round(base["ms_per_step"] / r["ms_per_step"], 3)
     return {"kind": "single", "model": args.model, "gpu": args.gpu, "env": common.environment(torch.device(args.device)),
-            "step": "flow-matching loss on random latents + backward + AdamW "
-                    f"({'bf16' if args.device.startswith('cuda') else 'fp32'} weights and states), batch 1",
+            "step": "flow-matching loss on random latents + backward + "
+                    + ("AdamW" if args.optimizer == "adamw" else "no optimizer")
+                    + f" ({'bf16' if args.device.startswith('cuda') else 'fp32'} weights), batch 1",
             "runs": args.runs, "warmup": args.warmup, "results": rows}
 
 
@@ -233,8 +246,7 @@ def run_distributed(args) -> dict[str, Any] | None:
 
     def measure(h, mode: str) -> dict[str, Any]:
         inputs = h.adapter.example_inputs(h.pipe, h.variant, "denoise", seed=rank)  # each rank its own batch
-        opt = torch.optim.AdamW([p for p in h.trainable.parameters() if p.requires_grad], lr=1e-5, foreach=True)
-        step = make_step(h, opt, inputs)
+        step = make_step(h, inputs, args.optimizer)
         row: dict[str, Any] = {"mode": mode, "world": world if mode != "single" else 1}
         try:
             loss, first_s = common.first_call(step, device)
@@ -249,13 +261,14 @@ def run_distributed(args) -> dict[str, Any] | None:
         return row
 
     if args.dp:  # each rank alone first: the single-GPU time on this card, same moment
-        h = build(args.model, strategy, gpu=args.gpu, device=str(device), backend=args.backend, budget=args.budget)
+        h = build(args.model, strategy, gpu=args.gpu, device=str(device), backend=args.backend, budget=args.budget,
+                  optimizer=args.optimizer)
         rows.append(measure(h, "single"))
         del h
         if cuda:
             torch.cuda.empty_cache()
     h = build(args.model, strategy, gpu=args.gpu, device=str(device), backend=args.backend, budget=args.budget,
-              calibrate=False)
+              calibrate=False, optimizer=args.optimizer)
     shard(h.trainable)  # recompute -> compile (applied by load) -> fully_shard per block, then the root
     if strategy == "auto":
         from magi_zoo.train import calibrate
@@ -291,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dp", action="store_true", help="torchrun: data-parallel scaling against one GPU")
     p.add_argument("--budget", type=float, default=None, help="--fsdp/--dp: auto recompute budget, GiB per GPU "
                    "(default: full checkpointing)")
+    p.add_argument("--optimizer", choices=("adamw", "none"), default="adamw",
+                   help="none: forward + backward only (the DESIGN.md reference setting); auto then counts no states")
     p.add_argument("--smoke", action="store_true", help="tiny models on CPU, eager backend, 2 runs: plumbing")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)
     p.add_argument("--result-file", default=None, help=argparse.SUPPRESS)
@@ -316,7 +331,8 @@ def main(argv: list[str] | None = None) -> int:
         recs = []
         for m in models:
             args.model = m
-            stem = f"train_{m}" + (f"_{args.gpu}" if args.gpu not in ("auto", "cpu") else "")
+            stem = f"train_{m}" + (f"_{args.gpu}" if args.gpu not in ("auto", "cpu") else "") \
+                + ("_noopt" if args.optimizer == "none" else "")
             recs.append((stem, run_single(args)))
     for stem, rec in recs:
         for path in common.write_results(Path(args.out), stem, rec, markdown(rec)):
