@@ -124,7 +124,35 @@ def worker(args) -> dict[str, Any]:
         rec["frames_compiled"], rec["graph_breaks"], rec["recompiles"] = report.frames, report.graph_breaks, report.recompiles
     if rt is not None:
         rec["offload_counters"] = rt.stats()
+    if args.strategy == "resident" and args.predict and h is not None:
+        rec["predicted"] = _predict(h, module, call, dev, gpu, [float(b) for b in args.predict.split(",")])
     return rec
+
+
+def _predict(h, module, call, dev, gpu: str, budgets: list[float]) -> dict[str, Any]:
+    """The planner's prediction per budget from this (resident) process's measured per-block
+    times: expected copy ms, simulated wait ms per forward and expected peak -- to set
+    against what the magi_zoo rows measure."""
+    from magi_zoo.engine import offload as off
+    from magi_zoo.engine.offload_plan import OffloadPlanError
+    from magi_zoo.specs import get_profile
+
+    entry = next(p for p, m in h.modules.named_modules() if m is module)
+    specs, _ = off.find_units(h.plan, h.modules)
+    paths = [u.path for u in specs if u.path.startswith(entry + ".")]
+    times = off.profile_units(h.modules, paths, call, dev)
+    out: dict[str, Any] = {"block_ms": {p: round(t * 1e3, 3) for p, t in list(times.items())[:3]}}
+    for b in budgets:
+        try:
+            plan, _, _, _ = off.plan_units(h.modules, h.plan, get_profile(gpu), budget_gib=b, times_s=times)
+        except OffloadPlanError as e:
+            out[str(b)] = {"refused": str(e)}
+            continue
+        out[str(b)] = {"copy_ms": round(plan.copy_s.get(entry, 0.0) * 1e3, 2),
+                       "simulated_wait_ms": round(plan.stall_s.get(entry, 0.0) * 1e3, 2),
+                       "expected_peak_gib": round(plan.expected_peak / 2**30, 3),
+                       "streamed_units": len(plan.streamed)}
+    return out
 
 
 def _pipeline_row(h, shape: dict, steps: int, dev) -> dict[str, Any]:
@@ -188,6 +216,7 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
     p.add_argument("--warmup", type=int, default=2, help=argparse.SUPPRESS)
     p.add_argument("--runs", type=int, default=5, help=argparse.SUPPRESS)
+    p.add_argument("--predict", default=None, help=argparse.SUPPRESS)
     p.set_defaults(pipeline=False)
     args = p.parse_args(argv)
     if args.one:
@@ -228,7 +257,8 @@ def main(argv=None) -> int:
                 "--one", "--model", model, "--strategy", strategy, "--shape", json.dumps(shape),
                 "--tmp", str(tmp), "--tag", tag, "--result", str(result), "--device", device,
                 "--warmup", str(warm), "--runs", str(runs), *(["--budget", str(budget)] if budget else []),
-                *(["--pipeline", "--steps", str(args.steps)] if args.pipeline else [])],
+                *(["--pipeline", "--steps", str(args.steps)] if args.pipeline else []),
+                *(["--predict", ",".join(map(str, budgets))] if strategy == "resident" and not args.pipeline else [])],
                 result_file=result, timeout=3600)
             rec.setdefault("model", model)
             rec.setdefault("strategy", strategy)
@@ -255,6 +285,10 @@ def main(argv=None) -> int:
         r["resident_units"] = len(plan.get("resident", [])) if plan else None
         r["streamed_units"] = len(plan.get("streamed", [])) if plan else None
         r["expected_copy_ms"] = (plan.get("copy_ms_per_call") or {}).get("transformer")
+        pred = next((x.get("predicted", {}) for x in rows if x["model"] == r["model"] and x["strategy"] == "resident"), {})
+        if r["strategy"] == "magi_zoo" and str(r.get("budget_gib")) in pred and base:
+            wait = pred[str(r["budget_gib"])].get("simulated_wait_ms")
+            r["predicted_ms"] = None if wait is None else round(base + wait, 2)
     env = common.environment(torch.device(device))
     record = {"environment": env, "smoke": args.smoke, "warmup": warm, "runs": runs, "rows": rows}
     if args.pipeline:
@@ -264,13 +298,13 @@ def main(argv=None) -> int:
     else:
         cols = ["model", "strategy", "budget_gib", "status", "median_ms", "speed_vs_resident", "timed_max_reserved_gib",
             "timed_max_allocated_gib", "expected_peak_gib", "resident_units", "streamed_units", "expected_copy_ms",
-                "first_call_s", "rel_err_vs_resident", "recompiles", "graph_breaks"]
+                "predicted_ms", "first_call_s", "rel_err_vs_resident", "recompiles", "graph_breaks"]
     what = "a whole generation" if args.pipeline else "one transformer forward"
     md = [f"# Weight offload: {what} under a memory cap{' (SMOKE: CPU, tiny)' if args.smoke else ''}",
           "", common.env_line(env), "",
           "`timed_max_reserved_gib`: torch.cuda.max_memory_reserved() over the timed calls, under a hard cap of "
           "budget_gib (set_per_process_memory_fraction, set before the build). speed_vs_resident = resident ms / "
-          "this row's ms. diffusers = group offload (block level, stream) + compile_repeated_blocks(fullgraph=False).",
+          "this row's ms; predicted_ms = resident ms + the planner's simulated wait for copies, from block times measured in the resident run. diffusers = group offload (block level, stream) + compile_repeated_blocks(fullgraph=False).",
           "", common.results_table(rows, cols)]
     errors = [f"- {r['model']} {r['strategy']} {r.get('budget_gib')}: {r.get('error')}" for r in rows if r.get("status") != "ok"]
     if errors:

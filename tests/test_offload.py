@@ -276,6 +276,22 @@ def test_a_new_phase_frees_the_previous_ones_buffers():
     remove(root)
 
 
+def test_profile_units_feeds_the_planner():
+    root = nn.ModuleDict({"t": Net(n=4)})
+    x = torch.randn(2, 32)
+    paths = [f"t.blocks.{i}" for i in range(4)]
+    with torch.no_grad():
+        times = off.profile_units(root, paths, lambda: root.t(x), "cpu")
+    assert set(times) == set(paths) and all(t > 0 for t in times.values())
+    assert not any(m._forward_pre_hooks or m._forward_hooks for m in root.modules())
+    plan = {"offload": {"": {"memory_budget_gib": 3 * BLOCK / GIB, "activation_gib": 0.0}, "Block": "auto"}}
+    from magi_zoo.engine.resolve import resolve
+    from magi_zoo.specs.plan import as_layers
+
+    p, *_ = off.plan_units(root, resolve(root, as_layers(plan)), magi_zoo.specs.get_profile("cpu"), times_s=times)
+    assert "t" in p.stall_s  # times known for every unit: the plan simulates its stalls
+
+
 def test_compiled_ancestor_and_cudagraphs_refused():
     root = nn.ModuleDict({"t": Net()})
     plan = offload_plan(3 * BLOCK)

@@ -565,6 +565,52 @@ def needs_streaming(root: nn.Module, layers, profile, preparations=()) -> Offloa
     return plan if plan is not None and plan.streams else None
 
 
+def profile_units(root: nn.Module, paths: Sequence[str], call, device: torch.device | str) -> dict[str, float]:
+    """Seconds of compute per call of each named submodule over one `call()` (after one
+    unrecorded warm-up call; CUDA events on
+    the compute stream, so a streamed unit's wait for its copy is not counted; perf_counter
+    on CPU): the per-block timing profile `plan_units(..., times_s=...)` takes to make a JIT
+    schedule and to simulate the stalls of a plan."""
+    import time
+
+    cuda = torch.device(device).type == "cuda"
+    marks: dict[str, list] = {p: [] for p in paths}
+    handles = []
+
+    def stamp():
+        if cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    for p in paths:
+        m = root.get_submodule(p)
+        handles.append(m.register_forward_pre_hook(lambda mod, args, p=p: marks[p].append([stamp()])))
+        handles.append(m.register_forward_hook(lambda mod, args, out, p=p: marks[p][-1].append(stamp()),
+                                               always_call=True))
+    try:
+        # One unrecorded call first: adding hooks to a compiled block changes what dynamo
+        # guards on (its hook dicts), so the first call with them can re-trace (hundreds of
+        # ms per block on CPU), which is not the block's compute time.
+        call()
+        for p in paths:
+            marks[p].clear()
+        call()
+        if cuda:
+            torch.cuda.synchronize()
+    finally:
+        for h in handles:
+            h.remove()
+    out = {}
+    for p, pairs in marks.items():
+        done = [pr for pr in pairs if len(pr) == 2]
+        if done:
+            secs = [(b - a) if not cuda else a.elapsed_time(b) / 1e3 for a, b in done]
+            out[p] = sum(secs) / len(secs)
+    return out
+
+
 def runtime(root: nn.Module) -> OffloadRuntime | None:
     """The live offload runtime of an applied plan (None when nothing streams)."""
     return root.__dict__.get(_RUNTIME)
