@@ -58,6 +58,12 @@ def cmd_spec(args) -> int:
         from .specs.offload_spec import with_memory_budget
 
         layers = with_memory_budget(layers, args.memory_budget)
+    recompute = None
+    if args.recompute is not None:  # the plan a training load applies
+        from .train import parse_recompute, training_layers
+
+        recompute = parse_recompute(args.recompute)
+        layers = training_layers(layers, recompute)
     # The meta device gives the real module tree at published sizes without allocating.
     native = adapter.build(variant, weights="random", dtype=torch.bfloat16, device=torch.device("meta"))
     plan = preview(nn.ModuleDict(adapter.components(native)), layers, adapter.preparations(native))
@@ -76,6 +82,11 @@ def cmd_spec(args) -> int:
     from .engine.offload import describe_plan
 
     _print(describe_plan(nn.ModuleDict(adapter.components(native)), plan, profile))
+    if recompute is not None:
+        from .train import spec_recompute_lines
+
+        for line in spec_recompute_lines(args.model, args.gpu, recompute, args.measure):
+            _print(line)
     return 0
 
 
@@ -420,6 +431,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--spec-file", default=None, help="a TOML spec replacing the shipped one")
     s.add_argument("--memory-budget", type=float, default=None, metavar="GIB",
                    help="device memory budget for the offload plan (default: the GPU profile's memory)")
+    s.add_argument("--recompute", default=None, metavar="POLICY",
+                   help="the plan for training with this recompute policy: full, selective, none, auto:GIB")
+    s.add_argument("--measure", action="store_true",
+                   help="with --recompute auto:GIB: build the model here (random weights) and show auto's measured choice")
     s.set_defaults(fn=cmd_spec)
 
     d = sub.add_parser("demo", help="offline CPU demo: wan2.1-tiny eager vs its plan")

@@ -131,3 +131,38 @@ def _blocks(model: nn.Module, block_types: Iterable[type] | None) -> list[nn.Mod
         return [m for m in model.modules() if isinstance(m, types) and m is not model]
     return [m for m in model.modules() if m is not model and (_STATE in m.__dict__ or _ORIGINALS in m.__dict__)]
 
+
+
+def parse_recompute(text: str) -> Any:
+    """A CLI value: ``full`` / ``selective`` / ``none`` / ``auto:16`` (budget GiB)."""
+    policy, _, budget = text.partition(":")
+    if policy == "auto":
+        if not budget:
+            raise ValueError("--recompute auto needs a budget: auto:GIB, e.g. auto:16")
+        try:
+            return {"policy": "auto", "memory_budget_gib": float(budget)}
+        except ValueError:
+            raise ValueError(f"--recompute {text!r}: the budget after 'auto:' is GiB, a number") from None
+    if budget:
+        raise ValueError(f"--recompute {text!r}: only auto takes a budget (auto:GIB)")
+    return policy
+
+
+def spec_recompute_lines(model: str, gpu: str, value: Any, measure: bool) -> list[str]:
+    """What `magi-zoo spec --recompute` adds: for `auto`, the measured per-block choice
+    (--measure builds the model with random weights on this machine and calibrates it), or
+    how to get it."""
+    if not (isinstance(value, dict) and value.get("policy") == "auto"):
+        return []
+    if not measure:
+        return ["recompute auto: the per-block choice is measured, not resolved: add --measure (builds the model "
+                "with random weights here and measures one block), or read load(train=True).report()"]
+    from .zoo import load
+
+    h = load(model, gpu=gpu, weights=None if model.endswith("tiny") else "random", train=True, recompute=value)
+    rec = h.report().step("recompute")
+    lines = [f"recompute (measured on {h.device}): {rec.did}"]
+    for key, a in rec.details.get("auto", {}).items():
+        lines.append(f"  {key}: options per block: " + "; ".join(
+            f"{o['name']} {o['gib_per_block']} GiB / {o['recompute_ms_per_block']} ms" for o in a["options"]))
+    return lines

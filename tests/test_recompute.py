@@ -299,3 +299,14 @@ def test_training_attention_keeps_a_backward():
     assert "forward" not in net.__dict__
     with pytest.raises(ValueError, match="recompute= sets activation recompute for training: pass train=True"):
         magi_zoo.load("wan2.1-tiny", gpu="cpu", recompute="full")
+
+
+def test_cli_spec_shows_the_training_plan(capsys):
+    from magi_zoo.cli import main
+
+    assert main(["spec", "wan2.1-t2v-1.3b", "--gpu", "h100", "--recompute", "auto:16"]) == 0
+    out = capsys.readouterr().out
+    assert "| WanTransformerBlock | -      | 30 x WanTransformerBlock | policy=auto, memory_budget_gib=16.0" in out
+    assert "recompute auto: the per-block choice is measured" in out and "--measure" in out
+    assert main(["spec", "wan2.1-tiny", "--gpu", "cpu", "--recompute", "auto"]) == 2
+    assert "auto needs a budget: auto:GIB" in capsys.readouterr().err
