@@ -142,7 +142,33 @@ except ValueError as e:
     result["uneven_compiled_refusal"] = str(e)
 result["uneven_compiled_undo_exact"] = state(h.modules) == before
 
-# 3. Ranks that disagree are told so, on every rank, before any work.
+# 3. Flux: Ulysses splits its joint (text + image) sequence at the root, the two block classes
+# compile once each; true CFG (negative prompt, true_cfg_scale > 1) splits like Wan's CFG.
+torch.compiler.reset()
+f = magi_zoo.load("flux-tiny", gpu="cpu", dtype="float32", compile=False)
+fkw = f.adapter.example_inputs(f.pipe, f.variant, "denoise")
+with torch.no_grad():
+    fref = f.pipe.transformer(**fkw)[0]
+fcall = dict(f.call_defaults(), prompt="a corgi", negative_prompt="blurry", true_cfg_scale=4.0, output_type="np")
+fimg = f.pipe(**fcall, generator=torch.Generator().manual_seed(1)).images
+flux_compile = {c: {"backend": "eager", "fullgraph": True, "dynamic": False}
+                for c in ("FluxTransformerBlock", "FluxSingleTransformerBlock")}
+snap = counters.snapshot()
+magi_zoo.apply(f.modules, {"compile": flux_compile, "parallel": {"transformer": {"ulysses_degree": 2}}},
+               gpu="cpu", preparations=f.adapter.preparations(f.pipe))
+with torch.no_grad():
+    fout = f.pipe.transformer(**fkw)[0]
+    fout = f.pipe.transformer(**fkw)[0]
+d = counters.delta(snap)
+remove(f.modules)
+magi_zoo.apply(f.modules, {"compile": {"": {"enabled": False}}, "parallel": {"transformer": {"cfg": True}}}, gpu="cpu")
+result["flux"] = {"fwd_max_diff": float((fout - fref).abs().max()), "frames": d.frames, "breaks": d.graph_breaks,
+                  "recompiles": d.recompiles,
+                  "cfg_max_diff": float(abs(f.pipe(**fcall, generator=torch.Generator().manual_seed(1)).images
+                                            - fimg).max())}
+remove(f.modules)
+
+# 4. Ranks that disagree are told so, on every rank, before any work.
 try:
     distributed.check_same({"steps": 10 + rank}, "command lines")
     result["mismatch"] = None

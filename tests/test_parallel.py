@@ -102,8 +102,8 @@ def test_two_processes_equal_one(tmp_path):
     """tests/parallel_worker.py on 2 gloo ranks: CFG parallel equals one process exactly (each
     rank ran only its branch); Ulysses is refused on CPU, and with one stand-in device equals
     one process, inside fullgraph-compiled blocks with one compile for all blocks and no
-    graph break or recompile; a token count that does not divide is refused clearly; every
-    apply is undone exactly; ranks that disagree are told so."""
+    graph break or recompile (Wan and Flux); a token count that does not divide is refused
+    clearly; every apply is undone exactly; ranks that disagree are told so."""
     out = tmp_path / "result.json"
     proc = _torchrun([str(HERE / "parallel_worker.py"), str(out)])
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -130,6 +130,9 @@ def test_two_processes_equal_one(tmp_path):
     assert "attention backend _flash_3" in fa3["did"] and fa3["entry_restored"], fa3
     assert r["uneven_compiled_undo_exact"]
     assert "different command lines" in r["mismatch"] and "ranks [0]" in r["mismatch"]
+    fl = r["flux"]  # Ulysses over the joint sequence: 2 block classes, one compile each; true-CFG parallel
+    assert fl["fwd_max_diff"] < 1e-5 and (fl["frames"], fl["breaks"], fl["recompiles"]) == (2, {}, []), fl
+    assert fl["cfg_max_diff"] == 0.0, fl
 
 
 def test_cli_nproc_2_writes_what_one_process_writes(tmp_path):
