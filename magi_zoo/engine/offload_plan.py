@@ -333,6 +333,8 @@ def simulate(units: Sequence[Unit], streamed: set[str], schedule: dict[str, list
                     continue
                 slots = busy[group[v]]
                 i = min(range(len(slots)), key=lambda k: slots[k])
+                if slots[i] == float("inf"):  # no buffer free: the runtime defers this copy too
+                    continue
                 start = max(t, engine, slots[i])
                 engine = start + nbytes[v] / bandwidth_bytes_s
                 ready[v], held[v] = engine, i
