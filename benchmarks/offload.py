@@ -16,6 +16,9 @@ Strategies, each in its own process (so peaks and caps are honest):
 - magi_zoo:   the same with `memory_budget_gib=B`, under a hard cap of B GiB set *before* the
               build (`torch.cuda.set_per_process_memory_fraction`), so placing the weights is
               capped too;
+- magi_zoo_fp8 (on request, `--strategies ...,magi_zoo_fp8`): the same with precision="fp8"
+              (fp8 block linears: half the bytes to hold or stream; its error against the
+              bf16 resident row is fp8's);
 - diffusers:  the transformer built in host memory, diffusers' `apply_group_offloading`
               (block level, one block per group, `use_stream=True`) and
               `compile_repeated_blocks(fullgraph=False)` (fullgraph=True fails: dynamo traces
@@ -52,7 +55,7 @@ GPU_CASES = [  # (model, shape, budgets GiB)
 SMOKE_CASES = [("wan2.1-tiny", {}, [0.00025])]  # 256 KiB: most of the tiny model streams
 PIPELINE_CASE = ("wan2.1-i2v-14b-480p", {"height": 480, "width": 832, "num_frames": 81}, [24])
 SMOKE_PIPELINE_CASE = ("wan2.1-tiny", {}, [0.00025])
-STRATEGIES = ("resident", "magi_zoo", "diffusers")
+STRATEGIES = ("resident", "magi_zoo", "diffusers")  # the default; "magi_zoo_fp8" on request
 
 
 def _cap(budget_gib: float | None) -> None:
@@ -80,9 +83,12 @@ def worker(args) -> dict[str, Any]:
     over = None if cuda else {"offload": {"": {"activation_gib": 0.0}}}
     rec: dict[str, Any] = {"model": args.model, "strategy": args.strategy, "budget_gib": budget, "shape": shape}
     adapter, variant = adapters.lookup(args.model)
-    if args.strategy in ("resident", "magi_zoo"):
+    if args.strategy in ("resident", "magi_zoo", "magi_zoo_fp8"):
+        # magi_zoo_fp8: the same plan with the spec's fp8 linears (precision="fp8"): the
+        # blocks stream half the bytes, so more of them stay resident at the same budget.
+        fp8 = {"precision": "fp8"} if args.strategy == "magi_zoo_fp8" else {}
         h = magi_zoo.load(args.model, gpu=gpu, weights="random", overrides=over,
-                          memory_budget_gib=budget, **compile_kw)
+                          memory_budget_gib=budget, **compile_kw, **fp8)
         module, method = adapter.entry(h.pipe, "denoise")
         report = h.report()
         rt = off.runtime(h.modules)
@@ -247,7 +253,7 @@ def main(argv=None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="offload-bench-"))
     for model, shape, budgets in cases:
         plan = [("resident", None)] if "resident" in strategies else []
-        plan += [(s, b) for b in budgets for s in ("magi_zoo", "diffusers") if s in strategies]
+        plan += [(s, b) for b in budgets for s in ("magi_zoo", "magi_zoo_fp8", "diffusers") if s in strategies]
         ref = None
         for strategy, budget in plan:
             tag = f"{model}-{strategy}-{budget}"
@@ -286,7 +292,7 @@ def main(argv=None) -> int:
         r["streamed_units"] = len(plan.get("streamed", [])) if plan else None
         r["expected_copy_ms"] = (plan.get("copy_ms_per_call") or {}).get("transformer")
         pred = next((x.get("predicted", {}) for x in rows if x["model"] == r["model"] and x["strategy"] == "resident"), {})
-        if r["strategy"] == "magi_zoo" and str(r.get("budget_gib")) in pred and base:
+        if r["strategy"] == "magi_zoo" and str(r.get("budget_gib")) in pred and base:  # bf16 plans only
             wait = pred[str(r["budget_gib"])].get("simulated_wait_ms")
             r["predicted_ms"] = None if wait is None else round(base + wait, 2)
     env = common.environment(torch.device(device))
