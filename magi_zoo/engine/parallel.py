@@ -337,6 +337,25 @@ def _quiet_diffusers():
         dlog.set_verbosity(old)
 
 
+def _quiet_cp_notices() -> None:
+    """Drop two per-run notices of diffusers' context-parallel code users cannot act on
+    (idempotent): the note that an input of the plan is not split (Wan2.1's 1-D timestep,
+    which its plan splits only in Wan2.2's 2-D form) and torch's deprecation of the
+    functional all-gather diffusers calls in its gather hook."""
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore", message=r"`torch\.distributed\._functional_collectives\.all_gather_tensor` "
+                            r"is deprecated", category=FutureWarning)
+    log = logging.getLogger("diffusers.hooks.context_parallel")
+    if not any(type(f).__name__ == "_DropUnsplit" for f in log.filters):
+        class _DropUnsplit(logging.Filter):
+            def filter(self, record: logging.LogRecord) -> bool:
+                return "split will not be applied" not in record.getMessage()
+
+        log.addFilter(_DropUnsplit())
+
+
 def _fresh_entries(model: nn.Module) -> dict[str, list[str]]:
     """cp-plan submodules (compiled by the compile step) whose inputs diffusers splits:
     {module id: input names}."""
@@ -401,6 +420,7 @@ def _sequence_parallel(model: nn.Module, spec: ParallelSpec, mesh, key: str) -> 
             ulysses_degree=spec.ulysses_degree, ring_degree=spec.ring_degree, mesh=mesh,
             ulysses_anything=spec.uneven and spec.ulysses_degree > 1,
             ring_anything=spec.uneven and spec.ring_degree > 1)
+        _quiet_cp_notices()
         with _quiet_diffusers():
             model.enable_parallelism(config=config)
         installed_cp = True
@@ -544,7 +564,10 @@ def parallel_step(ctx: StepContext) -> StepRecord:
            + "; ".join(seq))
     details = {"world_size": world, "rank": dist.get_rank(), "ulysses_degree": spec.ulysses_degree,
                "ring_degree": spec.ring_degree, "cfg": spec.cfg, "uneven": spec.uneven, "replicas": replicas,
-               "mesh": dict(zip(mesh.mesh_dim_names, mesh.mesh.shape))}
+               "mesh": dict(zip(mesh.mesh_dim_names, mesh.mesh.shape)),
+               "undo": "exact: hooks removed by name, the processors' and the model's _parallel_config, instance "
+                       "forwards, hook registries and attention-registry entries put back; the device mesh's process "
+                       "groups stay (process-level, reused by the next apply)"}
     return StepRecord("parallel", did, chain_undo(undos), {k: (list(v) if isinstance(v, tuple) else v)
                                                             for k, v in details.items()})
 
