@@ -16,7 +16,7 @@ spec for the card (regional compile, its attention backend) plus the parallel se
 - ``forward``: one transformer forward (no CFG).
 
 Rank 0 prints one ``[bench]`` row per configuration and writes
-``benchmarks/results/parallel_<card>.json`` / ``.md`` (speed-up against the 1-GPU row of
+``benchmarks/results/parallel_<card>_<N>gpu.json`` / ``.md`` (speed-up against the 1-GPU row of
 the same workload, and the output's relative L2 distance to the 1-GPU output).
 """
 
@@ -128,7 +128,7 @@ def worker(args) -> None:
 
 
 def _label(par: dict[str, Any], attention: str | None) -> str:
-    parts = [f"{k.replace('_degree', '')} {v}" for k, v in par.items() if k != "cfg"]
+    parts = [f"{k.replace('_degree', '')} {v}" for k, v in par.items() if k not in ("cfg", "attention")]
     parts += ["cfg 2"] if par.get("cfg") else []
     return (" x ".join(parts) or "1 GPU") + (f", attention {attention}" if attention else "")
 
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         "section; `rel_l2_vs_1gpu`: the output against the 1-GPU run's.", "",
         f"command: `python -m benchmarks.parallel --gpus {args.gpus}{' --smoke' if args.smoke else ''}`", "",
         results_table(rows, cols)])
-    stem = "parallel_smoke_cpu" if args.smoke else f"parallel_{card}"
+    stem = "parallel_smoke_cpu" if args.smoke else f"parallel_{card}_{max(counts)}gpu"
     record = {"rows": rows, "env": env, "command": " ".join(["python -m benchmarks.parallel", *(argv or sys.argv[1:])])}
     for path in write_results(Path(args.out), stem, record, md):
         print(f"wrote {path}")
