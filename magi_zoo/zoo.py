@@ -162,17 +162,18 @@ def spec_layers(adapter: adapters.Adapter, profile: GpuProfile, *, compile: Any 
 
 
 def _build_device(adapter, variant, layers, profile: GpuProfile, dev: torch.device, dt: torch.dtype,
-                  compile: Any) -> torch.device:
+                  compile: Any, budget_given: bool = False) -> torch.device:
     """Where to build: the card, unless the offload plan streams weights (then host memory,
     and the offload step places them: the card may not hold the model even for a moment).
-    The plan is made on the real module tree at its real sizes, built on the meta device."""
-    if dev.type != "cuda" or not any(layer.entries("offload") for _, layer in layers):
+    The plan is made on the real module tree at its real sizes, built on the meta device, so
+    a budget no plan can meet is refused before anything is built."""
+    if not (dev.type == "cuda" or budget_given) or not any(layer.entries("offload") for _, layer in layers):
         return dev
     from .engine.offload import needs_streaming
 
     meta = adapter.build(variant, weights="random", dtype=dt, device=torch.device("meta"))
     plan = needs_streaming(nn.ModuleDict(adapter.components(meta)), layers, profile, adapter.preparations(meta))
-    if plan is None:
+    if plan is None or dev.type != "cuda":
         return dev
     if compile is False:
         raise ValueError(f"{variant.name} does not fit the {plan.budget / 2**30:.1f} GiB budget on {profile.name} and "
@@ -247,7 +248,7 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
         from .specs.offload_spec import with_memory_budget
 
         layers = with_memory_budget(layers, memory_budget_gib)
-    build_dev = _build_device(adapter, variant, layers, profile, dev, dt, compile)
+    build_dev = _build_device(adapter, variant, layers, profile, dev, dt, compile, memory_budget_gib is not None)
     native = adapter.build(variant, weights=weights, dtype=dt, device=build_dev)
     modules = nn.ModuleDict(adapter.components(native))
     if train:

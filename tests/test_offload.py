@@ -348,6 +348,17 @@ def test_gpu_profiles_select_offload_by_themselves():
     assert "text_encoder" in p.streamed  # the text encoder is on the card only while it encodes
 
 
+def test_load_refuses_a_budget_before_building(monkeypatch):
+    from magi_zoo.adapters.wan import WanAdapter
+
+    built = []
+    real = WanAdapter.build
+    monkeypatch.setattr(WanAdapter, "build", lambda self, v, **kw: built.append(kw["device"].type) or real(self, v, **kw))
+    with pytest.raises(OffloadPlanError, match="needs at least 6.00 GiB"):  # the spec's 6 GiB activation reserve
+        magi_zoo.load("wan2.1-tiny", gpu="cpu", memory_budget_gib=1)
+    assert built == ["meta"]  # only the sizes were built
+
+
 def test_load_tiny_wan_with_a_budget_generates_the_same_video():
     kw = dict(gpu="cpu", compile={"WanTransformerBlock": {"backend": "eager"}},
               overrides={"offload": {"": {"activation_gib": 0.0}}})
