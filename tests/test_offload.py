@@ -292,6 +292,13 @@ def test_profile_units_feeds_the_planner():
     assert "t" in p.stall_s  # times known for every unit: the plan simulates its stalls
 
 
+def test_training_apply_refuses_streaming():
+    root = nn.ModuleDict({"t": Net()})
+    with pytest.raises(ValueError, match="inference-only"):
+        apply(root, offload_plan(3 * BLOCK), gpu="cpu", train=True)
+    assert not any(m._forward_pre_hooks for m in root.modules())
+
+
 def test_compiled_ancestor_and_cudagraphs_refused():
     root = nn.ModuleDict({"t": Net()})
     plan = offload_plan(3 * BLOCK)

@@ -655,6 +655,11 @@ def offload_step(ctx: StepContext) -> StepRecord:
     if not plan.streams:
         return StepRecord("offload", plan.summary(units), None, details)
     _check_compile(ctx, plan.streamed)
+    if getattr(ctx, "train", False):
+        raise ValueError(f"the offload plan streams {len(plan.streamed)} unit(s) to fit {size(plan.budget)}, but weight "
+                         "streaming is inference-only and this is a training apply (train=True); raise "
+                         "memory_budget_gib until the weights stay resident (magi-zoo spec MODEL --memory-budget G "
+                         "shows the plan), or pin the trained units (offload mode='resident')")
     device = torch.device(p.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(f"offload for profile {p.name!r} needs CUDA, which is not available here")
