@@ -42,7 +42,9 @@ def _plan_with_backends(decode_backend: str = "aot_eager") -> dict:
     eager for plumbing, and `decode_backend` for the thinker's decode step."""
     spec = SpecFile.from_toml(spec_path("qwen3_omni.toml"))
     over: dict = {}
-    for key, method, _ in spec.default.items_by_method():
+    for key, method, s in spec.default.items_by_method():
+        if not s.enabled:
+            continue
         backend = decode_backend if method == "decode_step" else "eager"
         over.setdefault(key, {})[method] = {"backend": backend}
     return over
@@ -102,7 +104,8 @@ def test_shipped_spec_resolves_on_the_tiny_tree():
     # prefill: variable prompt length -> dynamic; decode: static cache -> static shapes.
     assert got[("Qwen3OmniMoeThinkerTextModel", "prefill")] == "dynamic=True, fullgraph=True"
     assert got[("Qwen3OmniMoeThinkerTextModel", "decode_step")] == "dynamic=False, fullgraph=True"
-    assert got[("code2wav", "forward")] == "dynamic=True, fullgraph=True"
+    # Code2Wav is eager: no shape policy compiles it in bounded time (the spec's measurements).
+    assert got[("code2wav", "forward")] == "disabled"
     # 7 regions: thinker prefill + decode, audio, vision, talker.model, code predictor, code2wav.
     assert len(got) == 7
     # The GPU section turns CUDA graphs on for the decode step only.
@@ -150,9 +153,9 @@ def test_counters_per_region(compiled):
     assert (dec.frames, dec.graphs, dec.n_graph_breaks, len(dec.recompiles)) == (2, 2, 0, 1)
     assert all("len(kwargs)" in r for r in pre.recompiles + dec.recompiles)
     assert rep.region("Qwen3OmniMoeThinkerTextModel.decode_step").calls == (N_TOKENS - 1) + (TALKER["max_new_tokens"] - 1)
-    # Code2Wav: one chunk of 4 codes -> 1 graph, no breaks (its spec is fullgraph=True).
-    c2w = rep.region("code2wav").counters
-    assert (c2w.graphs, c2w.n_graph_breaks) == (1, 0)
+    # Code2Wav: eager (enabled=false) -> called once for the one speech reply, nothing compiled.
+    c2w = rep.region("code2wav")
+    assert (c2w.calls, c2w.counters.frames, c2w.counters.graphs) == (1, 0, 0)
     # Talker and code predictor: fullgraph=True, so no breaks at all.
     assert rep.region("talker.model").counters.n_graph_breaks == 0
     assert rep.region("talker.code_predictor.model").counters.n_graph_breaks == 0
@@ -296,3 +299,82 @@ def test_cli_run_writes_text_and_wav(tmp_path):
         assert (w.getframerate(), w.getnchannels(), w.getsampwidth()) == (24000, 1, 2)
         assert w.getnframes() > 0
     # (Options this family cannot use are refused before any work: tests/conformance.)
+
+
+def _write_wav(path, samples, rate, width=2, channels=1):
+    import numpy as np
+
+    x = np.repeat(np.asarray(samples, np.float64)[:, None], channels, 1)
+    if width == 1:
+        raw = (x * 127 + 128).astype(np.uint8).tobytes()
+    elif width == 3:
+        v = (x * (2**23 - 1)).astype("<i4").reshape(-1)
+        raw = np.stack([(v >> s) & 0xFF for s in (0, 8, 16)], 1).astype(np.uint8).tobytes()
+    else:
+        raw = (x * (2 ** (8 * width - 1) - 1)).astype(f"<i{width}").tobytes()
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(channels), w.setsampwidth(width), w.setframerate(rate)
+        w.writeframes(raw)
+
+
+@pytest.mark.parametrize("width,channels,rate", [(2, 1, 16000), (1, 1, 16000), (3, 2, 16000), (4, 1, 16000),
+                                                 (2, 2, 44100)])
+def test_read_wav(tmp_path, width, channels, rate):
+    import numpy as np
+
+    from magi_zoo.adapters.qwen3_omni.inputs import AUDIO_RATE, read_wav
+
+    t = np.arange(rate // 2) / rate
+    tone = 0.5 * np.sin(2 * np.pi * 440 * t)  # 0.5 s of 440 Hz
+    _write_wav(tmp_path / "a.wav", tone, rate, width, channels)
+    got = read_wav(tmp_path / "a.wav")
+    assert got.dtype == np.float32 and got.shape == (AUDIO_RATE // 2,)
+    want = 0.5 * np.sin(2 * np.pi * 440 * np.arange(AUDIO_RATE // 2) / AUDIO_RATE)
+    # 8-bit PCM quantises to 1/128; the FFT resampler is exact for a tone below Nyquist
+    # up to the cut at the clip's ends.
+    tol = 1.5 / 128 if width == 1 else 1e-3
+    assert np.abs(got[200:-200] - want[200:-200]).max() < tol
+
+
+def test_bad_media_and_voice_errors(tmp_path):
+    from PIL import Image
+
+    from magi_zoo.adapters.qwen3_omni.inputs import read_image, read_wav, to_rgb
+
+    (tmp_path / "x.wav").write_bytes(b"not a wav")
+    with pytest.raises(ValueError, match="not a PCM .wav"):
+        read_wav(tmp_path / "x.wav")
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        read_image(tmp_path / "none.png")
+    # Transparency is composited on white, not dropped: a half-transparent red pixel.
+    rgba = Image.new("RGBA", (2, 2), (255, 0, 0, 128))
+    assert to_rgb(rgba).getpixel((0, 0)) == (255, 127, 127)
+    h = magi_zoo.load(MODEL, gpu="cpu", compile=False)
+    assert h.pipe.voices == ["Chelsie", "Ethan", "Aiden"]  # the talker config's speaker_id
+    with pytest.raises(ValueError, match="did you mean 'Aiden'"):
+        h.pipe("hi", voice="aidan", return_audio=True)
+
+
+def test_cli_audio_image_voice(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    from magi_zoo.cli import main
+
+    _write_wav(tmp_path / "in.wav", 0.1 * np.sin(np.arange(8000) / 5), 16000)
+    Image.new("RGBA", (48, 32), (0, 128, 255, 200)).save(tmp_path / "in.png")
+    out, wav = tmp_path / "answer.txt", tmp_path / "speech.wav"
+    rc = main(["run", MODEL, "--gpu", "cpu", "--no-compile", "--prompt", "what is this?", "--audio",
+               str(tmp_path / "in.wav"), "--image", str(tmp_path / "in.png"), "--voice", "chelsie",
+               "--out", str(out), "--audio-out", str(wav), "--max-new-tokens", "2"])
+    assert rc == 0 and out.is_file() and wav.is_file()
+    # Refused before any build: an unknown voice (with the closest name), a voice without
+    # speech output, a missing file.
+    for argv, msg in ((["--voice", "Etan", "--audio-out", str(wav)], "did you mean 'Ethan'"),
+                      (["--voice", "Ethan"], "add --audio-out"),
+                      (["--audio", str(tmp_path / "missing.wav")], "no such file")):
+        with pytest.raises(ValueError, match=msg):
+            from magi_zoo.cli import build_parser, _check_run
+
+            _check_run(build_parser().parse_args(["run", MODEL, "--gpu", "cpu", "--prompt", "p", "--out",
+                                                  str(out), *argv]))

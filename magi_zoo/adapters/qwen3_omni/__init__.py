@@ -21,7 +21,7 @@ import torch.nn as nn
 
 from ...engine.prepare import Preparation
 from ..base import Adapter, Output, Variant, init_on
-from .configs import PUBLISHED, TINY, build_config
+from .configs import PUBLISHED, TINY, build_config, check_voice, voices
 from .ops import (EXPERTS_CHOICES, EXPERTS_OP_IMPL, experts_implementation, install_prefill_decode,
                   register_experts_impl, set_experts_implementation)
 from .regions import check_distinct_code, own_code_preparation, shared_code_regions
@@ -150,7 +150,7 @@ class Qwen3OmniAdapter(Adapter):
     aliases = {"qwen3-omni": "qwen3-omni-30b-a3b", "qwen3_omni": "qwen3-omni-30b-a3b"}
 
     entry_points = ("prefill", "decode_step")
-    run_options = ("max_new_tokens", "audio_out", "seed")
+    run_options = ("max_new_tokens", "audio_out", "seed", "audio", "image", "voice")
     output_suffixes = (".txt",)
 
     def build_random(self, variant: Variant, dtype: torch.dtype, device: torch.device) -> Qwen3OmniPipeline:
@@ -197,6 +197,13 @@ class Qwen3OmniAdapter(Adapter):
         given = super().check_run(variant, options, out)
         if given.get("audio_out") is not None and Path(given["audio_out"]).suffix.lower() != ".wav":
             raise ValueError(f"--audio-out {given['audio_out']!r}: speech is written as .wav")
+        for flag in ("audio", "image"):
+            if given.get(flag) is not None and not Path(given[flag]).is_file():
+                raise ValueError(f"--{flag} {given[flag]!r}: no such file")
+        if given.get("voice") is not None:
+            if given.get("audio_out") is None:
+                raise ValueError("--voice picks the speech voice: add --audio-out speech.wav")
+            check_voice(given["voice"], voices(variant.config))
         return given
 
     def entry(self, pipe: Qwen3OmniPipeline, name: str) -> tuple[nn.Module, str]:
@@ -275,8 +282,10 @@ class Qwen3OmniAdapter(Adapter):
         return out
 
     def generate(self, handle, *, prompt: str, progress: bool = True, audio_out: str | None = None,
-                 max_new_tokens: int | None = None, seed: int | None = None) -> Output:
-        """The reply as text, with the speech when `audio_out` is given (the CLI writes both)."""
+                 max_new_tokens: int | None = None, seed: int | None = None, audio: str | None = None,
+                 image: str | None = None, voice: str | None = None) -> Output:
+        """The reply as text, with the speech (in `voice`) when `audio_out` is given (the CLI
+        writes both); `audio` (.wav) and `image` files go through the encoders first."""
         pipe: Qwen3OmniPipeline = handle.pipe
         if audio_out is not None and not pipe.has_talker:
             raise ValueError(f"--audio-out needs the talker, which {handle.variant.name} was built without")
@@ -286,7 +295,8 @@ class Qwen3OmniAdapter(Adapter):
         extra = {"talker_max_new_tokens": d["talker_max_new_tokens"]} if audio_out else {}
         if progress:  # a bar over the thinker's tokens, fed by transformers' streamer protocol
             extra["thinker_streamer"] = _TokenProgress(max_new_tokens or d["max_new_tokens"])
-        res: OmniOutput = handle(prompt, return_audio=audio_out is not None,
+        media = {k: v for k, v in dict(audio=audio, image=image, voice=voice).items() if v is not None}
+        res: OmniOutput = handle(prompt, return_audio=audio_out is not None, **media,
                                  **({"max_new_tokens": max_new_tokens} if max_new_tokens else {}), **extra)
         note = f"{len(res.token_ids)} tokens: {res.token_ids}"
         if not res.text.strip():

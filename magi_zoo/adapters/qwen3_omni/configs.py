@@ -49,6 +49,8 @@ _TALKER_IDS = dict(codec_pad_id=2148, codec_bos_id=2149, codec_eos_token_id=2150
                    codec_think_bos_id=2156, codec_think_eos_id=2157, audio_token_id=151675,
                    image_token_id=151655, video_token_id=151656, vision_start_token_id=151652,
                    audio_start_token_id=151669, audio_end_token_id=151670)
+# The speech voices of the published Instruct model (its talker config's `speaker_id`;
+# generate() looks a name up lower-cased).
 SPEAKERS = {"chelsie": 2301, "ethan": 2302, "aiden": 2303}
 SAMPLE_RATE = 24000  # Code2Wav output rate (Hz)
 
@@ -175,3 +177,20 @@ def build_config(cfg: dict[str, Any]):
     return Qwen3OmniMoeConfig(thinker_config=cfg["thinker"], talker_config=cfg["talker"],
                               code2wav_config=cfg["code2wav"], enable_audio_output=cfg["enable_audio_output"],
                               **_TOKEN_IDS)
+
+
+def voices(cfg: dict[str, Any] | None = None, speaker_id: dict[str, int] | None = None) -> list[str]:
+    """The voices a config offers, capitalised as the official examples write them."""
+    ids = speaker_id if speaker_id is not None else (cfg or {}).get("talker", {}).get("speaker_id", {})
+    return [name.capitalize() for name in ids]
+
+
+def check_voice(voice: str, names: list[str]) -> str:
+    """`voice` if it is one of `names` (any case), else an error naming the closest ones."""
+    import difflib
+
+    if voice.lower() in (n.lower() for n in names):
+        return voice
+    close = difflib.get_close_matches(voice.capitalize(), names, n=1, cutoff=0.5)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise ValueError(f"unknown voice {voice!r}; {hint}voices of this model: {', '.join(names) or '(none)'}")

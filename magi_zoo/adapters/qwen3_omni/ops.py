@@ -49,8 +49,13 @@ def moe_experts(hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_we
     loop of transformers' eager experts, same order of accumulation, hence the same numbers."""
     out = torch.zeros_like(hidden_states)
     num_experts = gate_up_proj.shape[0]
-    mask = F.one_hot(top_k_index, num_classes=num_experts).permute(2, 1, 0)  # [E, top_k, tokens]
+    # num_experts + 1 classes, the last one skipped, as transformers does: under expert
+    # parallelism a token routed to an expert held by another rank carries the sentinel
+    # index num_experts (one_hot with num_experts classes would raise on it).
+    mask = F.one_hot(top_k_index, num_classes=num_experts + 1).permute(2, 1, 0)  # [E + 1, top_k, tokens]
     for e in torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero().flatten().tolist():
+        if e == num_experts:
+            continue
         top_k_pos, token_idx = torch.where(mask[e])
         gate, up = F.linear(hidden_states[token_idx], gate_up_proj[e]).chunk(2, dim=-1)
         h = F.linear(F.silu(gate) * up, down_proj[e]) * top_k_weights[token_idx, top_k_pos, None]

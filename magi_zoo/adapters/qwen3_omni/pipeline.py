@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from .configs import EOS_TOKEN_ID, SAMPLE_RATE
+from .configs import EOS_TOKEN_ID, SAMPLE_RATE, check_voice, voices
 from .regions import check_distinct_code
 
 # The thinker's static KV cache is sized in buckets of this many tokens, so prompts of
@@ -93,19 +93,11 @@ class Qwen3OmniPipeline:
     def voices(self) -> list[str]:
         """The speech output's voices, as the checkpoint's talker config names them
         (`speaker_id`; the published Instruct model: Chelsie, Ethan, Aiden)."""
-        ids = getattr(self.model.config.talker_config, "speaker_id", None) or {}
-        return [name.capitalize() for name in ids]
+        return voices(speaker_id=getattr(self.model.config.talker_config, "speaker_id", None) or {})
 
     def check_voice(self, voice: str) -> str:
         """`voice` if the talker knows it (any case), else an error with the closest names."""
-        import difflib
-
-        names = self.voices
-        if voice.lower() in (n.lower() for n in names):
-            return voice
-        close = difflib.get_close_matches(voice.capitalize(), names, n=1, cutoff=0.5)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        raise ValueError(f"unknown voice {voice!r}; {hint}voices of this model: {', '.join(names) or '(none)'}")
+        return check_voice(voice, self.voices)
 
     def media(self):
         """The audio / image processor (made on first use: text-only runs never build it)."""
