@@ -197,7 +197,9 @@ def test_plan_prints_as_a_table():
 
     h = magi_zoo.load("wan2.1-tiny", gpu="cpu")
     text = str(h.plan)
-    assert text.startswith("ResolvedPlan: ") and "4 x WanTransformerBlock" in text and len(text.splitlines()) < 15
+    # one row per region (not per target: a published Wan has ~600), whatever sections the spec grows
+    assert text.startswith("ResolvedPlan: ") and "4 x WanTransformerBlock" in text
+    assert len(text.splitlines()) == 3 + len(h.plan.table()) < 30
     assert repr(h.plan) == text
 
 
