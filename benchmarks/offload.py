@@ -214,6 +214,9 @@ def main(argv=None) -> int:
     p.add_argument("--budgets", default=None, help="comma-separated budgets in GiB (default: each case's)")
     p.add_argument("--pipeline", action="store_true", help="whole generations instead of one forward")
     p.add_argument("--steps", type=int, default=4, help="--pipeline: denoising steps (CFG on)")
+    p.add_argument("--reference", default=None,
+                   help="a results JSON of an earlier run whose resident rows serve as this run's baseline "
+                        "(when this run has no resident strategy; same card)")
     # worker mode (one strategy in this process)
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     for a in ("--model", "--strategy", "--shape", "--tmp", "--tag", "--result"):
@@ -280,6 +283,11 @@ def main(argv=None) -> int:
             print(f"[bench]   -> {rec.get('status')}: {rec.get('median_ms')} ms, {rec.get('s_per_step_median')} s/step, "
                   f"peak reserved {rec.get('timed_max_reserved_gib') or rec.get('process_max_reserved_gib')} GiB "
                   f"{rec.get('error', '')[:200]}", flush=True)
+    if args.reference and "resident" not in strategies:
+        # Rows of a split run (each command under the device's time limit) measured against
+        # the resident rows of the first command, on the same card.
+        earlier = json.loads(Path(args.reference).read_text())
+        rows = [r for r in earlier["rows"] if r.get("strategy") == "resident"] + rows
     key = "s_per_step_median" if args.pipeline else "median_ms"
     resident = {r["model"]: r.get(key) for r in rows if r["strategy"] == "resident" and r.get("status") == "ok"}
     for r in rows:
@@ -319,6 +327,8 @@ def main(argv=None) -> int:
     stem = f"offload{'_pipeline' if args.pipeline else ''}_{'smoke' if args.smoke else card}"
     if args.models and not args.pipeline:
         stem += "_" + args.models.replace(",", "_")
+    if args.budgets:
+        stem += "_" + args.budgets.replace(",", "_") + "gib"
     for path in common.write_results(Path(args.out), stem, record, "\n".join(md)):
         print(f"wrote {path}")
     return 0
