@@ -201,6 +201,62 @@ def _pipeline_row(h, shape: dict, steps: int, dev) -> dict[str, Any]:
     return rec
 
 
+def _chart(rows: list[dict[str, Any]], path: Path, title: str) -> Path | None:
+    """Speed against budget (resident = 1.0), one line per strategy; None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    pts: dict[str, list[tuple[float, float]]] = {}
+    for r in rows:
+        if r.get("status") == "ok" and r.get("speed_vs_resident") and r.get("budget_gib"):
+            pts.setdefault(r["strategy"], []).append((float(r["budget_gib"]), float(r["speed_vs_resident"])))
+    if not pts:
+        return None
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    for name, xy in sorted(pts.items()):
+        xy.sort()
+        ax.plot([x for x, _ in xy], [y for _, y in xy], marker="o", label=name)
+    ax.axhline(1.0, color="gray", linestyle="--", linewidth=1, label="resident compiled")
+    ax.set_xlabel("memory budget (GiB, hard cap)")
+    ax.set_ylabel("speed vs resident compiled")
+    ax.set_ylim(0, 1.1)
+    ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def merge(files: list[str], out: Path) -> list[Path]:
+    """One table (and chart) from the JSONs of split runs of the same card: their rows, each
+    model's resident row once."""
+    rows, env = [], None
+    for f in files:
+        rec = json.loads(Path(f).read_text())
+        env = env or rec["environment"]
+        for r in rec["rows"]:
+            if r["strategy"] == "resident" and any(x["strategy"] == "resident" and x["model"] == r["model"] for x in rows):
+                continue
+            rows.append(r)
+    cols = ["model", "strategy", "budget_gib", "status", "median_ms", "speed_vs_resident", "timed_max_reserved_gib",
+            "expected_peak_gib", "streamed_units", "predicted_ms", "rel_err_vs_resident"]
+    md = ["# Weight offload: one transformer forward under a memory cap (merged runs)", "",
+          common.env_line(env), "", "Merged from: " + ", ".join(Path(f).name for f in files), "",
+          common.results_table(sorted(rows, key=lambda r: (r["model"], r.get("budget_gib") or 0, r["strategy"])), cols)]
+    card = str(env.get("card") or "gpu").replace("NVIDIA ", "").split()[0].lower()
+    written = common.write_results(out, f"offload_{card}_merged", {"environment": env, "rows": rows}, "\n".join(md))
+    for model in dict.fromkeys(r["model"] for r in rows):
+        png = _chart([r for r in rows if r["model"] == model], out / f"offload_{card}_{model}.png",
+                     f"{model}: one forward under a memory cap ({env.get('card')})")
+        if png:
+            written.append(png)
+    return written
+
+
 def _rel(a, b) -> float:
     return float((a - b).norm() / b.norm())
 
@@ -214,6 +270,8 @@ def main(argv=None) -> int:
     p.add_argument("--budgets", default=None, help="comma-separated budgets in GiB (default: each case's)")
     p.add_argument("--pipeline", action="store_true", help="whole generations instead of one forward")
     p.add_argument("--steps", type=int, default=4, help="--pipeline: denoising steps (CFG on)")
+    p.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                   help="merge the results JSONs of split runs into one table and a speed-vs-budget chart")
     p.add_argument("--reference", default=None,
                    help="a results JSON of an earlier run whose resident rows serve as this run's baseline "
                         "(when this run has no resident strategy; same card)")
@@ -234,6 +292,11 @@ def main(argv=None) -> int:
         except Exception as e:
             rec = {"status": "error", "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
         Path(args.result).write_text(json.dumps(rec, default=str))
+        return 0
+
+    if args.merge:
+        for path in merge(args.merge, Path(args.out)):
+            print(f"wrote {path}")
         return 0
 
     import torch
@@ -329,7 +392,14 @@ def main(argv=None) -> int:
         stem += "_" + args.models.replace(",", "_")
     if args.budgets:
         stem += "_" + args.budgets.replace(",", "_") + "gib"
-    for path in common.write_results(Path(args.out), stem, record, "\n".join(md)):
+    written = common.write_results(Path(args.out), stem, record, "\n".join(md))
+    if not args.pipeline:
+        for model in dict.fromkeys(r["model"] for r in rows):
+            png = _chart([r for r in rows if r["model"] == model], Path(args.out) / f"{stem}_{model}.png",
+                         f"{model}: one forward under a memory cap ({env.get('card')})")
+            if png:
+                written.append(png)
+    for path in written:
         print(f"wrote {path}")
     return 0
 
