@@ -273,6 +273,10 @@ def test_run_edit_understand_think_and_errors(tiny, tmp_path):
         tiny("x", task="paint")
     with pytest.raises(ValueError, match="needs an input image"):
         tiny("x", task="edit")
+    with pytest.raises(ValueError, match="seed: task 'understand' samples no image"):
+        tiny("x", task="understand", seed=3)
+    with pytest.raises(ValueError, match="max_new_tokens applies to task='understand'"):
+        tiny("x", max_new_tokens=3)
 
 
 def test_h100_plan_serves_every_task_in_one_process(tiny):
@@ -294,3 +298,27 @@ def test_h100_plan_serves_every_task_in_one_process(tiny):
     tiny("what is it?", image=img, task="understand", max_new_tokens=2)
     lay = rep.region("BagelMoTLayer")
     assert (lay.counters.frames, lay.counters.n_graph_breaks) == (6, 0), lay.counters.recompiles
+
+
+@pytest.mark.gpu
+def test_every_task_compiled_on_gpu(fresh_dynamo):
+    """On a CUDA box with the auto-detected plan (h100 / h200: inductor, bf16): text-to-image
+    at two prompt lengths, an edit, think + edit and think + understanding in one process.
+    Compiled equals eager (bf16 tolerance); the ViT is one graph with 0 breaks; the layer
+    region stays within its 6 named frames (bagel.toml)."""
+    h = magi_zoo.load("bagel-tiny", gpu="auto", compile=False)
+    assert h.device.type == "cuda"
+    img = _image()
+    kw = dict(image=img, seed=2, output_type="pt")
+    ref = h("make the sky purple", **kw)
+    rep = h.apply_plan()
+    for p in ("a", "one two three four five six"):
+        h(p, num_inference_steps=2, height=32, width=32)
+    got = h("make the sky purple", **kw)
+    h("make it blue", image=img, think=True, num_inference_steps=2)
+    h("what is it?", image=img, task="understand", think=True, max_new_tokens=4)
+    assert float((got.float() - ref.float()).norm() / ref.float().norm()) < 1e-2
+    vit = rep.region("model.vit_model")
+    assert (vit.counters.frames, vit.counters.n_graph_breaks) == (1, 0)
+    lay = rep.region("BagelMoTLayer")
+    assert lay.counters.frames <= 6 and lay.counters.n_graph_breaks == 0, lay.counters.recompiles

@@ -211,9 +211,8 @@ class BagelAdapter(Adapter):
         if task == "understand":
             return Output("text", handle(prompt, image=image, task=task, think=think,
                                          max_new_tokens=options.get("max_new_tokens")))
-        if think and options.get("max_new_tokens") is not None:
-            options["max_think_tokens"] = options["max_new_tokens"]
-        options.pop("max_new_tokens", None)
+        if options.get("max_new_tokens") is None:
+            options.pop("max_new_tokens", None)  # with --think, a given value is the reasoning's budget
         result = handle(prompt, image=image, task=task, think=think, progress=progress, **options)
         if isinstance(result, ThinkingOutput):
             return Output("image", result.image, note="thinking: " + " ".join(result.text.split()))

@@ -308,7 +308,17 @@ class BagelPipeline:
                 if kwargs.get(k) is not None:
                     raise ValueError(f"{k}: an edit keeps the input image's size (after the VAE-side resize)")
                 call.pop(k, None)
-        call.update({k: v for k, v in kwargs.items() if v is not None})
+        given = {k: v for k, v in kwargs.items() if v is not None}
+        if task == "understand":
+            extra = sorted(set(given) - {"max_new_tokens"})
+            if extra:
+                raise ValueError(f"{', '.join(extra)}: task 'understand' samples no image; it takes max_new_tokens")
+        elif "max_new_tokens" in given:
+            if not think:
+                raise ValueError("max_new_tokens applies to task='understand' or, with think=True, to the "
+                                 "reasoning (also settable as max_think_tokens)")
+            given["max_think_tokens"] = given.pop("max_new_tokens")
+        call.update(given)
         if task == "understand":
             return self.understand(image, prompt, max_new_tokens=call["max_new_tokens"], think=think)
         call.pop("max_new_tokens", None)
