@@ -1,4 +1,6 @@
-"""Wan2.1 image-to-video: `--image` is the first frame of the I2V variants (480p, 720p).
+"""Wan2.1 image-to-video: `--image` is the first frame of the I2V variants (480p, 720p), and
+I2V weights in the original Wan layout (with the open-clip image encoder) load like the
+diffusers-format directory.
 
 The published I2V models are 14B; the path is run on a tiny I2V configuration built by the
 Wan adapter (WanImageToVideoPipeline with a small CLIP image encoder), not registered as a
@@ -15,11 +17,12 @@ from magi_zoo.adapters.base import Variant
 from magi_zoo.adapters.wan import _TINY, WanAdapter
 
 # I2V-14B's shape in small: 36 input channels (16 noise + 4 mask + 16 image latents), CLIP
-# image tokens (224 / 14 = 16 -> 256 patches + class = 257) projected by the added K/V.
+# image tokens (224 / 14 = 16 -> 256 patches + class = 257) projected by the added K/V. The
+# CLIP width stays 1280 (Wan's WanModel hard-codes it for its image MLP), narrow elsewhere.
 _TINY_I2V = dict(
-    _TINY, transformer=dict(_TINY["transformer"], in_channels=36, image_dim=24, added_kv_proj_dim=32),
-    image_encoder=dict(hidden_size=24, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2,
-                       image_size=224, patch_size=14, projection_dim=24))
+    _TINY, transformer=dict(_TINY["transformer"], in_channels=36, image_dim=1280, added_kv_proj_dim=32),
+    image_encoder=dict(hidden_size=1280, intermediate_size=128, num_hidden_layers=2, num_attention_heads=16,
+                       image_size=224, patch_size=14, projection_dim=1024))
 VARIANT = Variant(name="wan2.1-i2v-tiny-test", family="wan", config=_TINY_I2V, tiny=True,
                   call_defaults=dict(height=32, width=32, num_frames=9, num_inference_steps=2, guidance_scale=5.0,
                                      max_sequence_length=16))
@@ -79,3 +82,46 @@ def test_image_is_required_by_i2v_and_refused_by_t2v(png, tmp_path):
     # An I2V variant lists what it takes when given something it cannot use.
     with pytest.raises(ValueError, match=r"wan2\.1-i2v-14b-720p cannot use --max-new-tokens"):
         a.check_run(v720, {"image": str(png), "max_new_tokens": 4}, tmp_path / "out.mp4")
+
+
+# -- the original layout ------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def i2v_dirs(handle, tmp_path_factory):
+    """The tiny I2V model (with the published VAE structure at width 4, which diffusers' VAE
+    converter needs) written as save_pretrained writes it and in the original layout."""
+    from diffusers import AutoencoderKLWan
+
+    from wan_original_layout import OFFICIAL, write_original_layout
+
+    torch.manual_seed(1)
+    handle.pipe.register_modules(vae=AutoencoderKLWan(base_dim=4, z_dim=16).eval())
+    diffusers_dir = tmp_path_factory.mktemp("i2v-diffusers")
+    handle.pipe.save_pretrained(diffusers_dir)
+    orig = write_original_layout(handle.pipe, tmp_path_factory.mktemp("i2v-original"),
+                                 OFFICIAL["i2v_transformer"]["config"])
+    return diffusers_dir, orig
+
+
+def test_i2v_original_names_are_the_official_modules(handle):
+    from wan_original_layout import OFFICIAL, original_state, shapes
+
+    state = original_state(handle.pipe)
+    assert shapes(state["transformer"]) == OFFICIAL["i2v_transformer"]["keys"]
+    assert shapes(state["clip"]) == OFFICIAL["clip_visual"]["keys"]
+
+
+def test_i2v_original_layout_loads_like_diffusers_format(i2v_dirs, png):
+    from PIL import Image
+
+    diffusers_dir, orig = i2v_dirs
+    adapter = WanAdapter()
+    a = adapter.build(VARIANT, weights=str(diffusers_dir), dtype=torch.float32, device=torch.device("cpu"))
+    b = adapter.build(VARIANT, weights=str(orig), dtype=torch.float32, device=torch.device("cpu"))
+    assert type(b).__name__ == "WanImageToVideoPipeline"
+    for name in ("transformer", "image_encoder", "text_encoder", "vae"):
+        sa, sb = getattr(a, name).state_dict(), getattr(b, name).state_dict()
+        assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa), name
+    call = dict(VARIANT.call_defaults, prompt="a corgi surfing", image=Image.open(png).convert("RGB"), output_type="np")
+    fa = a(generator=torch.Generator().manual_seed(0), **call).frames
+    fb = b(generator=torch.Generator().manual_seed(0), **call).frames
+    assert np.abs(fa).max() > 0 and np.array_equal(fa, fb)

@@ -4,7 +4,7 @@ The test writes one tiny random model twice: as `save_pretrained` writes it (dif
 format) and in the original Wan layout (config.json with WanModel's names,
 diffusion_pytorch_model.safetensors, models_t5_umt5-xxl-enc-bf16.pth, Wan2.1_VAE.pth,
 google/umt5-xxl/). The original-layout keys come from inverting diffusers' own converters
-(the `*_back` functions below); two checks make sure the inversion is right and not
+(tests/wan_original_layout.py); two checks make sure the inversion is right and not
 circular: diffusers' converters map the written keys back to exactly the model's keys,
 and the written names and shapes equal those of the official Wan modules at the same tiny
 configs (tests/data/wan21_original_keys.json, recorded from github.com/Wan-Video/Wan2.1;
@@ -13,88 +13,17 @@ Then `magi_zoo.load("wan2.1-tiny", weights=DIR)` must give the same video from b
 """
 
 import json
-import re
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import save_file
 
 import magi_zoo
+from wan_original_layout import OFFICIAL, original_state as _original_state, shapes as _shapes, write_original_layout
 
 TINY = "wan2.1-tiny"
-OFFICIAL = json.loads((Path(__file__).parent / "data" / "wan21_original_keys.json").read_text())
-
-
-# -- diffusers -> original names (the inverse of diffusers' single-file converters) ----------
-_DIT_BACK = [
-    ("condition_embedder.time_embedder.linear_1", "time_embedding.0"),
-    ("condition_embedder.time_embedder.linear_2", "time_embedding.2"),
-    ("condition_embedder.text_embedder.linear_1", "text_embedding.0"),
-    ("condition_embedder.text_embedder.linear_2", "text_embedding.2"),
-    ("condition_embedder.time_proj", "time_projection.1"),
-    ("attn1.", "self_attn."), ("attn2.", "cross_attn."),
-    (".to_q.", ".q."), (".to_k.", ".k."), (".to_v.", ".v."), (".to_out.0.", ".o."),
-    ("ffn.net.0.proj", "ffn.0"), ("ffn.net.2", "ffn.2"), ("proj_out", "head.head"),
-]
-
-
-def dit_back(key: str) -> str:
-    for new, old in _DIT_BACK:
-        key = key.replace(new, old)
-    if key == "scale_shift_table":
-        return "head.modulation"
-    key = key.replace(".scale_shift_table", ".modulation")
-    # diffusers' norm2 (the affine cross-attention norm) is the original norm3, and back.
-    return re.sub(r"\.norm([23])\.", lambda m: f".norm{5 - int(m.group(1))}.", key)
-
-
-_RES_BACK = {"norm1.gamma": "residual.0.gamma", "conv1.weight": "residual.2.weight", "conv1.bias": "residual.2.bias",
-             "norm2.gamma": "residual.3.gamma", "conv2.weight": "residual.6.weight", "conv2.bias": "residual.6.bias",
-             "conv_shortcut.weight": "shortcut.weight", "conv_shortcut.bias": "shortcut.bias"}
-
-
-def vae_back(key: str) -> str:
-    head, rest = key.split(".", 1)
-    if head in ("quant_conv", "post_quant_conv"):
-        return {"quant_conv": "conv1", "post_quant_conv": "conv2"}[head] + "." + rest
-    p = rest.split(".")
-    if p[0] in ("conv_in", "norm_out", "conv_out"):
-        return f"{head}." + {"conv_in": "conv1", "norm_out": "head.0", "conv_out": "head.2"}[p[0]] + "." + p[1]
-    if p[0] == "mid_block":  # middle = [resnet, attention, resnet]
-        leaf = ".".join(p[3:])
-        return f"{head}.middle.1.{leaf}" if p[1] == "attentions" else f"{head}.middle.{2 * int(p[2])}.{_RES_BACK[leaf]}"
-    if p[0] == "down_blocks":
-        leaf = ".".join(p[2:])
-        return f"{head}.downsamples.{p[1]}.{_RES_BACK.get(leaf, leaf)}"
-    b = int(p[1])  # up_blocks: 3 resnets + 1 upsampler per block, one flat list in the original
-    if p[2] == "resnets":
-        return f"{head}.upsamples.{4 * b + int(p[3])}.{_RES_BACK['.'.join(p[4:])]}"
-    assert p[2] == "upsamplers", key
-    return f"{head}.upsamples.{4 * b + 3}." + ".".join(p[4:])
-
-
-_T5_BACK = {"layer.0.layer_norm.weight": "norm1.weight", "layer.0.SelfAttention.q.weight": "attn.q.weight",
-            "layer.0.SelfAttention.k.weight": "attn.k.weight", "layer.0.SelfAttention.v.weight": "attn.v.weight",
-            "layer.0.SelfAttention.o.weight": "attn.o.weight",
-            "layer.0.SelfAttention.relative_attention_bias.weight": "pos_embedding.embedding.weight",
-            "layer.1.layer_norm.weight": "norm2.weight", "layer.1.DenseReluDense.wi_0.weight": "ffn.gate.0.weight",
-            "layer.1.DenseReluDense.wi_1.weight": "ffn.fc1.weight", "layer.1.DenseReluDense.wo.weight": "ffn.fc2.weight"}
-
-
-def t5_back(sd: dict) -> dict:
-    out = {"token_embedding.weight": sd["shared.weight"], "norm.weight": sd["encoder.final_layer_norm.weight"]}
-    for k, v in sd.items():
-        m = re.fullmatch(r"encoder\.block\.(\d+)\.(.+)", k)
-        if m:
-            out[f"blocks.{m.group(1)}.{_T5_BACK[m.group(2)]}"] = v
-    return out
-
-
-def _shapes(sd: dict) -> dict:
-    return {k: list(v.shape) for k, v in sd.items()}
 
 
 # -- fixtures ------------------------------------------------------------------------------
@@ -113,25 +42,14 @@ def reference():
 
 @pytest.fixture(scope="module")
 def original_state(reference):
-    return {"transformer": {dit_back(k): v for k, v in reference.transformer.state_dict().items()},
-            "vae": {vae_back(k): v for k, v in reference.vae.state_dict().items()},
-            "t5": t5_back(reference.text_encoder.state_dict())}
+    return _original_state(reference)
 
 
 @pytest.fixture(scope="module")
-def dirs(reference, original_state, tmp_path_factory):
+def dirs(reference, tmp_path_factory):
     diffusers_dir = tmp_path_factory.mktemp("wan21-diffusers")
     reference.save_pretrained(diffusers_dir)
-    orig = tmp_path_factory.mktemp("wan21-original")
-    save_file({k: v.contiguous() for k, v in original_state["transformer"].items()},
-              str(orig / "diffusion_pytorch_model.safetensors"))
-    torch.save(original_state["vae"], orig / "Wan2.1_VAE.pth")
-    torch.save(original_state["t5"], orig / "models_t5_umt5-xxl-enc-bf16.pth")
-    # WanModel's config.json as the official `save_config` writes it (no text_dim /
-    # patch_size / qk_norm / cross_attn_norm: WanModel's ignore_for_config).
-    (orig / "config.json").write_text(json.dumps(
-        {"_class_name": "WanModel", "_diffusers_version": "0.30.0", **OFFICIAL["transformer"]["config"]}))
-    reference.tokenizer.save_pretrained(orig / "google" / "umt5-xxl")
+    orig = write_original_layout(reference, tmp_path_factory.mktemp("wan21-original"), OFFICIAL["transformer"]["config"])
     return diffusers_dir, orig
 
 
@@ -203,11 +121,15 @@ def test_missing_component_is_named(dirs, tmp_path):
         magi_zoo.load(TINY, gpu="cpu", weights=str(d), compile=False)
 
 
-def test_i2v_checkpoint_is_refused_with_the_reason(dirs, tmp_path):
+def test_checkpoint_of_another_task_is_refused_with_the_reason(dirs, tmp_path):
     d = _copy(dirs[1], tmp_path)
     cfg = json.loads((d / "config.json").read_text())
     (d / "config.json").write_text(json.dumps(dict(cfg, model_type="i2v", in_dim=36)))
-    with pytest.raises(ValueError, match=r"model_type='i2v'.*open-clip model with no converter.*-Diffusers"):
+    with pytest.raises(ValueError, match=r"holds an image-to-video checkpoint .* but wan2\.1-tiny is text-to-video; "
+                                         r"load it with an image-to-video variant"):
+        magi_zoo.load(TINY, gpu="cpu", weights=str(d), compile=False)
+    (d / "config.json").write_text(json.dumps(dict(cfg, model_type="flf2v", in_dim=36)))
+    with pytest.raises(ValueError, match=r"model_type='flf2v'.*FLF2V and VACE have no diffusers pipeline here"):
         magi_zoo.load(TINY, gpu="cpu", weights=str(d), compile=False)
 
 

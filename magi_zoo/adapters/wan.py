@@ -199,7 +199,8 @@ class WanAdapter(DiffusersPipelineAdapter):
                 raise ValueError(f"{variant.name}: {e}") from e
             if layout == "original":
                 try:
-                    pipe = wan_original.load_pipeline(source, variant.config, dtype=dtype, device=device)
+                    pipe = wan_original.load_pipeline(source, variant.config, dtype=dtype, device=device,
+                                                      variant_name=variant.name)
                 except ValueError as e:
                     raise ValueError(f"{variant.name}: {e}") from e
                 except OSError as e:

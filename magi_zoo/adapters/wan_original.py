@@ -1,6 +1,6 @@
 """Wan2.1 weights in the original release layout, loaded into diffusers' Wan pipeline.
 
-The original layout is what the Wan-AI/Wan2.1-T2V-* repositories ship and what the Wan
+The original layout is what the Wan-AI/Wan2.1-T2V-* / -I2V-* repositories ship and what the Wan
 repository, LightX2V and Self-Forcing read (a checkpoint directory, `--ckpt_dir`)::
 
     config.json                            WanModel's config, original names (dim, num_heads, in_dim, ...)
@@ -10,6 +10,7 @@ repository, LightX2V and Self-Forcing read (a checkpoint directory, `--ckpt_dir`
     models_t5_umt5-xxl-enc-bf16.pth        the UMT5-XXL encoder as Wan's own T5 module (wan/modules/t5.py)
     Wan2.1_VAE.pth                         the VAE as Wan's own module (wan/modules/vae.py)
     google/umt5-xxl/                       the tokenizer
+    models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth   I2V: the CLIP image encoder (clip.py)
 
 What converts what:
 - DiT: diffusers' own `convert_wan_transformer_to_diffusers` (diffusers.loaders.single_file_utils,
@@ -25,10 +26,17 @@ What converts what:
   `t5_key` below maps its names onto transformers' `UMT5EncoderModel`: a one-to-one
   rename, no tensor changes (Wan's gated FFN `fc1(x) * gelu_tanh(gate(x))` is UMT5's
   `wi_1(x) * gelu_new(wi_0(x))`; each block owns its relative position bias in both).
-- Refused, with the reason: I2V / FLF2V checkpoints (their CLIP image encoder is an
-  open-clip XLM-RoBERTa ViT-H .pth with no converter in diffusers or transformers) and
+- CLIP image encoder (I2V, models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth):
+  no library converter either; `clip_vision_key_names` maps its vision tower onto
+  transformers' `CLIPVisionModel` (the fused QKV split in three; the text tower unused).
+- Refused, with the reason: FLF2V / VACE checkpoints (no pipeline for them here) and
   Wan2.2 checkpoints (two-expert subfolders; the Wan2.2 VAE converter exists only as a
   diffusers script, not in the library). Use their -Diffusers directories.
+
+The UMT5 and CLIP maps were checked against the official modules (github.com/Wan-Video/Wan2.1,
+wan/modules/t5.py, clip.py, model.py, vae.py) once, on tiny random models: our loads of their
+weights reproduce their forwards (fp32, CPU: T5 1.9e-7, CLIP 0.0, T2V DiT 5.7e-7, I2V DiT
+7.1e-7, VAE 0.0 relative); tests/data/wan21_original_keys.json keeps their key names and shapes.
 
 Every load is strict: a missing, unexpected or misshapen tensor names itself and the file.
 """
@@ -164,14 +172,16 @@ def _dtype_for(name: str, dtype: torch.dtype, keep_fp32: tuple[str, ...]) -> tor
     return torch.float32 if any(m in name.split(".") for m in keep_fp32) else dtype
 
 
-def _load_strict(model: nn.Module, names: Mapping[str, str], src: _TensorSource, what: str,
+def _load_strict(model: nn.Module, names: Mapping[str, Any], src: _TensorSource, what: str,
                  dtype: torch.dtype, keep_fp32: tuple[str, ...] = ()) -> nn.Module:
     """Fill `model` (built with empty weights) from `src`: `names` maps each of the model's
-    state-dict keys to the key in the file. Missing / unexpected / misshapen tensors are
-    one error naming the first of each and the file."""
+    state-dict keys to the key in the file, or to (key, function of the file's tensor) where
+    the layouts differ (a fused QKV split in three). Missing / unexpected / misshapen tensors
+    are one error naming the first of each and the file."""
+    names = {k: v if isinstance(v, tuple) else (v, None) for k, v in names.items()}
     expected = model.state_dict()
     missing = [k for k in expected if k not in names]
-    unexpected = [names[k] for k in names if k not in expected]
+    unexpected = [names[k][0] for k in names if k not in expected]
     if missing or unexpected:
         parts = []
         if missing:
@@ -183,9 +193,10 @@ def _load_strict(model: nn.Module, names: Mapping[str, str], src: _TensorSource,
                          "Wan2.1 checkpoint of this kind, or the config.json beside it does not describe it")
     state = {}
     for k, want in expected.items():
-        t = src.get(names[k])
+        key, transform = names[k]
+        t = src.get(key) if transform is None else transform(src.get(key))
         if tuple(t.shape) != tuple(want.shape):
-            raise ValueError(f"{what} in {str(src.file_of(names[k]))!r}: tensor {names[k]!r} has shape "
+            raise ValueError(f"{what} in {str(src.file_of(key))!r}: tensor {key!r} has shape "
                              f"{tuple(t.shape)} but the model expects {tuple(want.shape)} (from config.json and "
                              "the published structure)")
         # copy=True: a tensor of its own, in freshly allocated (aligned) memory, not a view into
@@ -214,11 +225,10 @@ def transformer_config(original: Mapping[str, Any], src: _TensorSource | None = 
         raise ValueError("config.json says model_type='ti2v' (Wan2.2-TI2V-5B): only Wan2.1 loads from the original "
                          "layout (the Wan2.2 VAE's converter is a diffusers script, not part of the library). Pass "
                          "the -Diffusers directory (Wan-AI/Wan2.2-TI2V-5B-Diffusers)")
-    if model_type != "t2v":
-        raise ValueError(f"config.json says model_type={model_type!r}: only text-to-video (t2v) Wan2.1 checkpoints "
-                         f"load from the original layout (the I2V/FLF2V image encoder {CLIP_FILE} is an open-clip "
-                         "model with no converter in diffusers or transformers). Pass the -Diffusers directory, "
-                         "e.g. Wan-AI/Wan2.1-I2V-14B-720P-Diffusers")
+    if model_type not in ("t2v", "i2v"):
+        raise ValueError(f"config.json says model_type={model_type!r}: Wan2.1 text-to-video (t2v) and image-to-video "
+                         "(i2v) checkpoints load from the original layout; FLF2V and VACE have no diffusers pipeline "
+                         "here. Pass the -Diffusers directory")
     if tuple(cfg.get("window_size", (-1, -1))) != (-1, -1):
         raise ValueError(f"config.json sets window_size={cfg['window_size']}: local-window attention has no "
                          "counterpart in diffusers' WanTransformer3DModel")
@@ -229,7 +239,13 @@ def transformer_config(original: Mapping[str, Any], src: _TensorSource | None = 
     strip = "model.diffusion_model." if any(k.startswith("model.diffusion_model.") for k in keys) else ""
     shape = lambda k: tuple(src.get(strip + k).shape) if strip + k in keys else None  # noqa: E731
     text_w, patch_w = shape("text_embedding.0.weight"), shape("patch_embedding.weight")
-    return dict(
+    # I2V: the CLIP tokens go through img_emb (LayerNorm(1280) first) and each block's own
+    # K/V projections k_img / v_img (dim -> dim); WanModel hard-codes the 1280.
+    image = dict(image_dim=1280, added_kv_proj_dim=dim) if model_type == "i2v" else {}
+    if image and keys:
+        image = dict(image_dim=shape("img_emb.proj.0.weight")[0],
+                     added_kv_proj_dim=shape("blocks.0.cross_attn.k_img.weight")[1])
+    return dict(**image,
         patch_size=tuple(patch_w[2:]) if patch_w else tuple(cfg.get("patch_size", (1, 2, 2))),
         num_attention_heads=heads, attention_head_dim=dim // heads,
         in_channels=int(cfg.get("in_dim", 16)), out_channels=int(cfg.get("out_dim", 16)),
@@ -350,19 +366,90 @@ def load_text_encoder(path: str | Path, config: Mapping[str, Any], *, dtype: tor
     return model.to(device)
 
 
+# -- the CLIP image encoder (I2V) -----------------------------------------------------------------
+# Wan's open-clip XLM-RoBERTa ViT-H/14 (wan/modules/clip.py) -> transformers' CLIPVisionModel,
+# the image encoder of diffusers' WanImageToVideoPipeline. Only the vision tower (`visual.*`)
+# is used by I2V; the text tower (`textual.*`) and `log_scale` are left out on purpose. Wan
+# takes the output of the first 31 of 32 blocks (`use_31_block=True`), which is
+# CLIPVisionModel's `hidden_states[-2]`, what the pipeline reads. No library ships this map.
+_CLIP_LAYER = {
+    "norm1": "layer_norm1", "norm2": "layer_norm2", "attn.proj": "self_attn.out_proj",
+    "mlp.0": "mlp.fc1", "mlp.2": "mlp.fc2",
+}
+
+
+def clip_vision_key_names(original_keys: list[str]) -> dict[str, Any]:
+    """CLIPVisionModel key -> original key, or (original key, transform) where the layouts
+    differ: the fused `to_qkv` splits into q / k / v (rows in that order: WanModel views its
+    output as (..., 3, heads, head_dim)); the class and position embeddings drop their
+    leading batch axes."""
+    out: dict[str, Any] = {}
+    for k in original_keys:
+        if not k.startswith("visual."):
+            continue
+        rest = k[len("visual."):]
+        if rest == "patch_embedding.weight":
+            out["vision_model.embeddings.patch_embedding.weight"] = k
+        elif rest == "cls_embedding":
+            out["vision_model.embeddings.class_embedding"] = (k, lambda t: t.reshape(-1))
+        elif rest == "pos_embedding":
+            out["vision_model.embeddings.position_embedding.weight"] = (k, lambda t: t.reshape(t.shape[-2:]))
+        elif rest.startswith(("pre_norm.", "post_norm.")):
+            name, leaf = rest.split(".")
+            out[f"vision_model.{'pre_layrnorm' if name == 'pre_norm' else 'post_layernorm'}.{leaf}"] = k
+        elif rest.startswith("transformer."):
+            _, i, sub = rest.split(".", 2)
+            mod, leaf = sub.rsplit(".", 1)
+            prefix = f"vision_model.encoder.layers.{i}."
+            if mod == "attn.to_qkv":
+                for j, proj in enumerate(("q_proj", "k_proj", "v_proj")):
+                    out[f"{prefix}self_attn.{proj}.{leaf}"] = (k, lambda t, j=j: t.chunk(3, dim=0)[j])
+            else:
+                out[prefix + _CLIP_LAYER.get(mod, f"<no CLIP counterpart for {mod}>") + "." + leaf] = k
+        elif rest != "head":  # `head` projects the pooled token; hidden_states[-2] never reaches it
+            out[f"<no CLIP counterpart for {k}>"] = k
+    return out
+
+
+def load_image_encoder(path: str | Path, config: Mapping[str, Any], *, dtype: torch.dtype,
+                       device: torch.device | str = "cpu"):
+    """CLIPVisionModel (config: CLIPVisionConfig kwargs, the variant's) from Wan's open-clip .pth."""
+    from transformers import CLIPVisionConfig, CLIPVisionModel
+
+    file = Path(path)
+    src = _open([file])
+    model = _empty(lambda: CLIPVisionModel(CLIPVisionConfig(**config)))
+    names = clip_vision_key_names(src.keys())
+    if not any(k.startswith("vision_model.") for k in model.state_dict()):
+        # This transformers' CLIPVisionModel holds the tower's modules itself (older ones hold
+        # them under `vision_model`, the name checkpoints use): map onto whichever it has.
+        names = {k.removeprefix("vision_model."): v for k, v in names.items()}
+    return _load_strict(model, names, src, "the CLIP image encoder", dtype).to(device)
+
+
 # -- the whole pipeline -------------------------------------------------------------------------
 def load_pipeline(path: str | Path, variant_config: Mapping[str, Any], *, dtype: torch.dtype,
-                  device: torch.device | str):
-    """WanPipeline from an original-layout directory. `variant_config` supplies what the
-    layout does not hold: the UMT5 config (`text_encoder`) and the scheduler config."""
-    from diffusers import UniPCMultistepScheduler, WanPipeline
-    from transformers import AutoTokenizer
+                  device: torch.device | str, variant_name: str = "this variant"):
+    """WanPipeline (T2V) or WanImageToVideoPipeline (I2V) from an original-layout directory.
+    `variant_config` supplies what the layout does not hold: the UMT5 config
+    (`text_encoder`), the scheduler config and, for I2V, the CLIP vision config
+    (`image_encoder`); the checkpoint's task must be the variant's."""
+    from diffusers import UniPCMultistepScheduler, WanImageToVideoPipeline, WanPipeline
+    from transformers import AutoTokenizer, CLIPImageProcessor
 
     path = Path(path)
-    # The DiT's config first: an I2V or Wan2.2 checkpoint is refused for what it is, before
+    # The DiT's config first: a checkpoint of another kind is refused for what it is, before
     # any file is missed or 10 GB of T5 is read.
-    transformer_config(_read_config(path))
-    need = [n for n in (T5_FILE, VAE_FILE) if not (path / n).is_file()]
+    cfg = _read_config(path)
+    transformer_config(cfg)
+    i2v = cfg.get("model_type", "t2v") == "i2v"
+    if i2v != ("image_encoder" in variant_config):
+        task = "image-to-video" if i2v else "text-to-video"
+        raise ValueError(f"{str(path)!r} holds {'an' if i2v else 'a'} {task} checkpoint (config.json model_type="
+                         f"{cfg.get('model_type')!r}) "
+                         f"but {variant_name} is {'text' if i2v else 'image'}-to-video; load it with "
+                         f"{'an' if i2v else 'a'} {task} variant (magi-zoo list)")
+    need = [n for n in (T5_FILE, VAE_FILE) + ((CLIP_FILE,) if i2v else ()) if not (path / n).is_file()]
     if not (path / TOKENIZER_DIR).is_dir():
         need.append(TOKENIZER_DIR + "/")
     if need:
@@ -376,5 +463,12 @@ def load_pipeline(path: str | Path, variant_config: Mapping[str, Any], *, dtype:
     except (OSError, ValueError) as e:
         raise ValueError(f"{str(path / TOKENIZER_DIR)!r}: cannot load the tokenizer ({e})") from e
     scheduler = UniPCMultistepScheduler(**variant_config["scheduler"])
-    return WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=scheduler,
-                       transformer=transformer)
+    parts = dict(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=scheduler, transformer=transformer)
+    if not i2v:
+        return WanPipeline(**parts)
+    image_encoder = load_image_encoder(path / CLIP_FILE, variant_config["image_encoder"], dtype=dtype, device=device)
+    # The layout has no preprocessor config; CLIPImageProcessor's defaults are CLIP's 224-pixel
+    # resize + center crop with OpenAI's mean / std, as the -Diffusers repositories ship.
+    # (Wan's own code resizes to 224x224 without a crop; diffusers' pipeline crops.)
+    processor = CLIPImageProcessor(size={"shortest_edge": 224}, crop_size={"height": 224, "width": 224})
+    return WanImageToVideoPipeline(image_encoder=image_encoder, image_processor=processor, **parts)
