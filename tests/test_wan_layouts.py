@@ -198,3 +198,22 @@ def test_transformer_from_a_state_dict(reference, original_state):
     with pytest.raises(ValueError, match=r"1 tensor\(s\) the model needs are not in the file \(first: 'proj_out\.bias'\)"):
         transformer_from_state_dict({k: v for k, v in sd.items() if not k.endswith("head.head.bias")},
                                     OFFICIAL["transformer"]["config"], dtype=torch.float32)
+
+
+def test_sharded_dit_loads(reference, original_state, tmp_path):
+    """14B checkpoints ship the DiT in shards (diffusion_pytorch_model-0000N-of-0000M.safetensors
+    + an index): every shard is read."""
+    from safetensors.torch import save_file
+
+    from magi_zoo.adapters.wan_original import load_transformer
+
+    items = sorted(original_state["transformer"].items())
+    half = len(items) // 2
+    for i, part in enumerate((items[:half], items[half:]), 1):
+        save_file({k: v.contiguous() for k, v in part}, str(tmp_path / f"diffusion_pytorch_model-0000{i}-of-00002.safetensors"))
+    (tmp_path / "diffusion_pytorch_model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {k: f"diffusion_pytorch_model-0000{1 + (j >= half)}-of-00002.safetensors" for j, (k, _) in enumerate(items)}}))
+    (tmp_path / "config.json").write_text(json.dumps(OFFICIAL["transformer"]["config"]))
+    model = load_transformer(tmp_path, dtype=torch.float32)
+    want = reference.transformer.state_dict()
+    assert all(torch.equal(model.state_dict()[k], want[k]) for k in want)
