@@ -81,7 +81,8 @@ def test_generation_matches_diffusers(pair):
 
 # The GPU sections' attention is "auto" (FA3 on Hopper): a bf16-only kernel, so the fp32
 # parity check on CUDA runs attention on torch's SDPA ("native"), as the reference does.
-FP32_ATTENTION = {"wan2.1-tiny": {"attention": {"WanTransformer3DModel": {"backend": "native"}}}}
+FP32_ATTENTION = {"wan2.1-tiny": {"attention": {"WanTransformer3DModel": {"backend": "native"}}},
+                  "flux-tiny": {"attention": {"FluxTransformer2DModel": {"backend": "native"}}}}
 
 
 @pytest.mark.gpu
