@@ -380,3 +380,28 @@ def test_load_tiny_wan_with_a_budget_generates_the_same_video():
     assert rt.counters.copies > 0
     rec = h.report().step("offload")
     assert "streamed" in rec.did and rec.details["plan"]["streamed"]
+
+
+def test_bagel_tiny_streams_its_mot_layers_exactly():
+    # The [gpu.rtx4090] way: whole-graph entry points fenced off, regional MoT layers streamed.
+    import numpy as np
+
+    comp = {"BagelMoTLayer": {"backend": "eager"}, "model.vit_model": {"backend": "eager"},
+            "model": {"denoise_step": {"enabled": False}, "decode_step": {"enabled": False}}}
+    kw = dict(gpu="cpu", compile=comp, overrides={"offload": {"": {"activation_gib": 0.0}}})
+    ref = magi_zoo.load("bagel-tiny", **kw)
+    want = np.asarray(ref.adapter.generate(ref, prompt="a corgi", progress=False, seed=0).value, dtype=np.float32)
+    h = magi_zoo.load("bagel-tiny", memory_budget_gib=5.85 / 1024, **kw)  # 5.85 MiB: every layer streams
+    rt = off.runtime(h.modules)
+    assert rt is not None and len(rt.plan.streamed) == 3
+    got = np.asarray(h.adapter.generate(h, prompt="a corgi", progress=False, seed=0).value, dtype=np.float32)
+    assert (got == want).all() and rt.counters.copies > 0
+    assert h.report().recompiles == 0 and h.report().graph_breaks == 0
+
+
+def test_bagel_whole_graph_entry_points_refuse_streaming():
+    # The shipped default compiles denoise_step whole: streaming a layer inside it is refused.
+    with pytest.raises(ValueError, match="inside the compiled region 'model'"):
+        magi_zoo.load("bagel-tiny", gpu="cpu", memory_budget_gib=5.85 / 1024,
+                      compile={"BagelMoTLayer": {"backend": "eager"}, "model.vit_model": {"backend": "eager"}},
+                      overrides={"offload": {"": {"activation_gib": 0.0}}})
