@@ -36,7 +36,8 @@ from ..engine.prepare import Preparation
 
 # CLI flag of each run option (for error messages).
 FLAGS = {"num_inference_steps": "--steps", "num_frames": "--frames", "max_new_tokens": "--max-new-tokens",
-         "audio_out": "--audio-out", "image": "--image", "height": "--height", "width": "--width", "seed": "--seed"}
+         "audio_out": "--audio-out", "image": "--image", "height": "--height", "width": "--width", "seed": "--seed",
+         "task": "--task", "think": "--think"}
 
 
 @dataclasses.dataclass(frozen=True)
