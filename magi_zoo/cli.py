@@ -385,6 +385,9 @@ def _cmd_run(args) -> int:
                f"[gpu.{handle.profile.name}]); later steps reuse the code")
         if args.step_cache is not None:
             _print(f"step cache: {report.step('step_cache').did}")
+        offload = next((r for r in report.steps if r.step == "offload" and r.undo is not None), None)
+        if offload is not None:  # weights stream: say what stays and what the copies cost
+            _print(f"offload: {offload.did}")
     rank0 = distributed.rank() == 0  # rank 0 writes; the others compute their share, quietly
     written = generate_to(handle, prompt=args.prompt, out=args.out, progress=rank0, write=rank0, **opts)
     for path in written:
