@@ -677,7 +677,7 @@ def offload_step(ctx: StepContext) -> StepRecord:
         ctx.root.__dict__.pop(_RUNTIME, None)
         rt.remove()
 
-    did = plan.summary(units) + f"; pinned host memory {size(pinned)}"
+    did = plan.summary(units) + f"; {'pinned ' if device.type == 'cuda' else ''}host memory held {size(pinned)}"
     return StepRecord("offload", did, undo, details)
 
 

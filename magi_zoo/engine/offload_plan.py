@@ -110,7 +110,7 @@ class OffloadPlan:
         copy = ", ".join(f"{p} {s * 1e3:.0f} ms" for p, s in self.copy_s.items() if s)
         return (f"budget {size(self.budget)}: {len(self.resident)} unit(s) resident "
                 f"({size(self.resident_bytes)}), {len(self.streamed)} streamed "
-                f"({size(self.streamed_bytes)} from pinned host memory){f' [{groups}]' if groups else ''}; "
+                f"({size(self.streamed_bytes)} from host memory){f' [{groups}]' if groups else ''}; "
                 f"expected copy per call: {copy}; expected peak {size(self.expected_peak)}")
 
     def to_dict(self) -> dict:
