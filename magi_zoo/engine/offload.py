@@ -7,13 +7,15 @@ planner (`offload_plan.plan_offload`); when everything fits the step changes not
 says so. Otherwise `OffloadRuntime` moves the weights:
 
 - resident units and every weight outside a unit go to the device;
-- a streamed unit's weights live in one pinned host buffer (per unit); its parameters'
+- a streamed unit's weights live in pinned host arenas (`HostArenas`); its parameters'
   `.data` point there between uses;
 - a forward pre-hook on the unit binds its parameters to a device buffer of its group
-  (buffers are allocated once and reused, so nothing fragments), waiting on the event of the
-  copy that filled it, and issues the copies the schedule starts at this unit on a side
-  CUDA stream; a forward post-hook points the parameters back to the host and records the
-  event after which the buffer may be overwritten. Events, never synchronizes.
+  (buffers are allocated once per phase and reused, so nothing fragments), waiting on the
+  event of the copy that filled it, and issues the copies the schedule starts at this unit
+  on a side CUDA stream; a forward post-hook points the parameters back to the host and
+  records the event after which the buffer may be overwritten. Events, never synchronizes;
+- when a unit of another component (phase) starts, the previous component's buffers are
+  freed: the text encoder's buffers are gone before the denoising loop.
 
 Why hooks work with regional compile: the compile step installs the compiled `forward` on
 each block *instance*; `nn.Module.__call__` runs the module's hooks around it, so the
