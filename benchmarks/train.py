@@ -109,7 +109,7 @@ def make_step(h, inputs, optimizer: str = "adamw"):
 
     params = [p for p in h.trainable.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-5, foreach=True) if optimizer == "adamw" else None
-    gen = torch.Generator(device="cpu").manual_seed(0)
+    gen = torch.Generator(device=inputs["hidden_states"].device).manual_seed(0)
 
     def step():
         loss = flow_matching_loss(h.trainable, inputs, generator=gen)

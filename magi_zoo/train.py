@@ -74,9 +74,10 @@ def flow_matching_loss(model: nn.Module, inputs: dict[str, Any], *,
     else t (Flux, which scales by 1000 inside)."""
     x0 = inputs["hidden_states"]
     b = x0.shape[0]
-    g = generator or torch.Generator(device="cpu").manual_seed(0)
-    noise = torch.randn(x0.shape, generator=g).to(x0)
-    t = torch.rand(b, generator=g).to(x0.device)
+    g = generator or torch.Generator(device=x0.device).manual_seed(0)
+    # drawn where the generator lives (a CUDA generator: no host-side draw and copy per step)
+    noise = torch.randn(x0.shape, generator=g, device=g.device).to(x0)
+    t = torch.rand(b, generator=g, device=g.device).to(x0.device)
     tb = t.view(b, *([1] * (x0.dim() - 1))).to(x0.dtype)
     xt = (1 - tb) * x0 + tb * noise
     ts = inputs["timestep"]

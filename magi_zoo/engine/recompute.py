@@ -123,6 +123,7 @@ class _BlockState:
         self.label = label  # what this block keeps, for the report
         self.guard = None  # auto, until decided: the pre-hook refusing grad-mode calls
         self.module_params: list = []  # the block's parameters (where calibrate looks for the device)
+        self.module: nn.Module | None = None  # the block (measure_block leaves its parameters out)
 
 
 def _wrap(orig: Callable, state: _BlockState) -> Callable:
@@ -381,13 +382,15 @@ def _as_grad_input(x: Any) -> Any:
     return x
 
 
-def measure_block(fn: Callable, args: tuple, kwargs: dict, *, repeats: int = 2) -> BlockProfile:
+def measure_block(fn: Callable, args: tuple, kwargs: dict, *, module: nn.Module | None = None,
+                  repeats: int = 2) -> BlockProfile:
     """Run one block forward (`fn(*args, **kwargs)`, eager, no checkpoint) `repeats` times
     under the op recorder and saved-tensor hooks; the last run's timings count (the first
-    warms kernels and allocators up)."""
+    warms kernels and allocators up). `module` (default: `fn`'s instance): its parameters
+    are not activations, whatever autograd saves of them."""
     leaves = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
     device = leaves[0].device if leaves else torch.device("cpu")
-    module = getattr(fn, "__self__", None)
+    module = module if module is not None else getattr(fn, "__self__", None)
     params = {_storage_key(p) for p in module.parameters()} if isinstance(module, nn.Module) else set()
     prof = None
     for _ in range(repeats):
@@ -403,7 +406,9 @@ def measure_block(fn: Callable, args: tuple, kwargs: dict, *, repeats: int = 2) 
 
         rec = _OpRecorder(device)
         # fork_rng: a profiled forward must not move the RNG a training step will use.
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.enable_grad(), \
+        cuda_ids = [device.index if device.index is not None else torch.cuda.current_device()] \
+            if device.type == "cuda" else []
+        with torch.random.fork_rng(devices=cuda_ids), torch.enable_grad(), \
                 torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             t0 = time.perf_counter()
             with rec:
@@ -449,7 +454,7 @@ def _regions_under(root: nn.Module) -> list[_Region]:
 def _profile_call(state: _BlockState, orig: Callable, args: tuple, kwargs: dict):
     region = state.region
     if region.spec.policy == "auto" and region.profile is None:
-        region.profile = measure_block(orig, args, kwargs)
+        region.profile = measure_block(orig, args, kwargs, module=state.module)
     return orig(*args, **kwargs)
 
 
@@ -623,6 +628,7 @@ def recompute_step(ctx: StepContext) -> StepRecord:
             for t in targets:
                 st = _BlockState(region, checkpointed=True, ctx_fn=ctx_fn, label=label)
                 st.module_params = list(t.module.parameters())[:1]
+                st.module = t.module
                 _install(t.module, st)
                 installed.append(t.module)
                 region.states.append(st)
