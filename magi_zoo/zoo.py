@@ -257,6 +257,11 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
         set_train_mode(adapter, native)
     report = None if compile is False else apply(modules, layers=layers, gpu=profile,
                                                  preparations=adapter.preparations(native), train=train)
+    if build_dev != dev and report is not None:
+        from .engine.offload import runtime
+
+        if runtime(modules) is None:  # the applied plan streams nothing after all (fp8 weights fit): place it whole
+            modules.to(dev)
     cache = None
     if report is not None and directory is not None:
         cache = CompileCache(directory, {
