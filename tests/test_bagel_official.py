@@ -151,9 +151,7 @@ def test_edit_defaults_contexts_and_size(tiny, monkeypatch):
     assert (c.no_text.length, c.no_text.rope) == (n_vae + 2 + n_vit + 2, 2)  # two image blocks, one position each
     assert (c.no_image.length, c.no_image.rope) == (n_text, n_text)
     assert (c.full.length, c.full.rope) == (n_vae + n_vit + 4 + n_text, 2 + n_text)
-    # The same seed gives the same edit; the white paste matters (RGBA != its raw RGB).
-    again = np.asarray(tiny("make the sky purple", image=rgba, seed=1))
-    np.testing.assert_array_equal(again, np.asarray(out))
+    # The white paste matters (RGBA != its raw RGB); same seed, same edit: tests/test_bagel_parity.py.
     assert pipe.input_image(rgba).tobytes() != pipe.input_image(rgba.convert("RGB")).tobytes()
 
 
@@ -163,7 +161,7 @@ def test_edit_compiled_equals_eager_with_counters(tiny):
     contexts; the MoT layer's recompiles are the four prefill kinds named in bagel.toml."""
     pipe = tiny.pipe
     img = _image(70, 50)
-    kw = dict(image=img, seed=2, output_type="pt")
+    kw = dict(image=img, seed=2, output_type="pt", num_inference_steps=2)
     ref = tiny("make the sky purple", **kw)
     rep = _all_eager(tiny)
     got = tiny("make the sky purple", **kw)
@@ -171,9 +169,9 @@ def test_edit_compiled_equals_eager_with_counters(tiny):
     assert rep.graph_breaks == 0
     vit = rep.region("model.vit_model")
     assert (vit.calls, vit.counters.frames, vit.counters.n_graph_breaks) == (1, 1, 0)
-    # 3 steps -> 2 guided evaluations x 3 contexts (image guidance 2.0 over (0, 1]).
+    # 2 steps -> 1 guided evaluation x 3 contexts (image guidance 2.0 over (0, 1]).
     den = rep.region("model.denoise_step")
-    assert (den.calls, den.counters.frames, len(den.counters.recompiles)) == (6, 1, 0)
+    assert (den.calls, den.counters.frames, len(den.counters.recompiles)) == (3, 1, 0)
     # BagelMoTLayer: 3 layers x 4 prefills (VAE block, ViT block, instruction into full, into
     # no_image) = 12 calls; 4 frames = the 4 kinds of prefill (bagel.toml says why each).
     lay = rep.region("BagelMoTLayer")
