@@ -58,22 +58,28 @@ def own_forward(cls: type) -> Callable:
     `<Class>_forward` is what dynamo prints in recompile and break messages. Cached per
     class, so re-applying a plan finds dynamo's earlier compiles of the same code."""
     if cls not in _OWN_FORWARDS:
-        library_forward = cls.forward
-
-        def forward(self, *args, **kwargs):
-            return library_forward(self, *args, **kwargs)
-
-        name = f"{cls.__name__}_forward"
-        code = forward.__code__
-        fields = {"co_name": name}
-        if hasattr(code, "co_qualname"):  # Python >= 3.11
-            fields["co_qualname"] = name
-        forward.__code__ = code.replace(**fields)
-        forward.__name__ = forward.__qualname__ = name
-        forward.__doc__ = f"{cls.__name__}.forward with a code object of its own (see regions.py)."
-        forward.__wrapped__ = library_forward  # type: ignore[attr-defined]
-        _OWN_FORWARDS[cls] = forward
+        _OWN_FORWARDS[cls] = make_own_forward(cls)
     return _OWN_FORWARDS[cls]
+
+
+def make_own_forward(cls: type) -> Callable:
+    """A new function calling `cls.forward`, with a new code object (uncached: `own_forward`
+    is what the preparation uses; this is for a comparison that needs a never-compiled copy)."""
+    library_forward = cls.forward
+
+    def forward(self, *args, **kwargs):
+        return library_forward(self, *args, **kwargs)
+
+    name = f"{cls.__name__}_forward"
+    code = forward.__code__
+    fields = {"co_name": name}
+    if hasattr(code, "co_qualname"):  # Python >= 3.11
+        fields["co_qualname"] = name
+    forward.__code__ = code.replace(**fields)
+    forward.__name__ = forward.__qualname__ = name
+    forward.__doc__ = f"{cls.__name__}.forward with a code object of its own (see regions.py)."
+    forward.__wrapped__ = library_forward  # type: ignore[attr-defined]
+    return forward
 
 
 def _compiled_code(mod: nn.Module, method: str):
