@@ -181,12 +181,14 @@ def test_remove_restores_eager_and_reapply_replaces(net, fresh_dynamo):
     x = torch.randn(2, 8, 16)
     with torch.no_grad():
         ref = net(x)
-    magi_zoo.apply(net, {"Block": EAGER})
+    rep1 = magi_zoo.apply(net, {"Block": EAGER})
+    n = len(rep1.steps)  # every registered step records itself (prepare, attention, ..., offload, ...)
+    assert [r.step for r in rep1.steps] == [s for s in magi_zoo.engine.STEP_ORDER if s in {r.step for r in rep1.steps}]
     rep2 = magi_zoo.apply(net, {"Block": EAGER})  # re-apply: replaces, never stacks wrappers
-    # the earlier plan's 5 steps (prepare, attention, precision, compile, offload) were undone first
-    assert "replaced an earlier plan (5 step(s) undone)" in rep2.step("compile").did
+    # the earlier plan's steps were all undone first
+    assert f"replaced an earlier plan ({n} step(s) undone)" in rep2.step("compile").did
     assert len(installed(net)) == 6
-    assert remove(net) == 5 and installed(net) == []
+    assert remove(net) == n and installed(net) == []
     with torch.no_grad():
         torch.testing.assert_close(net(x), ref)
 
@@ -240,9 +242,10 @@ def test_report_renders(net, fresh_dynamo):
     with torch.no_grad():
         net(torch.randn(2, 8, 16))
     text = str(rep)
-    steps = text.splitlines()[1:6]
-    assert [line.split(":")[0].strip() for line in steps] == ["1. prepare", "2. attention", "3. precision",
-                                                               "4. compile", "5. offload"]
+    names = [r.step for r in rep.steps]  # every registered step, in STEP_ORDER
+    assert names[:3] == ["prepare", "attention", "precision"] and "compile" in names and "offload" in names
+    steps = text.splitlines()[1:1 + len(names)]
+    assert [line.split(":")[0].strip() for line in steps] == [f"{i}. {n}" for i, n in enumerate(names, 1)]
     assert "custom ops registered" in steps[1]
     assert "6 x Block" in text and "disabled" in text
     d = rep.to_dict()
