@@ -191,7 +191,8 @@ class BagelAdapter(Adapter):
                                       "with --think)",
                     "height": " (an edit keeps the input image's size)",
                     "width": " (an edit keeps the input image's size)"}
-            raise ValueError(f"{variant.name}: {flags(bad)} do not apply to --task {task}"
+            verb = "does" if len(bad) == 1 else "do"
+            raise ValueError(f"{variant.name}: {flags(bad)} {verb} not apply to --task {task}"
                              + "".join(dict.fromkeys(hint.get(b, "") for b in bad)))
         return given
 
