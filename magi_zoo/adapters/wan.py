@@ -193,19 +193,14 @@ class WanAdapter(DiffusersPipelineAdapter):
             from . import wan_original
             from .diffusers_pipeline import weights_error
 
+            # Errors read like every family's weights errors (what is wrong, then what to pass).
             try:
                 layout = wan_original.detect_layout(source)
-            except ValueError as e:
-                raise ValueError(f"{variant.name}: {e}") from e
-            if layout == "original":
-                try:
-                    pipe = wan_original.load_pipeline(source, variant.config, dtype=dtype, device=device,
+                if layout == "original":
+                    return wan_original.load_pipeline(source, variant.config, dtype=dtype, device=device,
                                                       variant_name=variant.name)
-                except ValueError as e:
-                    raise ValueError(f"{variant.name}: {e}") from e
-                except OSError as e:
-                    raise weights_error(variant, source, local, e) from e
-                return pipe
+            except (ValueError, OSError) as e:
+                raise weights_error(variant, source, local, e) from e
         return super().load_pretrained(variant, source, local, dtype, device)
 
     def denoiser_inputs(self, pipe, variant: Variant, *, height=None, width=None, frames=None,
