@@ -37,7 +37,7 @@ from ..engine.prepare import Preparation
 # CLI flag of each run option (for error messages).
 FLAGS = {"num_inference_steps": "--steps", "num_frames": "--frames", "max_new_tokens": "--max-new-tokens",
          "audio_out": "--audio-out", "image": "--image", "height": "--height", "width": "--width", "seed": "--seed",
-         "task": "--task", "think": "--think"}
+         "task": "--task", "think": "--think", "audio": "--audio", "voice": "--voice"}
 
 
 @dataclasses.dataclass(frozen=True)
