@@ -147,10 +147,11 @@ class MediaProcessor:
         feats = self.feature_extractor([wav], sampling_rate=AUDIO_RATE, padding=True, truncation=False,
                                        return_attention_mask=True, return_tensors="pt")
         mask = feats["attention_mask"]
+        lengths = getattr(m, "_get_feat_extract_output_lengths", None)
         try:
-            n = m._get_feat_extract_output_lengths(mask.sum(-1), self.n_window)
-        except TypeError:  # releases whose helper takes the lengths only (window 50)
-            n = m._get_feat_extract_output_lengths(mask.sum(-1))
+            n = lengths(mask.sum(-1), self.n_window)
+        except TypeError:  # releases whose helper takes the lengths only (window 50), or none
+            n = lengths(mask.sum(-1)) if lengths is not None else _audio_tokens(mask.sum(-1), self.n_window)
         return {"input_features": feats["input_features"], "feature_attention_mask": mask}, int(n[0])
 
     def image(self, img) -> tuple[dict[str, torch.Tensor], int]:
@@ -159,6 +160,15 @@ class MediaProcessor:
         grid = out["image_grid_thw"]
         merge = getattr(self.image_processor, "merge_size", 2)
         return {"pixel_values": out["pixel_values"], "image_grid_thw": grid}, int(grid[0].prod()) // merge**2
+
+
+def _audio_tokens(frames: torch.Tensor, n_window: int) -> torch.Tensor:
+    """The audio encoder's output length for `frames` mel frames (transformers'
+    `_get_feat_extract_output_lengths`: three stride-2 convolutions per 2*n_window chunk,
+    13 tokens per full chunk of 100)."""
+    chunk = n_window * 2
+    rest = (frames % chunk - 1) // 2 + 1
+    return ((rest - 1) // 2 + 1 - 1) // 2 + 1 + (frames // chunk) * 13
 
 
 def _image_processor(**sizes):
