@@ -348,7 +348,7 @@ def main(argv=None) -> int:
             rec.setdefault("budget_gib", budget)
             out_file = tmp / f"{tag}.pt"
             if rec.get("status") == "ok" and out_file.is_file():
-                out = torch.load(out_file)
+                out = torch.load(out_file, weights_only=True)
                 if strategy == "resident":
                     ref = out
                 elif ref is not None:
