@@ -305,6 +305,14 @@ def _run_parser_options() -> dict[str, str]:
     return {k: f for k, f in FLAGS.items() if f[2:].replace("-", "_") in dests}
 
 
+def _run_switches() -> set[str]:
+    """The `magi-zoo run` flags that take no value (store_true switches such as --think)."""
+    from magi_zoo.cli import build_parser
+
+    run = next(a for a in build_parser()._subparsers._group_actions[0].choices.values() if a.prog.endswith(" run"))
+    return {s for a in run._actions if a.nargs == 0 for s in a.option_strings}
+
+
 def test_run_writes_output(tiny, eager, tmp_path):
     from magi_zoo.cli import generate_to
 
@@ -335,8 +343,9 @@ def test_run_refuses_unusable_options_before_any_work(tiny, tmp_path, monkeypatc
         value = values.get(opt, 4)
         with pytest.raises(ValueError, match=options[opt]):
             adapter.check_run(variant, {opt: value}, out)
-        # The CLI: a clear error (exit 2), and `build` never ran.
-        argv = ["run", variant.name, "--gpu", "cpu", "--prompt", "x", "--out", str(out), options[opt], str(value)]
+        # The CLI: a clear error (exit 2), and `build` never ran. A switch (--think) takes no value.
+        argv = ["run", variant.name, "--gpu", "cpu", "--prompt", "x", "--out", str(out), options[opt]]
+        argv += [] if options[opt] in _run_switches() else [str(value)]
         assert main(argv) == 2, argv
 
 
