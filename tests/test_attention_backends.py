@@ -382,3 +382,19 @@ def test_fa3_wan_tiny_regional_fullgraph_on_cuda(fresh_dynamo):
     r = rep.region("WanTransformerBlock")
     assert (r.counters.frames, r.counters.n_graph_breaks, len(r.counters.recompiles)) == (1, 0, 0)
     assert _rel(out, ref) < 2e-2
+
+
+def test_short_names_for_sdpa_kernels(wan):
+    """'sdpa', 'cudnn' and 'efficient' name torch SDPA's kernels (diffusers' underscored
+    names); the report shows what they resolved to; a typo still gets a did-you-mean."""
+    from diffusers.models.attention_dispatch import AttentionBackendName as A
+
+    for short, member in (("sdpa", A.NATIVE), ("cudnn", A._NATIVE_CUDNN), ("efficient", A._NATIVE_EFFICIENT)):
+        rep = magi_zoo.apply(wan.modules, {"attention": {"transformer": short}, "compile": NO_COMPILE}, gpu="cpu")
+        try:
+            assert set(_backends(wan.pipe.transformer)) == {member}
+            assert rep.step("attention").did.startswith(f"{member.value} on transformer")
+        finally:
+            magi_zoo.remove(wan.modules)
+    with pytest.raises(ValueError, match="attention backend 'cudn' is not a diffusers backend -- did you mean 'cudnn'"):
+        magi_zoo.apply(wan.modules, {"attention": {"transformer": "cudn"}, "compile": NO_COMPILE}, gpu="cpu")

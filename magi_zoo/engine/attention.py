@@ -46,11 +46,19 @@ def _kernel(name: str):
     return importlib.import_module(ENGINE_BACKENDS[name])
 
 
+# Short names for torch SDPA's kernels (diffusers spells them with a leading underscore).
+# ``flash`` is *not* one: in diffusers it is the flash-attn package; SDPA's flash kernel is
+# ``_native_flash``.
+ALIASES = {"sdpa": "native", "cudnn": "_native_cudnn", "efficient": "_native_efficient"}
+
+
 def _check_name(name: str) -> str:
-    """The lower-cased name if the engine or diffusers knows it (did-you-mean on a typo)."""
+    """The lower-cased name (an alias resolved) if the engine or diffusers knows it
+    (did-you-mean on a typo)."""
     from diffusers.models.attention_dispatch import AttentionBackendName
 
-    valid = [*ENGINE_BACKENDS, *(b.value for b in AttentionBackendName)]
+    name = ALIASES.get(name.lower(), name)
+    valid = [*ENGINE_BACKENDS, *ALIASES, *(b.value for b in AttentionBackendName)]
     if name.lower() not in valid:
         close = difflib.get_close_matches(name.lower(), valid, n=1)
         hint = f" -- did you mean {close[0]!r}?" if close else ""

@@ -19,7 +19,8 @@ class AttentionSpec(SectionSpec):
     backend: str | None = Field(
         None,
         description="A diffusers attention backend name ('native', '_native_cudnn', 'flash', "
-        "...); 'fa3' = FlashAttention-3 forward (CUDA, bf16, inference only; the 'hopper' extra, "
+        "...), or the short names 'sdpa' (= 'native', torch SDPA's own pick), 'cudnn' "
+        "(= '_native_cudnn'), 'efficient' (= '_native_efficient'); 'fa3' = FlashAttention-3 forward (CUDA, bf16, inference only; the 'hopper' extra, "
         "an error without it); 'auto' = the first of the GPU profile's `attention_backends` that "
         "can run here (one warning names what it skipped); None = leave the library default.",
     )
