@@ -89,6 +89,12 @@ def environment(device) -> dict[str, Any]:
     return env
 
 
+def card_tag(env: dict[str, Any], cuda: bool) -> str:
+    """The short card name results files are named by: h100 / h200, else gpu (or cpu)."""
+    card = str(env.get("card", "")).lower()
+    return "h200" if "h200" in card else "h100" if "h100" in card else ("gpu" if cuda else "cpu")
+
+
 def env_line(env: dict[str, Any]) -> str:
     """The one-line environment header every results table starts with."""
     return (f"card: {env.get('card')} | torch {env.get('torch')} | triton {env.get('triton')} | "

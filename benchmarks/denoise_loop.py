@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -100,12 +101,11 @@ def main(argv=None):
            "frames_compiled": rep.frames, "graph_breaks": rep.graph_breaks,
            "recompiles": sum(len(r.counters.recompiles) for r in rep.regions)}
     print("[bench]", row, flush=True)
-    card = str(env.get("card", "")).lower()
-    tag = "h200" if "h200" in card else "h100" if "h100" in card else ("gpu" if cuda else "cpu")
+    tag = common.card_tag(env, cuda)
     stem = f"denoise_loop_{args.model}_{args.precision}_{args.steps}steps_{tag}"
     cols = list(row)
     md = (f"# Denoising loop: {args.model}, {args.steps} steps, CFG {args.guidance}\n\n{common.env_line(env)}\n\n"
-          f"command: `python -m benchmarks.denoise_loop {' '.join(argv or __import__('sys').argv[1:])}`\n\n"
+          f"command: `python -m benchmarks.denoise_loop {' '.join(argv or sys.argv[1:])}`\n\n"
           f"{common.results_table([row], cols)}\n\nper-step seconds: {[round(s, 3) for s in per_step]}\n")
     for p in common.write_results(args.out, stem, {"environment": env, "row": row, "per_step_s": per_step}, md):
         print("wrote", p)

@@ -151,8 +151,7 @@ def main(argv=None):
     rows = bench(device, SMOKE_SHAPES if device.type == "cpu" else SHAPES, args.runs, args.warmup)
     cols = ["shape", "inputs", "variant", "median_ms", "tflops", "rel_err_vs_fp32", "status"]
     md = f"# FP8 attention on FA3\n\n{common.env_line(env)}\n\n{common.results_table(rows, cols)}\n"
-    card = str(env.get("card", "gpu")).lower()
-    stem = "fp8_attention_smoke" if device.type == "cpu" else f"fp8_attention_{'h200' if 'h200' in card else 'h100' if 'h100' in card else 'gpu'}"
+    stem = "fp8_attention_smoke" if device.type == "cpu" else f"fp8_attention_{common.card_tag(env, True)}"
     for p in common.write_results(args.out, stem, {"environment": env, "rows": rows}, md):
         print("wrote", p)
 

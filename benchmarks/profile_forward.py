@@ -116,8 +116,7 @@ def main(argv=None):
     summary.append({"category": "forward, unprofiled (median of 5, CUDA events)",
                     "ms_per_forward": timing["median_ms"], "share": None})
     summary.append({"category": "first call incl. compile (s)", "ms_per_forward": round(first_s, 2), "share": None})
-    card = str(env.get("card", "")).lower()
-    tag = "h200" if "h200" in card else "h100" if "h100" in card else ("gpu" if cuda else "cpu")
+    tag = common.card_tag(env, cuda)
     stem = f"profile_{args.model}_{args.label or args.precision}_{tag}"
     md = (f"# Profile: {args.model}, {entry}, precision {args.precision}"
           f"{', overrides ' + args.overrides if args.overrides else ''}\n\n{common.env_line(env)}\n\n"

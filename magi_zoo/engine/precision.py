@@ -150,7 +150,6 @@ def precision_step(ctx: StepContext) -> StepRecord:
             seen: set[int] = set()
             used = {pat: False for pat in spec.keep_bf16}
             for t in targets:
-                linears = {path: m for path, m in t.module.named_modules() if isinstance(m, nn.Linear)}
                 for parent_path, parent in list(t.module.named_modules()):
                     for name, child in list(parent.named_children()):
                         if id(child) in seen or not isinstance(child, nn.Linear):
@@ -171,8 +170,9 @@ def precision_step(ctx: StepContext) -> StepRecord:
                         n += 1
             unused = [pat for pat, hit in used.items() if not hit]
             if unused:
+                linears = sorted(p for p, m in targets[0].module.named_modules() if isinstance(m, (nn.Linear, Fp8Linear)))
                 raise ValueError(f"precision key {key!r}: keep_bf16 pattern(s) {unused} match no linear under "
-                                 f"{targets[0].cls_name}; its linears: {', '.join(sorted(linears))}")
+                                 f"{targets[0].cls_name}; its linears: {', '.join(linears)}")
             done.append(f"fp8 matmuls on {key or '<root>'} ({n} linears"
                         + (f", {kept} kept bf16 by keep_bf16" if kept else "")
                         + (", fast accumulation" if spec.fast_accum else "") + ")")

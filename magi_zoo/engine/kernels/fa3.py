@@ -185,13 +185,19 @@ def quantize_per_head(x: torch.Tensor, *, smooth: bool) -> tuple[torch.Tensor, t
     return q, descale.contiguous(), mean
 
 
+def _quantize_qkv(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor):
+    """Q per head; K and V per head after smoothing. Returns (q8, qs, k8, ks, v8, vs, V's mean)."""
+    q8, qs, _ = quantize_per_head(query, smooth=False)
+    k8, ks, _ = quantize_per_head(key, smooth=True)
+    v8, vs, vm = quantize_per_head(value, smooth=True)
+    return q8, qs, k8, ks, v8, vs, vm
+
+
 def fp8_reference(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                   scale: float | None = None) -> torch.Tensor:
     """What `fa3_fp8_attention` computes, from the dequantized operands in fp32 with SDPA (for
     tests and for separating quantization error from kernel error). Inputs (B, S, H, D)."""
-    q8, qs, _ = quantize_per_head(query, smooth=False)
-    k8, ks, _ = quantize_per_head(key, smooth=True)
-    v8, vs, vm = quantize_per_head(value, smooth=True)
+    q8, qs, k8, ks, v8, vs, vm = _quantize_qkv(query, key, value)
     deq = lambda t, s: (t.float() * s[:, None, :, None]).transpose(1, 2)  # noqa: E731
     out = torch.nn.functional.scaled_dot_product_attention(deq(q8, qs), deq(k8, ks), deq(v8, vs), scale=scale)
     return (out.transpose(1, 2) + vm).to(query.dtype)
@@ -220,9 +226,7 @@ def fa3_fp8_attention(
                            "attention backend with a backward for training")
     if _forward is None:
         raise RuntimeError(f"fp8 attention was dispatched before the fa3 kernel was registered ({INSTALL})")
-    q8, qs, _ = quantize_per_head(query, smooth=False)
-    k8, ks, _ = quantize_per_head(key, smooth=True)
-    v8, vs, vm = quantize_per_head(value, smooth=True)
+    q8, qs, k8, ks, v8, vs, vm = _quantize_qkv(query, key, value)
     softmax_scale = scale if scale is not None else query.shape[-1] ** -0.5
     out, *_ = _forward(q8, k8, v8, q_descale=qs, k_descale=ks, v_descale=vs,
                        softmax_scale=softmax_scale, causal=is_causal)
@@ -248,12 +252,11 @@ def register_fp8():
     global _forward
     if _forward is None and not _official_fa3():
         register()  # sets _forward, or raises naming the extra
-    if _forward is None:  # diffusers' official FA3 serves _flash_3; fp8 needs fa3-fwd's op
-        why = missing_reason() if not _official_fa3() else None
+    elif _forward is None:  # diffusers' official FA3 serves _flash_3; fp8 needs fa3-fwd's op
         try:
             _forward = _import_kernel()._flash_attn_forward
         except Exception as e:
-            raise RuntimeError(f"fp8 attention needs the fa3-fwd kernel ({INSTALL}): {why or e}") from e
+            raise RuntimeError(f"fp8 attention needs the fa3-fwd kernel ({INSTALL}): {e}") from e
     ad._AttentionBackendRegistry.register(member, constraints=[ad._check_device_cuda, ad._check_shape])(
         fa3_fp8_attention)
     return member
