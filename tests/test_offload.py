@@ -405,3 +405,22 @@ def test_bagel_whole_graph_entry_points_refuse_streaming():
         magi_zoo.load("bagel-tiny", gpu="cpu", memory_budget_gib=5.85 / 1024,
                       compile={"BagelMoTLayer": {"backend": "eager"}, "model.vit_model": {"backend": "eager"}},
                       overrides={"offload": {"": {"activation_gib": 0.0}}})
+
+
+def test_streamed_pipeline_executes_on_the_card():
+    # With units on the host, diffusers' `_execution_device` would be the host (the first
+    # component's parameter device): prompt ids and latents would be made on the CPU while
+    # the streamed embedding runs on the card. The runtime marks each component with the
+    # card as its execution device (accelerate's convention) and takes the mark off on undo.
+    h = magi_zoo.load("wan2.1-tiny", gpu="cpu", compile=False)
+    assert h.pipe._execution_device == torch.device("cpu")
+    rt = off.OffloadRuntime.__new__(off.OffloadRuntime)
+    rt.root, rt.device, rt._handles, rt.cuda = h.modules, torch.device("cuda", 0), [], False
+    rt._originals, rt.units = [], {}
+    rt._mark_execution_device()
+    assert h.pipe._execution_device == torch.device("cuda", 0)
+    h.pipe.remove_all_hooks()  # the diffusers API still works with the mark in place
+    rt._mark_execution_device()
+    rt.remove()
+    assert h.pipe._execution_device == torch.device("cpu")
+    assert not any("_hf_hook" in m.__dict__ for m in h.modules.children())

@@ -311,6 +311,23 @@ class _Streamed:
         self.checks = 0
 
 
+class _ExecutionDevice:
+    """Marks a component whose weights may sit on the host as executing on the card.
+
+    diffusers pipelines create prompt ids, latents and timesteps on `_execution_device`,
+    which is the first component's parameter device unless the component carries an
+    accelerate-style `_hf_hook` with an `execution_device` (the convention accelerate's
+    sequential offload uses). With streamed units that parameter device is the host, so
+    without this marker token ids would stay on the CPU while the embedding runs on the card.
+    `detach_hook` keeps `pipeline.remove_all_hooks()` working."""
+
+    def __init__(self, device: torch.device):
+        self.execution_device = device
+
+    def detach_hook(self, module: nn.Module) -> nn.Module:
+        return module
+
+
 class OffloadRuntime:
     """The live state of one applied offload plan (see the module docstring)."""
 
@@ -360,6 +377,7 @@ class OffloadRuntime:
                 m = u.spec.module
                 self._handles.append(m.register_forward_pre_hook(self._pre_hook(u)))
                 self._handles.append(m.register_forward_hook(self._post_hook(u), always_call=True))
+            self._mark_execution_device()
             if self.cuda:
                 torch.cuda.empty_cache()  # the weights that left: give their memory back
                 torch.cuda.reset_peak_memory_stats(self.device)
@@ -381,11 +399,26 @@ class OffloadRuntime:
                 views.append(v)
         return views
 
+    def _mark_execution_device(self) -> None:
+        """Tag every component (child of the root) that has no hook of its own with the card
+        as its execution device (see `_ExecutionDevice`); undone by `remove`."""
+        self._marked: list[nn.Module] = []
+        if self.device.type == "cpu":
+            return
+        for comp in [self.root, *self.root.children()]:
+            if "_hf_hook" not in comp.__dict__:
+                comp.__dict__["_hf_hook"] = _ExecutionDevice(self.device)
+                self._marked.append(comp)
+
     def remove(self) -> None:
         """Exact undo: every tensor back on its original device with its values, hooks gone."""
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        for comp in getattr(self, "_marked", ()):
+            if isinstance(comp.__dict__.get("_hf_hook"), _ExecutionDevice):
+                del comp.__dict__["_hf_hook"]
+        self._marked = []
         if self.cuda:
             torch.cuda.current_stream(self.device).wait_stream(self.stream)
         streamed = {id(x) for u in self.units.values() for x in u.spec.tensors}
