@@ -314,7 +314,9 @@ def test_every_task_compiled_on_gpu(fresh_dynamo):
     h = magi_zoo.load("bagel-tiny", gpu="auto", compile=False)
     assert h.device.type == "cuda"
     img = _image()
-    kw = dict(image=img, seed=2, output_type="pt")
+    # Two denoising steps: the default schedule's 50 let bf16 drift (eager vs compiled kernels)
+    # accumulate past a one-forward tolerance.
+    kw = dict(image=img, seed=2, output_type="pt", num_inference_steps=2)
     ref = h("make the sky purple", **kw)
     rep = h.apply_plan()
     for p in ("a", "one two three four five six"):
@@ -322,7 +324,8 @@ def test_every_task_compiled_on_gpu(fresh_dynamo):
     got = h("make the sky purple", **kw)
     h("make it blue", image=img, think=True, num_inference_steps=2)
     h("what is it?", image=img, task="understand", think=True, max_new_tokens=4)
-    assert float((got.float() - ref.float()).norm() / ref.float().norm()) < 1e-2
+    err = float((got.float() - ref.float()).norm() / ref.float().norm())
+    assert err < 1e-2, f"compiled vs eager edit: relative error {err:.3g}"
     vit = rep.region("model.vit_model")
     assert (vit.counters.frames, vit.counters.n_graph_breaks) == (1, 0)
     lay = rep.region("BagelMoTLayer")

@@ -350,3 +350,17 @@ def test_gpu_compiled_equals_eager_per_block_bf16():
         for b in range(7):
             assert rel_err(got[b], ref[b]) < 1e-2, (impl, b)
         torch.compiler.reset()
+
+
+def test_cache_attention_names_and_auto():
+    from magi_zoo.adapters.self_forcing import attention
+    from magi_zoo.adapters.self_forcing.model import CausalWanTransformer3DModel
+
+    with pytest.raises(ValueError, match="did you mean 'flex'"):
+        attention.check_impl("flx")
+    assert attention.auto_impl(torch.device("cpu"), torch.bfloat16) == "sdpa"
+    t = CausalWanTransformer3DModel(num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=4,
+                                    text_dim=16, freq_dim=16, ffn_dim=32, num_layers=1)
+    assert t.cache_attention == "auto" and t.resolve_cache_attention() == "sdpa" and t.cache_attention == "sdpa"
+    with pytest.raises(ValueError, match="choices"):
+        t.cache_attention = "cudnn"

@@ -29,6 +29,30 @@ import torch.nn.functional as F
 IMPLS = ("sdpa", "flex", "fa3")
 
 
+def check_impl(impl: str) -> None:
+    """A clear error for an unknown name, with the closest choice."""
+    if impl not in IMPLS:
+        import difflib
+
+        near = difflib.get_close_matches(str(impl), (*IMPLS, "auto"), n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        raise ValueError(f"cache attention {impl!r}{hint}; choices: {', '.join(IMPLS)}, auto")
+
+
+def auto_impl(device: torch.device, dtype: torch.dtype) -> str:
+    """The measured order on an H100 (benchmarks/results/self_forcing_h100.md): FA3 reading
+    only the valid keys, then FlexAttention skipping the tiles past them; both beat a masked
+    SDPA over the whole cache. Off CUDA, sdpa."""
+    if device.type != "cuda":
+        return "sdpa"
+    if dtype == torch.bfloat16:
+        from ...engine.kernels import fa3
+
+        if fa3.missing_reason() is None:
+            return "fa3"
+    return "flex"
+
+
 def length_mask(n: int, kv_len: torch.Tensor) -> torch.Tensor:
     """(1, 1, 1, n) bool: key j is attended iff j < kv_len (a 0-dim tensor)."""
     return (torch.arange(n, device=kv_len.device) < kv_len).view(1, 1, 1, n)
@@ -44,7 +68,8 @@ def cache_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_len: t
         return flex_cache_attention(q, k, v, kv_len)
     if impl == "fa3":
         return fa3_cache_attention(q, k, v, kv_len)
-    raise ValueError(f"cache attention {impl!r}; choices: {', '.join(IMPLS)}")
+    check_impl(impl)
+    raise AssertionError(impl)
 
 
 def flex_cache_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_len: torch.Tensor) -> torch.Tensor:
@@ -84,7 +109,10 @@ def fa3_cache_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_le
     if q.dtype != torch.bfloat16 or q.device.type != "cuda":
         raise TypeError(f"cache_attention='fa3' runs bf16 on CUDA (got {q.dtype} on {q.device.type}); "
                         "use cache_attention='sdpa'")
+    if _fa3_forward is None:  # set eagerly by the model's `cache_attention` setter
+        raise RuntimeError("cache_attention='fa3' was reached before its kernel was resolved; set "
+                           "transformer.cache_attention = 'fa3' (which loads it) before the first step")
     seqused = kv_len.to(torch.int32).reshape(1).expand(q.shape[0]).contiguous()
-    out, *_ = fa3_forward()(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), seqused_k=seqused,
+    out, *_ = _fa3_forward(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), seqused_k=seqused,
                             softmax_scale=q.shape[-1] ** -0.5, causal=False)
     return out.transpose(1, 2)

@@ -39,7 +39,28 @@ class CausalWanTransformer3DModel(WanTransformer3DModel):
     past the valid length; "fa3": FlashAttention-3 reading only the valid keys, bf16 on
     Hopper -- see attention.py)."""
 
-    cache_attention: str = "sdpa"
+    @property
+    def cache_attention(self) -> str:
+        """The attention over the static cache: "sdpa" | "flex" | "fa3", or "auto" (the
+        default), which `resolve_cache_attention` turns into the fastest one the device has."""
+        return self.__dict__.get("_cache_attention", "auto")
+
+    @cache_attention.setter
+    def cache_attention(self, impl: str) -> None:
+        if impl != "auto":
+            attention.check_impl(impl)
+        if impl == "fa3":
+            attention.fa3_forward()  # resolve the kernel here, eagerly: imports cannot be traced
+        self.__dict__["_cache_attention"] = impl
+
+    def resolve_cache_attention(self) -> str:
+        """Turn "auto" into a concrete choice for this model's device (eagerly, before a
+        compiled step runs): fa3 where the kernel loads (bf16 CUDA), flex on other CUDA
+        setups, sdpa elsewhere. Returns the choice in effect."""
+        if self.cache_attention == "auto":
+            p = next(self.parameters())
+            self.cache_attention = attention.auto_impl(p.device, p.dtype)
+        return self.cache_attention
 
     # -- per prompt -------------------------------------------------------------------------
     def cross_kv(self, encoder_hidden_states: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -111,12 +132,13 @@ class CausalWanTransformer3DModel(WanTransformer3DModel):
         x = self.patch_embedding(hidden_states).flatten(2).transpose(1, 2).contiguous()
         temb, tproj = self.time_embedding(timestep, x.dtype)
         keep = attention.length_mask(cache_k[0].shape[2], kv_len)  # computed once, shared by the layers
+        impl = self.resolve_cache_attention()  # a plain read once the pipeline resolved it eagerly
         for i, block in enumerate(self.blocks):
             x = self._causal_block(block, x, tproj, rope_cos, rope_sin, cache_k[i], cache_v[i], cross_k[i],
-                                   cross_v[i], write_index, kv_len, keep)
+                                   cross_v[i], write_index, kv_len, keep, impl)
         return self._head(x, temb, b, f, h, w)
 
-    def _causal_block(self, block, x, tproj, cos, sin, ck, cv, xk, xv, write_index, kv_len, keep):
+    def _causal_block(self, block, x, tproj, cos, sin, ck, cv, xk, xv, write_index, kv_len, keep, impl):
         """diffusers' WanTransformerBlock.forward with its self-attention made causal over the
         static cache and its cross-attention reading the per-prompt keys/values."""
         shift, scale, gate, c_shift, c_scale, c_gate = (block.scale_shift_table + tproj.float()).chunk(6, dim=1)
@@ -130,7 +152,7 @@ class CausalWanTransformer3DModel(WanTransformer3DModel):
         # the S rows where they belong, no copy of the cache).
         ck[:, :, write_index] = k.transpose(1, 2)
         cv[:, :, write_index] = v.transpose(1, 2)
-        o = attention.cache_attention(q.transpose(1, 2), ck, cv, kv_len, keep, self.cache_attention)
+        o = attention.cache_attention(q.transpose(1, 2), ck, cv, kv_len, keep, impl)
         o = a.to_out[0](o.transpose(1, 2).flatten(2).type_as(q))
         x = (x.float() + o * gate).type_as(x)
         # 2. cross-attention (keys/values of the prompt, computed once)

@@ -177,6 +177,7 @@ class SelfForcingPipeline:
         """step(block, latents, timestep) -> flow prediction, for the current strategy."""
         t = self.transformer
         if self.strategy == "static":
+            t.resolve_cache_attention()  # "auto" -> a kernel, eagerly (the step is compiled)
             p_t, p_h, p_w = t.config.patch_size
             cross_k, cross_v = t.cross_kv(text)  # once per prompt
             rope = t.rope_tables(sched, lat_h // p_h, lat_w // p_w)  # once per video
