@@ -42,14 +42,16 @@ WORKLOADS = {
 GUIDANCE = 5.0  # Wan's default guidance scale (the combine's arithmetic, not its cost, depends on it)
 
 
-def configs(world: int, mode: str) -> list[dict[str, Any]]:
+def configs(world: int, mode: str, which: str = "all") -> list[dict[str, Any]]:
     """The parallel configurations measured at one GPU count (the first is what
-    `magi-zoo run --nproc N` picks)."""
+    `magi-zoo run --nproc N` picks; which="default" measures only that one)."""
     from magi_zoo.specs.parallel_spec import default_parallel
 
     if world == 1:
         return [{}]
     out = [default_parallel(world, runs_cfg=mode == "cfg-step")]
+    if which == "default":
+        return out
     for alt in ({"ulysses_degree": world}, {"ring_degree": world, "attention": "_native_cudnn"}):
         if alt not in out:
             out.append(alt)
@@ -159,6 +161,34 @@ def run_config(workload: str, world: int, par: dict[str, Any], args, ref: Path, 
                 "status": "error", "error": tail.strip().splitlines()[-1] if tail.strip() else f"exit {proc.returncode}"}
 
 
+def _write(rows: list[dict[str, Any]], args, argv, counts: list[int], quiet: bool = False) -> None:
+    """The results files for the rows so far (speed-ups against each workload's 1-GPU row)."""
+    base = {r["workload"]: r["ms"] for r in rows if r.get("gpus") == 1 and "ms" in r}
+    for r in rows:
+        if "ms" in r and r["workload"] in base:
+            r["vs_1gpu"] = round(r["ms"] / base[r["workload"]], 3)
+            r["speedup"] = round(base[r["workload"]] / r["ms"], 2)
+    env = next((r["env"] for r in rows if "env" in r), {})
+    card = "cpu" if args.smoke else str(env.get("card", "gpu")).lower().replace("nvidia ", "").split()[0]
+    cols = ["workload", "gpus", "config", "ms", "speedup", "vs_1gpu", "rel_l2_vs_1gpu", "first_call_s", "peak_gib",
+            "status", "error"]
+    md = "\n".join([
+        "# Multi-GPU inference (benchmarks/parallel.py)", "", env_line(env) if env else "", "",
+        "ms = one CFG step (cond + uncond forward + combine; = s/it) for `cfg-step`, one transformer forward for "
+        "`forward`; median of the timed runs on rank 0. 480x832, 81 frames (32,760 tokens), bf16, random weights "
+        "at the published configs, the shipped spec (regional compile, its attention backend) plus the parallel "
+        "section; `rel_l2_vs_1gpu`: the output against the 1-GPU run's.", "",
+        "command: `python -m benchmarks.parallel " + " ".join(argv if argv is not None else sys.argv[1:]) + "`", "",
+        results_table(rows, cols)])
+    stem = "parallel_smoke_cpu" if args.smoke else f"parallel_{card}_{max(counts)}gpu"
+    record = {"rows": rows, "env": env, "command": " ".join(["python -m benchmarks.parallel", *(argv or sys.argv[1:])])}
+    for path in write_results(Path(args.out), stem, record, md):
+        if not quiet:
+            print(f"wrote {path}")
+    if not quiet:
+        print(md)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--gpus", type=int, default=2, help="largest GPU count to measure (1, 2, 4, ...)")
@@ -167,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--timeout", type=float, default=1500)
     p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--configs", choices=("all", "default"), default="all",
+                   help="per GPU count: every configuration, or only the one `--nproc N` picks")
     p.add_argument("--smoke", action="store_true", help="CPU, 2 gloo processes, wan2.1-tiny (plumbing only)")
     # worker-only
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -192,30 +224,10 @@ def main(argv: list[str] | None = None) -> int:
                     raise SystemExit(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}")
                 ref = Path(refs) / f"{w}.pt"
                 for n in counts:
-                    for par in configs(n, WORKLOADS[w][1]):
+                    for par in configs(n, WORKLOADS[w][1], args.configs):
                         rows.append(run_config(w, n, par, args, ref, False))
-    base = {r["workload"]: r["ms"] for r in rows if r.get("gpus") == 1 and "ms" in r}
-    for r in rows:
-        if "ms" in r and r["workload"] in base:
-            r["vs_1gpu"] = round(r["ms"] / base[r["workload"]], 3)
-            r["speedup"] = round(base[r["workload"]] / r["ms"], 2)
-    env = next((r["env"] for r in rows if "env" in r), {})
-    card = "cpu" if args.smoke else str(env.get("card", "gpu")).lower().replace("nvidia ", "").split()[0]
-    cols = ["workload", "gpus", "config", "ms", "speedup", "vs_1gpu", "rel_l2_vs_1gpu", "first_call_s", "peak_gib",
-            "status", "error"]
-    md = "\n".join([
-        "# Multi-GPU inference (benchmarks/parallel.py)", "", env_line(env) if env else "", "",
-        "ms = one CFG step (cond + uncond forward + combine; = s/it) for `cfg-step`, one transformer forward for "
-        "`forward`; median of the timed runs on rank 0. 480x832, 81 frames (32,760 tokens), bf16, random weights "
-        "at the published configs, the shipped spec (regional compile, its attention backend) plus the parallel "
-        "section; `rel_l2_vs_1gpu`: the output against the 1-GPU run's.", "",
-        f"command: `python -m benchmarks.parallel --gpus {args.gpus}{' --smoke' if args.smoke else ''}`", "",
-        results_table(rows, cols)])
-    stem = "parallel_smoke_cpu" if args.smoke else f"parallel_{card}_{max(counts)}gpu"
-    record = {"rows": rows, "env": env, "command": " ".join(["python -m benchmarks.parallel", *(argv or sys.argv[1:])])}
-    for path in write_results(Path(args.out), stem, record, md):
-        print(f"wrote {path}")
-    print(md)
+                        _write(rows, args, argv, counts, quiet=True)  # a row is kept even if a later one hangs
+    _write(rows, args, argv, counts)
     return 0 if all("ms" in r for r in rows) else 1
 
 
