@@ -89,7 +89,8 @@ def flow_matching_loss(model: nn.Module, inputs: dict[str, Any], *,
 
 
 def shard(model: nn.Module, block_types: Iterable[type] | None = None, *, mesh=None,
-          mixed_precision: bool | None = None, reshard_after_forward: bool = True) -> nn.Module:
+          mixed_precision: bool | None = None, reshard_after_forward: bool = True,
+          master_dtype: torch.dtype | None = None) -> nn.Module:
     """FSDP2 over a model whose plan is applied: `fully_shard` each repeated block, then the
     root (torchtitan's order: recompute -> compile -> shard; the blocks' compiled forwards
     stay, FSDP's all-gather / reduce-scatter hooks run around them, never traced into them).
@@ -98,6 +99,13 @@ def shard(model: nn.Module, block_types: Iterable[type] | None = None, *, mesh=N
     recompute wrapper or a compiled forward). mixed_precision (default: on CUDA): bf16
     parameters for compute, fp32 gradient reduction (`MixedPrecisionPolicy`). Needs an
     initialised process group (torchrun); mesh default: all ranks, on the model's device.
+
+    master_dtype: the dtype the trainable parameters are kept (and sharded) in. FSDP2 needs
+    one dtype per sharded group, and diffusers keeps some layers of a bf16 model in fp32
+    (Wan's norms, modulation table and time embedder). Default: leave a model that already
+    has one dtype as it is; otherwise fp32 master weights for all (bf16 compute through the
+    mixed-precision policy: the usual mixed-precision training). `torch.bfloat16` halves
+    the weight and optimizer-state memory instead, at the cost of those fp32 layers.
     """
     import torch.distributed as dist
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -117,10 +125,27 @@ def shard(model: nn.Module, block_types: Iterable[type] | None = None, *, mesh=N
     blocks = _blocks(model, block_types)
     if not blocks:
         raise ValueError("shard: no blocks to shard one by one; pass block_types= (the repeated block classes)")
+    unify_dtypes(model, master_dtype)
     for m in blocks:
         fully_shard(m, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
     return model
+
+
+def unify_dtypes(model: nn.Module, dtype: torch.dtype | None = None) -> torch.dtype | None:
+    """Cast the trainable floating-point parameters of `model` to one dtype (`dtype`, or
+    float32 when they are mixed and none is given); returns the dtype they end up in."""
+    trainable = [p for p in model.parameters() if p.requires_grad and p.is_floating_point()]
+    found = {p.dtype for p in trainable}
+    if dtype is None:
+        if len(found) <= 1:
+            return next(iter(found), None)
+        dtype = torch.float32
+    with torch.no_grad():
+        for p in trainable:
+            if p.dtype != dtype:
+                p.data = p.data.to(dtype)
+    return dtype
 
 
 def _blocks(model: nn.Module, block_types: Iterable[type] | None) -> list[nn.Module]:

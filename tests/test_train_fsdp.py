@@ -91,3 +91,18 @@ def test_fsdp2_bf16_on_two_gpus(tmp_path):
     assert res["sharded"] == 5 and res["breaks"] == 0
     assert abs(res["loss"] - res["ref_loss"]) <= 2e-2 * abs(res["ref_loss"])
     assert res["max_rel"] < 5e-2, res
+
+
+def test_unify_dtypes_for_fsdp_groups():
+    # FSDP2 wants one dtype per sharded group; diffusers keeps Wan's norms and modulation
+    # table fp32 inside bf16 blocks. Mixed -> fp32 masters by default; an explicit dtype wins;
+    # frozen parameters are left alone.
+    from magi_zoo.train import unify_dtypes
+
+    m = torch.nn.Sequential(torch.nn.Linear(4, 4).to(torch.bfloat16), torch.nn.LayerNorm(4),
+                            torch.nn.Linear(4, 4).to(torch.bfloat16))
+    m[2].requires_grad_(False)
+    assert unify_dtypes(m) == torch.float32
+    assert (m[0].weight.dtype, m[1].weight.dtype, m[2].weight.dtype) == (torch.float32, torch.float32, torch.bfloat16)
+    assert unify_dtypes(m) == torch.float32  # already uniform: unchanged
+    assert unify_dtypes(m, torch.bfloat16) == torch.bfloat16 and m[1].weight.dtype == torch.bfloat16
