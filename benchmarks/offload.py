@@ -97,6 +97,9 @@ def worker(args) -> dict[str, Any]:
     over = None if cuda else {"offload": {"": {"activation_gib": 0.0}}}
     rec: dict[str, Any] = {"model": args.model, "strategy": args.strategy, "budget_gib": budget, "shape": shape}
     adapter, variant = adapters.lookup(args.model)
+    import time
+
+    t_build = time.perf_counter()
     if args.strategy in ("resident", "magi_zoo", "magi_zoo_fp8"):
         # magi_zoo_fp8: the same plan with the spec's fp8 linears (precision="fp8"): the
         # blocks stream half the bytes, so more of them stay resident at the same budget.
@@ -119,6 +122,7 @@ def worker(args) -> dict[str, Any]:
                                offload_type="block_level", num_blocks_per_group=1, use_stream=cuda)
         module.compile_repeated_blocks(fullgraph=False, **({} if cuda else {"backend": "eager"}))
         h, report, rt = None, None, None
+    rec["build_apply_s"] = round(time.perf_counter() - t_build, 1)  # build + plan + placement (+ pinning)
     if args.pipeline:
         return {**rec, **_pipeline_row(h, shape, args.steps, dev)}
     inputs = adapter.example_inputs(h.pipe if h else pipe, variant, "denoise", **shape)
@@ -359,7 +363,8 @@ def main(argv=None) -> int:
                     rec["rel_err_vs_resident"] = round(_rel(out, ref), 6)
             rows.append(rec)
             print(f"[bench]   -> {rec.get('status')}: {rec.get('median_ms')} ms, {rec.get('s_per_step_median')} s/step, "
-                  f"peak reserved {rec.get('timed_max_reserved_gib') or rec.get('process_max_reserved_gib')} GiB "
+                  f"peak reserved {rec.get('timed_max_reserved_gib') or rec.get('process_max_reserved_gib')} GiB, "
+                  f"build+apply {rec.get('build_apply_s')} s, first call {rec.get('first_call_s')} s "
                   f"{rec.get('error', '')[:200]}", flush=True)
     if args.reference and "resident" not in strategies:
         # Rows of a split run (each command under the device's time limit) measured against
