@@ -201,11 +201,16 @@ class Adapter:
 @contextlib.contextmanager
 def init_on(device: torch.device | str, dtype: torch.dtype):
     """Create modules directly on `device` in `dtype` (random init at published sizes:
-    no host-side fp32 copy of a 14B model, no cast afterwards)."""
+    no host-side fp32 copy of a 14B model, no cast afterwards). In host memory the random
+    fills run on every core (`fast_init.parallel_fills`): one thread would take minutes for
+    a 20 G-parameter pipeline."""
+    from .fast_init import parallel_fills
+
     old = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
+    fills = parallel_fills() if torch.device(device).type == "cpu" else contextlib.nullcontext()
     try:
-        with torch.device(device):
+        with torch.device(device), fills:
             yield
     finally:
         torch.set_default_dtype(old)

@@ -1,0 +1,77 @@
+"""Random initialisation of published-size models in host memory, on every core.
+
+Benchmarks build models with random weights at their published sizes (no download). On a
+card that is fast; in host memory -- where a model that must stream its weights is built
+(weight offload) -- torch's CPU random fills (`uniform_`, `normal_`) run on one thread
+against the default generator: ~0.2 G values/s, so a 20 G-parameter pipeline (Wan2.1-I2V-14B
+with UMT5-XXL) spends minutes initialising before anything is measured.
+
+`parallel_fills()` splits each large CPU fill into pieces that threads fill at once (torch
+releases the GIL inside the op), each piece from its own generator seeded from the default
+generator. The distribution of every fill is unchanged (same op, same arguments); the values
+differ from a one-thread fill but are reproducible for a given `torch.manual_seed` and thread
+count, as any random init is. Modules' own init code (kaiming, normal, trunc-normal, ...) runs
+as written: the mode only changes how the fills it calls are executed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+MIN_NUMEL = 1 << 22  # below ~4 M values a fill takes milliseconds: not worth the threads
+# Dispatch level, not torch-function level: `nn.init.kaiming_uniform_` & co. are themselves
+# torch-function overridable, so a function mode would see them and not the fills inside.
+_FILLS = {torch.ops.aten.uniform_.default: "uniform_", torch.ops.aten.normal_.default: "normal_"}
+
+
+def _workers() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+class _ParallelFills(TorchDispatchMode):
+    def __init__(self, pool: ThreadPoolExecutor, workers: int):
+        super().__init__()
+        self.pool, self.workers = pool, workers
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        t = args[0] if args else None
+        if (func in _FILLS and isinstance(t, torch.Tensor) and t.device.type == "cpu"
+                and t.numel() >= MIN_NUMEL and t.is_contiguous() and kwargs.get("generator") is None):
+            kwargs.pop("generator", None)
+            flat = t.view(-1)
+            n = min(self.workers, t.numel() // (MIN_NUMEL // 4))
+            step = -(-flat.numel() // n)
+            # One draw from the default generator seeds the pieces: reproducible under
+            # torch.manual_seed, and the next fill's seeds differ.
+            base = int(torch.randint(0, 2 ** 62, (1,)).item())
+            method = _FILLS[func]
+
+            def fill(i: int) -> None:
+                # The Tensor method (not the op overload) releases the GIL while it fills.
+                g = torch.Generator().manual_seed(base + i)
+                getattr(flat[i * step:(i + 1) * step], method)(*args[1:], generator=g, **kwargs)
+
+            list(self.pool.map(fill, range(n)))
+            return t
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def parallel_fills(workers: int | None = None):
+    """Within the block, large CPU `uniform_` / `normal_` fills (without an explicit
+    generator) run on `workers` threads (default: the cores this process may use)."""
+    workers = workers or _workers()
+    if workers <= 1:
+        yield
+        return
+    with ThreadPoolExecutor(workers) as pool, _ParallelFills(pool, workers):
+        yield

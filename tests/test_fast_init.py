@@ -1,0 +1,41 @@
+"""Parallel random fills for host builds (magi_zoo/adapters/fast_init.py)."""
+
+import math
+
+import torch
+
+from magi_zoo.adapters.fast_init import MIN_NUMEL, parallel_fills
+
+
+def _kaiming(seed: int, workers: int) -> torch.Tensor:
+    torch.manual_seed(seed)
+    w = torch.empty(4096, 2048)
+    with parallel_fills(workers):
+        torch.nn.init.kaiming_uniform_(w, a=math.sqrt(5))  # nn.Linear's init
+    return w
+
+
+def test_fills_are_reproducible_and_keep_their_distribution():
+    a, b, c = _kaiming(0, 4), _kaiming(0, 4), _kaiming(1, 4)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    bound = 1 / math.sqrt(2048)  # kaiming_uniform_(a=sqrt(5)) = U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+    assert a.abs().max() <= bound and abs(a.std().item() - bound / math.sqrt(3)) < 0.01 * bound
+    # The pieces come from different generators: no two pieces repeat each other.
+    flat = a.view(-1)
+    n = flat.numel() // 4
+    assert not torch.equal(flat[:n], flat[n:2 * n])
+    torch.manual_seed(0)
+    with parallel_fills(4):
+        x = torch.empty(MIN_NUMEL).normal_(3.0, 2.0)
+    assert abs(x.mean().item() - 3.0) < 0.01 and abs(x.std().item() - 2.0) < 0.01
+
+
+def test_small_fills_and_explicit_generators_are_untouched():
+    g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    with parallel_fills(4):
+        a = torch.empty(MIN_NUMEL * 2).uniform_(generator=g1)
+        torch.manual_seed(3)
+        s = torch.empty(1000).normal_()
+    b = torch.empty(MIN_NUMEL * 2).uniform_(generator=g2)
+    torch.manual_seed(3)
+    assert torch.equal(a, b) and torch.equal(s, torch.empty(1000).normal_())
