@@ -219,7 +219,8 @@ def markdown(rec: dict[str, Any]) -> str:
             lines += ["", f"What `auto` chose ({r.get('strategy', r.get('mode'))}):", ""]
             for key, a in r["auto"].items():
                 lines.append(f"- {key}: {a['choice']} of {a['blocks']} blocks; estimated peak {a['estimated_peak_gib']} GiB "
-                             f"of {a['budget_gib']} (live {a['live_gib']}, grads+AdamW {a['grads_and_optimizer_gib']}, "
+                             f"of {a['budget_gib']} (live {a['live_gib']}, of it frozen weights "
+                             f"{a.get('frozen_weights_on_device_gib')} and other {a.get('other_live_gib')}, grads+AdamW {a['grads_and_optimizer_gib']}, "
                              f"one block's backward {a['largest_block_backward_gib']}, kept {a['kept_activations_gib']}); "
                              f"estimated recompute {a['estimated_recompute_ms']} ms/step")
                 lines.append("  options per block: " + "; ".join(

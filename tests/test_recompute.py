@@ -255,7 +255,7 @@ def test_inference_is_untouched_by_recompute(wan):
 
 # -- auto through load(train=True), and attention for training -------------------------------------------
 
-def test_load_train_auto_measures_chooses_and_reports(fresh_dynamo):
+def test_load_train_auto_measures_chooses_and_reports(fresh_dynamo, monkeypatch):
     from magi_zoo.train import flow_matching_loss
 
     big = magi_zoo.load("wan2.1-tiny", gpu="cpu", train=True, recompute={"policy": "auto", "memory_budget_gib": 4},
@@ -284,6 +284,15 @@ def test_load_train_auto_measures_chooses_and_reports(fresh_dynamo):
     with pytest.warns(RuntimeWarning, match="even full recompute everywhere is estimated"):
         out = calibrate(big)
     assert out[0]["choice"] == {"full": 4} and not out[0]["fits"]
+    # The accounting separates the frozen components' weights left on the device (the text
+    # encoder here) from the rest, and names them when they are large (GIB shrunk to 1 KiB).
+    text = sum(p.numel() * p.element_size() for p in big.pipe.text_encoder.parameters())
+    import magi_zoo.engine.recompute as rc
+
+    monkeypatch.setattr(rc, "GIB", 1024)
+    with pytest.warns(RuntimeWarning, match="of frozen weights .* count against the"):
+        out = calibrate(big)
+    assert out[0]["frozen_weights_on_device_gib"] * 1024 >= text * 0.99 and out[0]["other_live_gib"] == 0
 
 
 def test_training_attention_keeps_a_backward():

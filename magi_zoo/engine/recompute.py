@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import functools
 import heapq
 import time
@@ -516,10 +517,22 @@ def calibrate(root: nn.Module, run: Callable[[], Any]) -> list[dict[str, Any]]:
     block_params = [p for r in regions for st in r.states[:1] for p in st.module_params]
     device = block_params[0].device if block_params else torch.device("cpu")
     trainable = _tensor_bytes([p for p in params if p.requires_grad])
+    on_dev = [t for t in [*params, *root.buffers()] if t.device == device]
+    own = _tensor_bytes(on_dev)
+    frozen = _tensor_bytes([t for t in on_dev if not t.requires_grad])
     if device.type == "cuda":
+        gc.collect()  # what the profiling pass left in reference cycles is not live in training
         live = torch.cuda.memory_allocated(device)
     else:
-        live = _tensor_bytes([p for p in params if p.device == device])
+        live = own
+    other = max(0, live - own)  # on the card but no weight of these modules: inputs, leftovers
+    for what, n in (("frozen weights (parameters without grad, e.g. a text encoder)", frozen),
+                    ("tensors that are no weight of the model (inputs, leftovers)", other)):
+        if n > GIB:
+            warnings.warn(f"recompute='auto': {n / GIB:.1f} GiB of {what} on {device} count against the "
+                          f"{spec.memory_budget_gib:g} GiB budget; if the training step does not need them there, "
+                          "move or free them and calibrate again (magi_zoo.train.calibrate(handle))",
+                          RuntimeWarning, stacklevel=2)
     transient = max(r.profile.no_checkpoint_bytes for r in regions)
     optim = int(trainable * (1 + spec.optimizer_states))
     fixed = live + optim + transient
@@ -555,6 +568,7 @@ def calibrate(root: nn.Module, run: Callable[[], Any]) -> list[dict[str, Any]]:
         })
     est_peak = (fixed + pick.bytes) / GIB
     accounting = {"budget_gib": spec.memory_budget_gib, "live_gib": round(live / GIB, 3),
+                  "frozen_weights_on_device_gib": round(frozen / GIB, 3), "other_live_gib": round(other / GIB, 3),
                   "grads_and_optimizer_gib": round(optim / GIB, 3),
                   "largest_block_backward_gib": round(transient / GIB, 3),
                   "kept_activations_gib": round(pick.bytes / GIB, 3), "estimated_peak_gib": round(est_peak, 3),
