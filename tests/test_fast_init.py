@@ -39,3 +39,13 @@ def test_small_fills_and_explicit_generators_are_untouched():
     b = torch.empty(MIN_NUMEL * 2).uniform_(generator=g2)
     torch.manual_seed(3)
     assert torch.equal(a, b) and torch.equal(s, torch.empty(1000).normal_())
+
+
+def test_parameters_that_require_grad_fill_in_place():
+    # Modules' init fills Parameters (requires_grad) under no_grad; the pieces are filled
+    # from worker threads, which must not trip autograd's in-place checks.
+    torch.manual_seed(0)
+    with parallel_fills(4):
+        lin = torch.nn.Linear(4096, 1024)
+    assert lin.weight.requires_grad and lin.weight.abs().max() > 0
+    assert abs(lin.weight.std().item() - 1 / math.sqrt(4096) / math.sqrt(3)) < 1e-3

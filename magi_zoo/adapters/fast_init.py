@@ -47,7 +47,8 @@ class _ParallelFills(TorchDispatchMode):
         if (func in _FILLS and isinstance(t, torch.Tensor) and t.device.type == "cpu"
                 and t.numel() >= MIN_NUMEL and t.is_contiguous() and kwargs.get("generator") is None):
             kwargs.pop("generator", None)
-            flat = t.view(-1)
+            # detach: the pieces are filled from worker threads, whose grad mode is their own.
+            flat = t.detach().view(-1)
             n = min(self.workers, t.numel() // (MIN_NUMEL // 4))
             step = -(-flat.numel() // n)
             # One draw from the default generator seeds the pieces: reproducible under
@@ -58,7 +59,8 @@ class _ParallelFills(TorchDispatchMode):
             def fill(i: int) -> None:
                 # The Tensor method (not the op overload) releases the GIL while it fills.
                 g = torch.Generator().manual_seed(base + i)
-                getattr(flat[i * step:(i + 1) * step], method)(*args[1:], generator=g, **kwargs)
+                with torch.no_grad():
+                    getattr(flat[i * step:(i + 1) * step], method)(*args[1:], generator=g, **kwargs)
 
             list(self.pool.map(fill, range(n)))
             return t
