@@ -364,3 +364,20 @@ def test_cache_attention_names_and_auto():
     assert t.cache_attention == "auto" and t.resolve_cache_attention() == "sdpa" and t.cache_attention == "sdpa"
     with pytest.raises(ValueError, match="choices"):
         t.cache_attention = "cudnn"
+
+
+def test_compiled_streaming_decoder_three_graphs(eager, fresh_dynamo):
+    """The streaming VAE decoder compiled through the plan (`vae.decoder`, fullgraph, static
+    shapes): three graphs -- the video's first latent frame, its second, every later one (the
+    causal cache's shapes) -- 0 breaks, a second video compiles nothing, frames equal eager."""
+    _, ref = eager
+    h = magi_zoo.load(TINY, gpu="cpu", compile={
+        "CausalWanTransformer3DModel": {"denoise_step": {"fullgraph": True, "dynamic": False, "backend": "eager"}},
+        "vae.decoder": {"fullgraph": True, "dynamic": False, "backend": "eager"}})
+    got = h(prompt="a corgi surfing", **CALL)
+    vae = h.report().region("vae.decoder").counters
+    assert (vae.frames, vae.n_graph_breaks, len(vae.recompiles)) == (3, 0, 2)
+    before = counters.snapshot()
+    h(prompt="a corgi surfing", **CALL)
+    assert counters.delta(before).frames == 0  # the second video compiles nothing
+    np.testing.assert_allclose(got.frames, ref.frames, atol=1e-6)
