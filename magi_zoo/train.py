@@ -96,8 +96,9 @@ def shard(model: nn.Module, block_types: Iterable[type] | None = None, *, mesh=N
     stay, FSDP's all-gather / reduce-scatter hooks run around them, never traced into them).
 
     block_types: the classes to shard one by one (default: the classes that carry a
-    recompute wrapper or a compiled forward). mixed_precision (default: on CUDA): bf16
-    parameters for compute, fp32 gradient reduction (`MixedPrecisionPolicy`). Needs an
+    recompute wrapper or a compiled forward). mixed_precision (default: on CUDA, and
+    wherever fp32 masters were made from a bf16 model): bf16 parameters for compute, fp32
+    gradient reduction (`MixedPrecisionPolicy`). Needs an
     initialised process group (torchrun); mesh default: all ranks, on the model's device.
 
     master_dtype: the dtype the trainable parameters are kept (and sharded) in. FSDP2 needs
@@ -118,14 +119,18 @@ def shard(model: nn.Module, block_types: Iterable[type] | None = None, *, mesh=N
         from torch.distributed.device_mesh import init_device_mesh
 
         mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    if mixed_precision is None:
-        mixed_precision = device.type == "cuda"
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed_precision \
-        else MixedPrecisionPolicy()
     blocks = _blocks(model, block_types)
     if not blocks:
         raise ValueError("shard: no blocks to shard one by one; pass block_types= (the repeated block classes)")
-    unify_dtypes(model, master_dtype)
+    found = {p.dtype for p in model.parameters() if p.requires_grad and p.is_floating_point()}
+    master = unify_dtypes(model, master_dtype)
+    upcast = master is not None and any(d != master for d in found)
+    if mixed_precision is None:
+        # Masters upcast from a bf16 model must compute in bf16 again (its inputs are bf16),
+        # on any device; otherwise mixed precision is the CUDA default.
+        mixed_precision = device.type == "cuda" or upcast
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed_precision \
+        else MixedPrecisionPolicy()
     for m in blocks:
         fully_shard(m, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)

@@ -18,7 +18,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world: int, port: int, out_dir: str, device: str = "cpu") -> None:
+def _worker(rank: int, world: int, port: int, out_dir: str, device: str = "cpu", dtype: str = "float32") -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     import torch.distributed as dist
 
@@ -33,8 +33,9 @@ def _worker(rank: int, world: int, port: int, out_dir: str, device: str = "cpu")
     try:
         torch.set_num_threads(1)
         # fp32 weights on both devices; on CUDA FSDP2 computes in bf16 (MixedPrecisionPolicy)
-        h = magi_zoo.load("wan2.1-tiny", gpu="cpu", device=f"cuda:{rank}" if cuda else "cpu", dtype="float32",
+        h = magi_zoo.load("wan2.1-tiny", gpu="cpu", device=f"cuda:{rank}" if cuda else "cpu", dtype=dtype,
                           train=True)  # seeded: same weights on every rank
+        dtypes_built = sorted({str(p.dtype) for p in h.trainable.parameters()})
         model = h.trainable
         kw = h.adapter.example_inputs(h.pipe, h.variant, "denoise")  # seeded: same batch on every rank
         # single-process eager reference, before anything is applied or sharded
@@ -61,7 +62,8 @@ def _worker(rank: int, world: int, port: int, out_dir: str, device: str = "cpu")
             with open(os.path.join(out_dir, "result.json"), "w") as f:
                 json.dump({"loss": float(loss), "ref_loss": float(ref_loss), "max_rel": max(rel.values()),
                            "n_grads": len(rel), "breaks": r.n_graph_breaks, "sharded": sharded,
-                           "dtensor": type(next(model.parameters())).__name__}, f)
+                           "dtensor": type(next(model.parameters())).__name__, "dtypes_built": dtypes_built,
+                           "dtypes_sharded": sorted({str(p.dtype) for p in model.parameters()})}, f)
     finally:
         dist.destroy_process_group()
 
@@ -106,3 +108,15 @@ def test_unify_dtypes_for_fsdp_groups():
     assert (m[0].weight.dtype, m[1].weight.dtype, m[2].weight.dtype) == (torch.float32, torch.float32, torch.bfloat16)
     assert unify_dtypes(m) == torch.float32  # already uniform: unchanged
     assert unify_dtypes(m, torch.bfloat16) == torch.bfloat16 and m[1].weight.dtype == torch.bfloat16
+
+
+def test_fsdp2_shards_a_bf16_model_with_fp32_layers(tmp_path, fresh_dynamo):
+    # A bf16 Wan keeps its norms / modulation table fp32 (diffusers' _keep_in_fp32_modules);
+    # FSDP2 wants one dtype per sharded group, so `shard` keeps fp32 master weights. On GPUs
+    # this was the first failure of the data-parallel benchmark.
+    mp.spawn(_worker, args=(2, _free_port(), str(tmp_path), "cpu", "bfloat16"), nprocs=2, join=True)
+    res = json.loads((tmp_path / "result.json").read_text())
+    assert res["dtypes_built"] == ["torch.bfloat16", "torch.float32"], res
+    assert res["dtypes_sharded"] == ["torch.float32"] and res["sharded"] == 5 and res["breaks"] == 0
+    # fp32 masters of the bf16 weights against the bf16 model's own loss: bf16 tolerance
+    assert abs(res["loss"] - res["ref_loss"]) <= 2e-2 * abs(res["ref_loss"]), res
