@@ -361,7 +361,9 @@ def test_cache_attention_names_and_auto():
     assert attention.auto_impl(torch.device("cpu"), torch.bfloat16) == "sdpa"
     t = CausalWanTransformer3DModel(num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=4,
                                     text_dim=16, freq_dim=16, ffn_dim=32, num_layers=1)
-    assert t.cache_attention == "auto" and t.resolve_cache_attention() == "sdpa" and t.cache_attention == "sdpa"
+    assert t.cache_attention == "auto" and t.resolve_cache_attention() == "sdpa" and t.cache_attention == "auto"
+    t.cache_attention = "flex"
+    assert t.resolve_cache_attention() == "flex"
     with pytest.raises(ValueError, match="choices"):
         t.cache_attention = "cudnn"
 

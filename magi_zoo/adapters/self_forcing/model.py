@@ -54,13 +54,22 @@ class CausalWanTransformer3DModel(WanTransformer3DModel):
         self.__dict__["_cache_attention"] = impl
 
     def resolve_cache_attention(self) -> str:
-        """Turn "auto" into a concrete choice for this model's device (eagerly, before a
-        compiled step runs): fa3 where the kernel loads (bf16 CUDA), flex on other CUDA
-        setups, sdpa elsewhere. Returns the choice in effect."""
-        if self.cache_attention == "auto":
-            p = next(self.parameters())
-            self.cache_attention = attention.auto_impl(p.device, p.dtype)
-        return self.cache_attention
+        """The concrete attention in effect: the set one, or for "auto" the fastest the
+        model's current device and dtype have (fa3 where the kernel loads, bf16 CUDA; flex on
+        other CUDA setups; sdpa elsewhere). Resolved eagerly -- the pipeline calls this before
+        the compiled step -- and again if the model moves to another device or dtype."""
+        impl = self.cache_attention
+        if impl != "auto":
+            return impl
+        p = next(self.parameters())
+        key = (p.device, p.dtype)
+        cached = self.__dict__.get("_cache_attention_auto")
+        if cached is None or cached[0] != key:
+            choice = attention.auto_impl(*key)
+            if choice == "fa3":
+                attention.fa3_forward()
+            self.__dict__["_cache_attention_auto"] = cached = (key, choice)
+        return cached[1]
 
     # -- per prompt -------------------------------------------------------------------------
     def cross_kv(self, encoder_hidden_states: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
