@@ -87,12 +87,17 @@ def worker(args) -> None:
     neg = torch.randn(kw["encoder_hidden_states"].shape, generator=g).to(kw["encoder_hidden_states"])
     kw_u = dict(kw, encoder_hidden_states=neg)
 
+    branches: dict[str, torch.Tensor] = {}
+
     if args.mode == "cfg-step":
         def step():
             with t.cache_context("cond"):
                 c = t(**kw)[0]
             with t.cache_context("uncond"):
                 u = t(**kw_u)[0]
+            # Kept for the comparison with one GPU: each branch as well as the combine, so a
+            # difference can be told apart from the guidance scale magnifying it.
+            branches["cond"], branches["uncond"] = c, u
             return u + GUIDANCE * (c - u)
     else:
         def step():
@@ -115,16 +120,21 @@ def worker(args) -> None:
            "peak_gib": gib(peak), "shape": [args.height, args.width, args.frames]}
     if rank == 0:
         ref = Path(args.ref)
+        mine = {"out": out, **branches}
         if world == 1:
-            torch.save(out.float().cpu(), ref)
+            torch.save({k: v.float().cpu() for k, v in mine.items()}, ref)
         elif ref.is_file():
-            r = torch.load(ref, weights_only=True)
-            o = out.float().cpu()
-            row["rel_l2_vs_1gpu"] = float((o - r).norm() / r.norm())
+            saved = torch.load(ref, weights_only=True)
+            for k, v in mine.items():
+                if k in saved:
+                    r, o = saved[k], v.float().cpu()
+                    row["rel_l2_vs_1gpu" if k == "out" else f"rel_l2_{k}_vs_1gpu"] = float((o - r).norm() / r.norm())
         row["env"] = environment(dev)
         print(f"[bench] {args.workload} gpus={world} {row['config']}: {row['ms']:.1f} ms "
               f"(first call {row['first_call_s']} s, peak {row['peak_gib']} GiB)"
-              + (f", rel L2 vs 1 GPU {row['rel_l2_vs_1gpu']:.2e}" if "rel_l2_vs_1gpu" in row else ""), flush=True)
+              + (f", rel L2 vs 1 GPU {row['rel_l2_vs_1gpu']:.2e}" if "rel_l2_vs_1gpu" in row else "")
+              + "".join(f", {b} {row[f'rel_l2_{b}_vs_1gpu']:.2e}" for b in ("cond", "uncond")
+                        if f"rel_l2_{b}_vs_1gpu" in row), flush=True)
         Path(args.result).write_text(json.dumps(row, default=str))
     distributed.shutdown()
 
@@ -170,8 +180,8 @@ def _write(rows: list[dict[str, Any]], args, argv, counts: list[int], quiet: boo
             r["speedup"] = round(base[r["workload"]] / r["ms"], 2)
     env = next((r["env"] for r in rows if "env" in r), {})
     card = "cpu" if args.smoke else str(env.get("card", "gpu")).lower().replace("nvidia ", "").split()[0]
-    cols = ["workload", "gpus", "config", "ms", "speedup", "vs_1gpu", "rel_l2_vs_1gpu", "first_call_s", "peak_gib",
-            "status", "error"]
+    cols = ["workload", "gpus", "config", "ms", "speedup", "vs_1gpu", "rel_l2_vs_1gpu", "rel_l2_cond_vs_1gpu",
+            "rel_l2_uncond_vs_1gpu", "first_call_s", "peak_gib", "status", "error"]
     md = "\n".join([
         "# Multi-GPU inference (benchmarks/parallel.py)", "", env_line(env) if env else "", "",
         "ms = one CFG step (cond + uncond forward + combine; = s/it) for `cfg-step`, one transformer forward for "
