@@ -136,3 +136,17 @@ def test_harness_rejects_bad_entry_shape_and_layers(tmp_path):
     # a shape argument the entry does not take: refused before any process starts
     with pytest.raises(SystemExit, match="example inputs at this shape fail.*seq_len"):
         main(["--model", "qwen3-omni-tiny", "--entry", "decode_step", "--shape", "seq_len=4", *base])
+
+
+def test_parallel_benchmark_smoke_compares_branches(tmp_path):
+    # 2 gloo processes on wan2.1-tiny, one torchrun job per configuration: the CFG step's
+    # output and each branch equal one process's (fp32 CPU: exactly), rows written.
+    import json
+
+    from benchmarks.parallel import main as parallel_main
+
+    assert parallel_main(["--smoke", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "parallel_smoke_cpu.json").read_text())["rows"]
+    two = next(r for r in rows if r["gpus"] == 2)
+    assert two["config"] == "cfg 2" and two["rel_l2_vs_1gpu"] == 0.0
+    assert two["rel_l2_cond_vs_1gpu"] == 0.0 and two["rel_l2_uncond_vs_1gpu"] == 0.0
