@@ -89,10 +89,21 @@ def environment(device) -> dict[str, Any]:
     return env
 
 
-def card_tag(env: dict[str, Any], cuda: bool) -> str:
-    """The short card name results files are named by: h100 / h200, else gpu (or cpu)."""
-    card = str(env.get("card", "")).lower()
-    return "h200" if "h200" in card else "h100" if "h100" in card else ("gpu" if cuda else "cpu")
+CARD_TAGS = ("h100", "h200", "a100", "l40s", "4090", "5090")  # the GPU profiles' cards
+
+
+def card_tag(env: dict[str, Any], cuda: bool = True) -> str:
+    """The short card name every results file is named by: the profile's card ("NVIDIA H100
+    80GB HBM3" -> h100), else the model word of the name ("NVIDIA A10G" -> a10g), "gpu"
+    without a name; "cpu" off CUDA."""
+    if not cuda:
+        return "cpu"
+    card = str(env.get("card") or "").lower()
+    for tag in CARD_TAGS:
+        if tag in card:
+            return tag
+    words = card.replace("nvidia ", "").split()
+    return "".join(c for c in words[0] if c.isalnum()) if words else "gpu"
 
 
 def env_line(env: dict[str, Any]) -> str:

@@ -267,7 +267,7 @@ def merge(files: list[str], out: Path) -> list[Path]:
     md = ["# Weight offload: one transformer forward under a memory cap (merged runs)", "",
           common.env_line(env), "", "Merged from: " + ", ".join(Path(f).name for f in files), "",
           common.results_table(sorted(rows, key=lambda r: (r["model"], r.get("budget_gib") or 0, r["strategy"])), cols)]
-    card = str(env.get("card") or "gpu").replace("NVIDIA ", "").split()[0].lower()
+    card = common.card_tag(env)
     written = common.write_results(out, f"offload_{card}_merged", {"environment": env, "rows": rows}, "\n".join(md))
     for model in dict.fromkeys(r["model"] for r in rows):
         png = _chart([r for r in rows if r["model"] == model], out / f"offload_{card}_{model}.png",
@@ -423,7 +423,7 @@ def main(argv=None) -> int:
     errors = [f"- {r['model']} {r['strategy']} {r.get('budget_gib')}: {r.get('error')}" for r in rows if r.get("status") != "ok"]
     if errors:
         md += ["", "Errors:", *errors]
-    card = str(env.get("card") or "gpu").replace("NVIDIA ", "").split()[0].lower()  # "h100"
+    card = common.card_tag(env)
     stem = f"offload{'_pipeline' if args.pipeline else ''}_{'smoke' if args.smoke else card}"
     if args.models and not args.pipeline:
         stem += "_" + args.models.replace(",", "_")

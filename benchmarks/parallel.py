@@ -32,7 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import ROOT, env_line, environment, first_call, gib, results_table, time_calls, write_results
+from benchmarks.common import (ROOT, card_tag, env_line, environment, first_call, gib, results_table, time_calls,
+                               write_results)
 
 WORKLOADS = {
     # name: (model, mode, height, width, frames)
@@ -179,7 +180,7 @@ def _write(rows: list[dict[str, Any]], args, argv, counts: list[int], quiet: boo
             r["vs_1gpu"] = round(r["ms"] / base[r["workload"]], 3)
             r["speedup"] = round(base[r["workload"]] / r["ms"], 2)
     env = next((r["env"] for r in rows if "env" in r), {})
-    card = "cpu" if args.smoke else str(env.get("card", "gpu")).lower().replace("nvidia ", "").split()[0]
+    card = card_tag(env, cuda=not args.smoke)
     cols = ["workload", "gpus", "config", "ms", "speedup", "vs_1gpu", "rel_l2_vs_1gpu", "rel_l2_cond_vs_1gpu",
             "rel_l2_uncond_vs_1gpu", "first_call_s", "peak_gib", "status", "error"]
     md = "\n".join([

@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"{args.steps_per_video} transformer forwards; text encoding {text['median_ms']} ms", flush=True)
 
     out_dir = Path(args.out)
-    stem = f"self_forcing_{'smoke' if args.smoke else _card_tag(env)}" + ("_vae_cl" if args.vae_channels_last else "")
+    stem = f"self_forcing_{'smoke' if args.smoke else common.card_tag(env)}" + ("_vae_cl" if args.vae_channels_last else "")
     path = out_dir / f"{stem}.json"
     record = json.loads(path.read_text()) if path.is_file() else {}
     if record.get("env", {}).get("card") != env.get("card") or record.get("shape") != call:
@@ -309,14 +309,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     written = common.write_results(out_dir, stem, record, "\n".join(md))
     print(f"[bench] wrote {', '.join(map(str, written))}", flush=True)
     return record
-
-
-def _card_tag(env: dict[str, Any]) -> str:
-    card = str(env.get("card") or "cpu").lower()
-    for tag in ("h100", "h200", "a100", "l40s", "4090", "5090"):
-        if tag in card:
-            return tag
-    return "".join(c if c.isalnum() else "_" for c in card)[:24]
 
 
 if __name__ == "__main__":
