@@ -171,6 +171,15 @@ def write_results(out_dir: Path, stem: str, record: dict[str, Any], markdown: st
     return [j, m]
 
 
+def publish(out_dir: Path, stem: str, record: dict[str, Any], markdown: str) -> list[Path]:
+    """`write_results`, then say where ("[bench] wrote PATH") and print the table."""
+    paths = write_results(out_dir, stem, record, markdown)
+    for path in paths:
+        print(f"[bench] wrote {path}", flush=True)
+    print(markdown)
+    return paths
+
+
 def fp32_forward(module, fn: Callable[[dict[str, Any]], Any], inputs: dict[str, Any]):
     """Run `fn(upcast_inputs)` with `module`'s weights in fp32 and TF32 off, then restore
     every parameter and buffer to its own dtype (mixed-precision modules stay as built).

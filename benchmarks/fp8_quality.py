@@ -142,9 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         stem += "_smoke"
     elif args.gpu not in ("auto", "cpu"):
         stem += f"_{args.gpu}"
-    for path in common.write_results(Path(args.out), stem, rec, markdown(rec)):
-        print(f"[bench] wrote {path}", flush=True)
-    print(markdown(rec))
+    common.publish(Path(args.out), stem, rec, markdown(rec))
     return 0
 
 

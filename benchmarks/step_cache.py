@@ -184,9 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     stem = f"step_cache_{args.model}_{shape['height']}x{shape['width']}x{shape['frames']}"
     if args.gpu not in ("auto", "cpu"):
         stem += f"_{args.gpu}"
-    for path in common.write_results(Path(args.out), stem, rec, markdown(rec)):
-        print(f"[bench] wrote {path}", flush=True)
-    print(markdown(rec))
+    common.publish(Path(args.out), stem, rec, markdown(rec))
     return 0
 
 

@@ -336,9 +336,7 @@ def main(argv: list[str] | None = None) -> int:
                 + ("_noopt" if args.optimizer == "none" else "")
             recs.append((stem, run_single(args)))
     for stem, rec in recs:
-        for path in common.write_results(Path(args.out), stem, rec, markdown(rec)):
-            print(f"[bench] wrote {path}", flush=True)
-        print(markdown(rec))
+        common.publish(Path(args.out), stem, rec, markdown(rec))
     return 0
 
 
