@@ -123,8 +123,7 @@ class _BlockState:
         self.profiling = False  # True only inside `calibrate`
         self.label = label  # what this block keeps, for the report
         self.guard = None  # auto, until decided: the pre-hook refusing grad-mode calls
-        self.module_params: list = []  # the block's parameters (where calibrate looks for the device)
-        self.module: nn.Module | None = None  # the block (measure_block leaves its parameters out)
+        self.module: nn.Module | None = None  # the block (its parameters: not activations; their device)
 
 
 def _wrap(orig: Callable, state: _BlockState) -> Callable:
@@ -514,8 +513,8 @@ def calibrate(root: nn.Module, run: Callable[[], Any]) -> list[dict[str, Any]]:
                            "the model's forward")
     spec = regions[0].spec
     params = list(root.parameters())
-    block_params = [p for r in regions for st in r.states[:1] for p in st.module_params]
-    device = block_params[0].device if block_params else torch.device("cpu")
+    first = next((p for r in regions for st in r.states[:1] for p in st.module.parameters()), None)
+    device = first.device if first is not None else torch.device("cpu")
     trainable = _tensor_bytes([p for p in params if p.requires_grad])
     on_dev = [t for t in [*params, *root.buffers()] if t.device == device]
     own = _tensor_bytes(on_dev)
@@ -641,7 +640,6 @@ def recompute_step(ctx: StepContext) -> StepRecord:
                 ctx_fn, label = None, "full" if spec.policy == "full" else "auto (not chosen yet)"
             for t in targets:
                 st = _BlockState(region, checkpointed=True, ctx_fn=ctx_fn, label=label)
-                st.module_params = list(t.module.parameters())[:1]
                 st.module = t.module
                 _install(t.module, st)
                 installed.append(t.module)
