@@ -416,7 +416,7 @@ def test_streamed_pipeline_executes_on_the_card():
     assert h.pipe._execution_device == torch.device("cpu")
     rt = off.OffloadRuntime.__new__(off.OffloadRuntime)
     rt.root, rt.device, rt._handles, rt.cuda = h.modules, torch.device("cuda", 0), [], False
-    rt._originals, rt.units = [], {}
+    rt._originals, rt.units, rt._marked = [], {}, []
     rt._mark_execution_device()
     assert h.pipe._execution_device == torch.device("cuda", 0)
     h.pipe.remove_all_hooks()  # the diffusers API still works with the mark in place

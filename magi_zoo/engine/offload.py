@@ -339,6 +339,7 @@ class OffloadRuntime:
         self.stream = torch.cuda.Stream(device) if self.cuda else None
         self._originals: list[tuple[torch.Tensor, torch.device]] = []  # (tensor, original device)
         self._handles: list[Any] = []
+        self._marked: list[nn.Module] = []  # components tagged with the execution device
         self.units: dict[str, _Streamed] = {}
         self.phase: str | None = None  # the component whose units ran last
         sizes = [_nbytes(t) for s in specs if s.path in set(plan.streamed) for t in s.tensors]
@@ -402,7 +403,6 @@ class OffloadRuntime:
     def _mark_execution_device(self) -> None:
         """Tag every component (child of the root) that has no hook of its own with the card
         as its execution device (see `_ExecutionDevice`); undone by `remove`."""
-        self._marked: list[nn.Module] = []
         if self.device.type == "cpu":
             return
         for comp in [self.root, *self.root.children()]:
@@ -415,7 +415,7 @@ class OffloadRuntime:
         for h in self._handles:
             h.remove()
         self._handles.clear()
-        for comp in getattr(self, "_marked", ()):
+        for comp in self._marked:
             if isinstance(comp.__dict__.get("_hf_hook"), _ExecutionDevice):
                 del comp.__dict__["_hf_hook"]
         self._marked = []
