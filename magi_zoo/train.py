@@ -163,7 +163,6 @@ def _blocks(model: nn.Module, block_types: Iterable[type] | None) -> list[nn.Mod
     return [m for m in model.modules() if m is not model and (_STATE in m.__dict__ or _ORIGINALS in m.__dict__)]
 
 
-
 def parse_recompute(text: str) -> Any:
     """A CLI value: ``full`` / ``selective`` / ``none`` / ``auto:16`` (budget GiB)."""
     policy, _, budget = text.partition(":")
