@@ -223,8 +223,10 @@ def markdown(rec: dict[str, Any]) -> str:
                              f"{a.get('frozen_weights_on_device_gib')} and other {a.get('other_live_gib')}, grads+AdamW {a['grads_and_optimizer_gib']}, "
                              f"one block's backward {a['largest_block_backward_gib']}, kept {a['kept_activations_gib']}); "
                              f"estimated recompute {a['estimated_recompute_ms']} ms/step")
-                lines.append("  options per block: " + "; ".join(
-                    f"{o['name']} {o['gib_per_block']} GiB / {o['recompute_ms_per_block']} ms" for o in a["options"]))
+                lines.append(f"  options per block (bytes from the {a.get('bytes_from', 'eager op outputs')}; "
+                             "eager estimate in brackets): " + "; ".join(
+                                 f"{o['name']} {o['gib_per_block']} GiB [{o.get('eager_estimate_gib', '-')}] / "
+                                 f"{o['recompute_ms_per_block']} ms" for o in a["options"]))
     return "\n".join(lines)
 
 

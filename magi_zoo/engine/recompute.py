@@ -235,21 +235,32 @@ class Option:
 AUTO_SAVES: tuple[tuple[str, ...], ...] = ((), ("attention",), ("matmuls",), ("matmuls", "attention"))
 
 
-def options(p: BlockProfile) -> list[Option]:
+def option_name(save: tuple[str, ...] | None) -> str:
+    return "no checkpoint" if save is None else "full" if not save else "keep " + "+".join(save)
+
+
+def options(p: BlockProfile, measured: dict[str, int] | None = None) -> list[Option]:
     """The choices `auto` weighs for a block with profile `p`, by its measured costs.
 
     A checkpointed block keeps its boundary inputs, the compute-sensitive custom ops'
     outputs and the outputs of the kept groups; it recomputes every other op (their
     forward seconds). No checkpoint keeps what autograd saves and recomputes nothing.
+    `measured` (option name -> bytes the block's real, compiled forward saved; see
+    `measure_options`) overrides the estimate where it is larger: the compiler's partitioner
+    may keep more than the eager ops' outputs (upcasts, both sides of a fused op).
     """
     sens = p.group("sensitive")
+    measured = measured or {}
     out = []
-    for save in AUTO_SAVES:
-        kept = [p.group(g) for g in save]
-        out.append(Option("full" if not save else "keep " + "+".join(save), save,
-                          p.boundary_bytes + sens.bytes + sum(g.bytes for g in kept),
-                          max(0.0, p.forward_s - sens.seconds - sum(g.seconds for g in kept))))
-    out.append(Option("no checkpoint", None, p.no_checkpoint_bytes, 0.0))
+    for save in (*AUTO_SAVES, None):
+        if save is None:
+            est, secs = p.no_checkpoint_bytes, 0.0
+        else:
+            kept = [p.group(g) for g in save]
+            est = p.boundary_bytes + sens.bytes + sum(g.bytes for g in kept)
+            secs = max(0.0, p.forward_s - sens.seconds - sum(g.seconds for g in kept))
+        name = option_name(save)
+        out.append(Option(name, save, max(est, measured.get(name, 0)), secs))
     return out
 
 
@@ -402,7 +413,10 @@ def measure_block(fn: Callable, args: tuple, kwargs: dict, *, module: nn.Module 
                 key = _storage_key(t)
                 if key not in params:
                     saved.add(key)
-            return t
+            # Not `t` itself: a saved output packed with its grad_fn is a node -> tensor ->
+            # node cycle in C++ that no gc sees, and the whole profiled graph (GiBs at the
+            # Wan shape) would stay on the card for good. Nothing backwards through this.
+            return t.detach()
 
         rec = _OpRecorder(device)
         # fork_rng: a profiled forward must not move the RNG a training step will use.
@@ -429,6 +443,62 @@ def measure_block(fn: Callable, args: tuple, kwargs: dict, *, module: nn.Module 
     return prof
 
 
+def _is_sharded(module: nn.Module) -> bool:
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover - torch without FSDP2
+        return False
+    return isinstance(module, FSDPModule)
+
+
+def measure_options(state: "_BlockState", args: tuple, kwargs: dict) -> dict[str, int]:
+    """Bytes each `auto` option really keeps for one block: the block's own forward -- the
+    installed wrapper, compiled where the plan compiles it -- run once per option with grad
+    on `args`/`kwargs`, counting the distinct storages autograd saves (parameters excluded)
+    plus the block's residual input. Saved-tensor hooks see what a compiled region saves for
+    its backward, so this is what the partitioner decided, not what the eager ops produce
+    (eager selective checkpoints keep their outputs out of the hooks' sight: `options` takes
+    the larger of the two). Each option is one compiled variant of the block (guards on its
+    state), the same variants training then reuses."""
+    module = state.module
+    params = {_storage_key(p) for p in module.parameters()}
+    leaves = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    device = leaves[0].device if leaves else torch.device("cpu")
+    cuda_ids = [device.index if device.index is not None else torch.cuda.current_device()] \
+        if device.type == "cuda" else []
+    prior = (state.checkpointed, state.context_fn, state.decided)
+    out_bytes: dict[str, int] = {}
+    try:
+        for save in (*AUTO_SAVES, None):
+            state.checkpointed = save is not None
+            state.context_fn = context_fn(save_set(save)) if save else None
+            state.decided = True
+            a, k = torch.utils._pytree.tree_map(_as_grad_input, (args, kwargs))
+            saved: set = set()
+
+            def pack(t: torch.Tensor):
+                if t.device.type != "meta":
+                    key = _storage_key(t)
+                    if key not in params:
+                        saved.add(key)
+                return t.detach()  # not `t`: see measure_block
+
+            with torch.random.fork_rng(devices=cuda_ids), torch.enable_grad(), \
+                    torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                out = module(*a, **k)
+            shapes = {tuple(t.shape) for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)}
+            inputs = [t for t in torch.utils._pytree.tree_leaves((a, k)) if isinstance(t, torch.Tensor)]
+            boundary = {_storage_key(t) for t in inputs if tuple(t.shape) in shapes}
+            # Inputs every block shares (text states, time embedding, RoPE tables) are one
+            # storage for all blocks, live anyway: not this block's cost (as in measure_block).
+            shared = {_storage_key(t) for t in inputs} - boundary
+            out_bytes[option_name(save)] = sum(n for _, n in (saved - shared) | boundary)
+            del out, a, k
+    finally:
+        state.checkpointed, state.context_fn, state.decided = prior
+    return out_bytes
+
+
 # -- regions, calibration, the step -----------------------------------------------------------------
 
 @dataclasses.dataclass
@@ -440,6 +510,8 @@ class _Region:
     record: StepRecord | None = None
     profile: BlockProfile | None = None
     choice: str | None = None  # auto: the report's words for what was chosen
+    sample: tuple | None = None  # calibrate: (state, args, kwargs) of the profiled block call
+    measured: dict[str, int] | None = None  # calibrate: `measure_options` of that call
 
 
 def _regions_under(root: nn.Module) -> list[_Region]:
@@ -455,6 +527,7 @@ def _profile_call(state: _BlockState, orig: Callable, args: tuple, kwargs: dict)
     region = state.region
     if region.spec.policy == "auto" and region.profile is None:
         region.profile = measure_block(orig, args, kwargs, module=state.module)
+        region.sample = (state, args, kwargs)
     return orig(*args, **kwargs)
 
 
@@ -470,13 +543,17 @@ def _tensor_bytes(tensors) -> int:
     return total
 
 
-def calibrate(root: nn.Module, run: Callable[[], Any]) -> list[dict[str, Any]]:
+def calibrate(root: nn.Module, run: Callable[[], Any], *, measure_compiled: bool = True) -> list[dict[str, Any]]:
     """Measure every `auto` region under `root` and make its per-block choice.
 
     `run()` should call the model once on inputs of the training shape (its output is
-    dropped). It runs without grad and with compiled regions forced eager (nothing is
-    compiled); the first block of each auto region is measured (`measure_block`). Then one
-    choice is made over all auto blocks against the budget: the estimated peak is
+    dropped). It runs without grad and with compiled regions forced eager; the first block
+    of each auto region is measured (`measure_block`: op groups' output bytes and times).
+    Then (`measure_compiled`, default) that block's real forward -- compiled where the plan
+    compiles it -- runs once per option with grad on the same inputs, and the bytes autograd
+    saves there replace the estimate where larger (`measure_options`; not on an FSDP2-sharded
+    block). Then one choice is made over all auto blocks against the budget: the estimated
+    peak is
 
         memory live now (CUDA: allocated -- weights, inputs, whatever else is held; CPU: the
         weights on the blocks' device) + trainable weights x (1 gradient + `optimizer_states`,
@@ -497,7 +574,7 @@ def calibrate(root: nn.Module, run: Callable[[], Any]) -> list[dict[str, Any]]:
         raise ValueError("recompute='auto' regions of one model share one budget; give every auto region the "
                          f"same memory_budget_gib and optimizer_states (got {sorted(budgets)})")
     for r in regions:
-        r.profile = None
+        r.profile, r.measured = None, None
         for st in r.states:
             st.profiling = True
     try:
@@ -507,10 +584,20 @@ def calibrate(root: nn.Module, run: Callable[[], Any]) -> list[dict[str, Any]]:
         for r in regions:
             for st in r.states:
                 st.profiling = False
-    missing = [r.key for r in regions if r.profile is None]
-    if missing:
-        raise RuntimeError(f"calibrate: run() never called the auto region(s) {missing}; pass a run that calls "
-                           "the model's forward")
+    try:
+        missing = [r.key for r in regions if r.profile is None]
+        if missing:
+            raise RuntimeError(f"calibrate: run() never called the auto region(s) {missing}; pass a run that calls "
+                               "the model's forward")
+        for r in regions:
+            st, args, kwargs = r.sample
+            # An FSDP2 block's forward outside the root's call would leave its all-gather /
+            # backward hooks half run: the eager estimate stands there (shown in the report).
+            if measure_compiled and not _is_sharded(st.module):
+                r.measured = measure_options(st, args, kwargs)
+    finally:
+        for r in regions:
+            r.sample = None  # the block inputs: not kept past calibration
     spec = regions[0].spec
     params = list(root.parameters())
     first = next((p for r in regions for st in r.states[:1] for p in st.module.parameters()), None)
@@ -532,20 +619,21 @@ def calibrate(root: nn.Module, run: Callable[[], Any]) -> list[dict[str, Any]]:
                           f"{spec.memory_budget_gib:g} GiB budget; if the training step does not need them there, "
                           "move or free them and calibrate again (magi_zoo.train.calibrate(handle))",
                           RuntimeWarning, stacklevel=2)
-    transient = max(r.profile.no_checkpoint_bytes for r in regions)
+    region_opts = {id(r): options(r.profile, r.measured) for r in regions}
+    transient = max(region_opts[id(r)][-1].bytes for r in regions)  # the no-checkpoint option
     optim = int(trainable * (1 + spec.optimizer_states))
     fixed = live + optim + transient
     budget = spec.memory_budget_gib * GIB
     blocks, owners = [], []
     for r in regions:
-        opts = options(r.profile)
+        opts = region_opts[id(r)]
         for st in r.states:
             blocks.append(opts)
             owners.append((r, st))
     pick = choose(blocks, budget - fixed)
     summary = []
     for r in regions:
-        opts = options(r.profile)
+        opts = region_opts[id(r)]
         counts: dict[str, int] = {}
         for (reg, st), i in zip(owners, pick.picks):
             if reg is not r:
@@ -560,9 +648,13 @@ def calibrate(root: nn.Module, run: Callable[[], Any]) -> list[dict[str, Any]]:
                 st.guard = None
             counts[o.name] = counts.get(o.name, 0) + 1
         r.choice = ", ".join(f"{n} x {name}" for name, n in counts.items())
+        est = {o.name: o.bytes for o in options(r.profile)}
         summary.append({
             "region": r.key, "blocks": len(r.states), "choice": counts,
-            "options": [{"name": o.name, "gib_per_block": round(o.bytes / GIB, 4),
+            "bytes_from": "compiled forward, saved tensors" if r.measured is not None else
+                          "eager op outputs (estimate)",
+            "options": [{"name": o.name, "bytes_per_block": o.bytes, "gib_per_block": round(o.bytes / GIB, 4),
+                         "eager_estimate_gib": round(est[o.name] / GIB, 4),
                          "recompute_ms_per_block": round(o.recompute_s * 1e3, 3)} for o in opts],
         })
     est_peak = (fixed + pick.bytes) / GIB
