@@ -27,7 +27,8 @@ same) and `auto` is re-measured without them. Strategies (`--strategies`):
 
 Per row: median ms per step over --runs after --warmup steps (CUDA events), peak GiB allocated
 over the timed steps, first-step seconds (compile included), graph breaks and recompiles of
-the block regions, the loss. Writes benchmarks/results/train_<model>[_<gpu>].json/.md.
+the block regions (calibration compiles every auto option: those count there) and
+recompiles during the steps, the loss. Writes benchmarks/results/train_<model>[_<gpu>].json/.md.
 
 --fsdp: FSDP2 (`magi_zoo.train.shard`: recompute -> compile -> fully_shard per block, bf16
 params / fp32 reduce) with `auto` at --budget GiB per GPU; ms/step and peak per rank.
@@ -152,12 +153,18 @@ def run_one(args) -> dict[str, Any]:
                   optimizer=args.optimizer)
         inputs = h.adapter.example_inputs(h.pipe, h.variant, "denoise")
         step = make_step(h, inputs, args.optimizer)
+        from magi_zoo.engine import counters
+
+        before = counters.snapshot()  # calibration compiles one variant per auto option: not a step's
         loss, first_s = common.first_call(step, device)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         t = common.time_calls(step, device, warmup=max(0, args.warmup - 1), runs=args.runs)
         peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-        row.update(status="ok", ms_per_step=t["median_ms"], min_ms=t["min_ms"], max_ms=t["max_ms"], runs=t["runs"],
+        during = counters.delta(before)
+        row.update(status="ok", recompiles_in_steps=len(during.recompiles),
+                   breaks_in_steps=sum(during.graph_breaks.values()),
+                   ms_per_step=t["median_ms"], min_ms=t["min_ms"], max_ms=t["max_ms"], runs=t["runs"],
                    peak_gib=common.gib(peak), first_step_s=round(first_s, 2), loss=round(float(loss), 5),
                    **_blocks_counters(h.report()), recompute=h.report().step("recompute").did,
                    auto=_auto_choice(h.report()))
@@ -210,7 +217,7 @@ def markdown(rec: dict[str, Any]) -> str:
     lines = [f"# Training step: {rec['model']} ({rec['kind']})", "", common.env_line(rec["env"]), "",
              f"Step: {rec.get('step', '')}. Median of {rec.get('runs')} steps after {rec.get('warmup')} warm-up.", ""]
     cols = ["strategy", "status", "ms_per_step", "peak_gib", "speedup_vs_eager_full", "first_step_s",
-            "graph_breaks", "recompiles", "loss"]
+            "graph_breaks", "recompiles", "recompiles_in_steps", "loss"]
     if rec["kind"] != "single":
         cols = ["mode", "world", "status", "ms_per_step", "peak_gib_per_gpu", "scaling", "first_step_s", "loss"]
     lines.append(common.results_table(rec["results"], cols))

@@ -10,7 +10,7 @@ import torch.nn as nn
 
 import magi_zoo
 from magi_zoo.engine import counters, remove
-from magi_zoo.engine.recompute import (BlockProfile, GroupCost, Option, block_choices, choose, options,
+from magi_zoo.engine.recompute import (BlockProfile, GroupCost, Option, OptionCost, block_choices, choose, options,
                                        _hull)
 from magi_zoo.specs import PlanLayer, RecomputeSpec
 from magi_zoo.specs.plan import with_backend
@@ -69,9 +69,11 @@ def test_options_follow_the_profile():
     assert (opts["keep matmuls+attention"].bytes, opts["keep matmuls+attention"].recompute_s) == (55, pytest.approx(0.1))
     assert (opts["no checkpoint"].bytes, opts["no checkpoint"].recompute_s) == (120, 0.0)
     # what the compiled forward measured replaces the estimate where it is larger, only there
-    got = {o.name: o.bytes for o in options(_profile(), {"keep attention": 90, "no checkpoint": 100})}
-    assert got == {"full": 5, "keep attention": 90, "keep matmuls": 45, "keep matmuls+attention": 55,
-                   "no checkpoint": 120}
+    # (bytes), and the recompute seconds become forward + backward time over no checkpoint's
+    got = {o.name: (o.bytes, o.recompute_s) for o in options(_profile(), {
+        "keep attention": OptionCost(90, 0.5), "full": OptionCost(1, 0.75), "no checkpoint": OptionCost(100, 0.25)})}
+    assert got == {"full": (5, 0.5), "keep attention": (90, 0.25), "keep matmuls": (45, pytest.approx(0.4)),
+                   "keep matmuls+attention": (55, pytest.approx(0.1)), "no checkpoint": (120, 0.0)}
 
 
 def test_choose_fits_the_budget_at_least_recompute_time():
@@ -291,7 +293,7 @@ def test_load_train_auto_measures_chooses_and_reports(fresh_dynamo, monkeypatch)
     # as its compiled forward measured them (with aot_eager on CPU that need not be `full`)
     fewest = min(out[0]["options"], key=lambda o: (o["bytes_per_block"], o["recompute_ms_per_block"]))
     assert out[0]["choice"] == {fewest["name"]: 4} and not out[0]["fits"]
-    assert out[0]["bytes_from"] == "compiled forward, saved tensors"
+    assert out[0]["bytes_from"] == "compiled forward + backward per option"
     # The accounting separates the frozen components' weights left on the device (the text
     # encoder here) from the rest, and names them when they are large (GIB shrunk to 1 KiB).
     text = sum(p.numel() * p.element_size() for p in big.pipe.text_encoder.parameters())

@@ -239,15 +239,27 @@ def option_name(save: tuple[str, ...] | None) -> str:
     return "no checkpoint" if save is None else "full" if not save else "keep " + "+".join(save)
 
 
-def options(p: BlockProfile, measured: dict[str, int] | None = None) -> list[Option]:
+@dataclasses.dataclass(frozen=True)
+class OptionCost:
+    """One option run for real (`measure_options`): the bytes its forward saved for backward
+    and the seconds of one forward + backward of the block."""
+
+    bytes: int
+    step_s: float
+
+
+def options(p: BlockProfile, measured: dict[str, OptionCost] | None = None) -> list[Option]:
     """The choices `auto` weighs for a block with profile `p`, by its measured costs.
 
     A checkpointed block keeps its boundary inputs, the compute-sensitive custom ops'
     outputs and the outputs of the kept groups; it recomputes every other op (their
     forward seconds). No checkpoint keeps what autograd saves and recomputes nothing.
-    `measured` (option name -> bytes the block's real, compiled forward saved; see
-    `measure_options`) overrides the estimate where it is larger: the compiler's partitioner
-    may keep more than the eager ops' outputs (upcasts, both sides of a fused op).
+    `measured` (option name -> `OptionCost` of the block's real, compiled forward and
+    backward; see `measure_options`) refines both: its saved bytes replace the estimate where
+    larger (the compiler's partitioner may keep more than the eager ops' outputs: upcasts,
+    both sides of a fused op), and an option's recompute seconds become its forward +
+    backward time less the no-checkpoint option's (eager op times overstate what a compiled
+    region spends on the small ops it fuses).
     """
     sens = p.group("sensitive")
     measured = measured or {}
@@ -260,7 +272,10 @@ def options(p: BlockProfile, measured: dict[str, int] | None = None) -> list[Opt
             est = p.boundary_bytes + sens.bytes + sum(g.bytes for g in kept)
             secs = max(0.0, p.forward_s - sens.seconds - sum(g.seconds for g in kept))
         name = option_name(save)
-        out.append(Option(name, save, max(est, measured.get(name, 0)), secs))
+        m, base = measured.get(name), measured.get("no checkpoint")
+        if m is not None and base is not None and save is not None:
+            secs = max(0.0, m.step_s - base.step_s)
+        out.append(Option(name, save, max(est, m.bytes if m is not None else 0), secs))
     return out
 
 
@@ -451,52 +466,72 @@ def _is_sharded(module: nn.Module) -> bool:
     return isinstance(module, FSDPModule)
 
 
-def measure_options(state: "_BlockState", args: tuple, kwargs: dict) -> dict[str, int]:
-    """Bytes each `auto` option really keeps for one block: the block's own forward -- the
-    installed wrapper, compiled where the plan compiles it -- run once per option with grad
-    on `args`/`kwargs`, counting the distinct storages autograd saves (parameters excluded)
-    plus the block's residual input. Saved-tensor hooks see what a compiled region saves for
-    its backward, so this is what the partitioner decided, not what the eager ops produce
-    (eager selective checkpoints keep their outputs out of the hooks' sight: `options` takes
-    the larger of the two). Each option is one compiled variant of the block (guards on its
-    state), the same variants training then reuses."""
+def measure_options(state: "_BlockState", args: tuple, kwargs: dict, *, repeats: int = 3) -> dict[str, OptionCost]:
+    """What each `auto` option really costs one block: the block's own forward -- the
+    installed wrapper, compiled where the plan compiles it -- run per option with grad on
+    `args`/`kwargs`, then backward (a ones gradient), `repeats` times; the first run warms
+    up (compiles), the fastest of the rest counts.
+
+    bytes: the distinct storages autograd saves (parameters and inputs all blocks share
+    excluded) plus the block's residual input. Saved-tensor hooks see what a compiled region
+    saves for its backward, so this is what the partitioner decided, not what the eager ops
+    produce (eager selective checkpoints keep their outputs out of the hooks' sight:
+    `options` takes the larger of the two). Each option is one compiled variant of the block
+    (guards on its state), the same variants training then reuses. The block's parameter
+    gradients are left as they were."""
     module = state.module
     params = {_storage_key(p) for p in module.parameters()}
     leaves = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
     device = leaves[0].device if leaves else torch.device("cpu")
     cuda_ids = [device.index if device.index is not None else torch.cuda.current_device()] \
         if device.type == "cuda" else []
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     prior = (state.checkpointed, state.context_fn, state.decided)
-    out_bytes: dict[str, int] = {}
+    grads = {p: p.grad for p in module.parameters()}
+    costs: dict[str, OptionCost] = {}
     try:
         for save in (*AUTO_SAVES, None):
             state.checkpointed = save is not None
             state.context_fn = context_fn(save_set(save)) if save else None
             state.decided = True
-            a, k = torch.utils._pytree.tree_map(_as_grad_input, (args, kwargs))
-            saved: set = set()
+            nbytes, times = 0, []
+            for _ in range(max(2, repeats)):
+                a, k = torch.utils._pytree.tree_map(_as_grad_input, (args, kwargs))
+                saved: set = set()
 
-            def pack(t: torch.Tensor):
-                if t.device.type != "meta":
-                    key = _storage_key(t)
-                    if key not in params:
-                        saved.add(key)
-                return t.detach()  # not `t`: see measure_block
+                def pack(t: torch.Tensor):
+                    if t.device.type != "meta":
+                        key = _storage_key(t)
+                        if key not in params:
+                            saved.add(key)
+                    return t.detach()  # not `t`: see measure_block
 
-            with torch.random.fork_rng(devices=cuda_ids), torch.enable_grad(), \
-                    torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                out = module(*a, **k)
-            shapes = {tuple(t.shape) for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)}
-            inputs = [t for t in torch.utils._pytree.tree_leaves((a, k)) if isinstance(t, torch.Tensor)]
-            boundary = {_storage_key(t) for t in inputs if tuple(t.shape) in shapes}
-            # Inputs every block shares (text states, time embedding, RoPE tables) are one
-            # storage for all blocks, live anyway: not this block's cost (as in measure_block).
-            shared = {_storage_key(t) for t in inputs} - boundary
-            out_bytes[option_name(save)] = sum(n for _, n in (saved - shared) | boundary)
-            del out, a, k
+                with torch.random.fork_rng(devices=cuda_ids), torch.enable_grad():
+                    sync()
+                    t0 = time.perf_counter()
+                    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                        out = module(*a, **k)
+                    outs = [t for t in torch.utils._pytree.tree_leaves(out)
+                            if isinstance(t, torch.Tensor) and t.requires_grad]
+                    torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
+                    sync()
+                    times.append(time.perf_counter() - t0)
+                shapes = {tuple(t.shape) for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)}
+                inputs = [t for t in torch.utils._pytree.tree_leaves((a, k)) if isinstance(t, torch.Tensor)]
+                boundary = {_storage_key(t) for t in inputs if tuple(t.shape) in shapes}
+                # Inputs every block shares (text states, time embedding, RoPE tables) are one
+                # storage for all blocks, live anyway: not this block's cost (as in measure_block).
+                shared = {_storage_key(t) for t in inputs} - boundary
+                nbytes = sum(n for _, n in (saved - shared) | boundary)
+                del out, outs, a, k
+                for p in grads:
+                    p.grad = None
+            costs[option_name(save)] = OptionCost(nbytes, min(times[1:]))
     finally:
         state.checkpointed, state.context_fn, state.decided = prior
-    return out_bytes
+        for p, g in grads.items():
+            p.grad = g
+    return costs
 
 
 # -- regions, calibration, the step -----------------------------------------------------------------
@@ -511,7 +546,7 @@ class _Region:
     profile: BlockProfile | None = None
     choice: str | None = None  # auto: the report's words for what was chosen
     sample: tuple | None = None  # calibrate: (state, args, kwargs) of the profiled block call
-    measured: dict[str, int] | None = None  # calibrate: `measure_options` of that call
+    measured: dict[str, OptionCost] | None = None  # calibrate: `measure_options` of that call
 
 
 def _regions_under(root: nn.Module) -> list[_Region]:
@@ -648,14 +683,15 @@ def calibrate(root: nn.Module, run: Callable[[], Any], *, measure_compiled: bool
                 st.guard = None
             counts[o.name] = counts.get(o.name, 0) + 1
         r.choice = ", ".join(f"{n} x {name}" for name, n in counts.items())
-        est = {o.name: o.bytes for o in options(r.profile)}
+        est = {o.name: o for o in options(r.profile)}
         summary.append({
             "region": r.key, "blocks": len(r.states), "choice": counts,
-            "bytes_from": "compiled forward, saved tensors" if r.measured is not None else
-                          "eager op outputs (estimate)",
+            "bytes_from": "compiled forward + backward per option" if r.measured is not None else
+                          "eager op outputs and times (estimate)",
             "options": [{"name": o.name, "bytes_per_block": o.bytes, "gib_per_block": round(o.bytes / GIB, 4),
-                         "eager_estimate_gib": round(est[o.name] / GIB, 4),
-                         "recompute_ms_per_block": round(o.recompute_s * 1e3, 3)} for o in opts],
+                         "recompute_ms_per_block": round(o.recompute_s * 1e3, 3),
+                         "eager_estimate_gib": round(est[o.name].bytes / GIB, 4),
+                         "eager_estimate_ms": round(est[o.name].recompute_s * 1e3, 3)} for o in opts],
         })
     est_peak = (fixed + pick.bytes) / GIB
     accounting = {"budget_gib": spec.memory_budget_gib, "live_gib": round(live / GIB, 3),
