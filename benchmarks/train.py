@@ -225,15 +225,19 @@ def markdown(rec: dict[str, Any]) -> str:
         if r.get("auto"):
             lines += ["", f"What `auto` chose ({r.get('strategy', r.get('mode'))}):", ""]
             for key, a in r["auto"].items():
-                lines.append(f"- {key}: {a['choice']} of {a['blocks']} blocks; estimated peak {a['estimated_peak_gib']} GiB "
-                             f"of {a['budget_gib']} (live {a['live_gib']}, of it frozen weights "
-                             f"{a.get('frozen_weights_on_device_gib')} and other {a.get('other_live_gib')}, grads+AdamW {a['grads_and_optimizer_gib']}, "
-                             f"one block's backward {a['largest_block_backward_gib']}, kept {a['kept_activations_gib']}); "
-                             f"estimated recompute {a['estimated_recompute_ms']} ms/step")
-                lines.append(f"  options per block (bytes from the {a.get('bytes_from', 'eager op outputs')}; "
+                lines.append(
+                    f"- {key}: {a['choice']} of {a['blocks']} blocks; estimated peak {a['estimated_peak_gib']} GiB of "
+                    f"{a['budget_gib']} = live {a['live_gib']} (of it frozen weights {a.get('frozen_weights_on_device_gib')}, "
+                    f"other {a.get('other_live_gib')}) + optimizer states {a.get('optimizer_states_gib')} + gradients "
+                    f"outside the blocks {a.get('gradients_outside_blocks_gib')} + one block's backward "
+                    f"{a['largest_block_backward_gib']} + per block max(kept, its gradient) "
+                    f"{a.get('blocks_kept_or_gradient_gib')} (kept {a['kept_activations_gib']}); estimated recompute "
+                    f"{a['estimated_recompute_ms']} ms/step")
+                lines.append(f"  options per block (from the {a.get('bytes_from', 'eager op outputs')}; "
                              "eager estimate in brackets): " + "; ".join(
                                  f"{o['name']} {o['gib_per_block']} GiB [{o.get('eager_estimate_gib', '-')}] / "
-                                 f"{o['recompute_ms_per_block']} ms" for o in a["options"]))
+                                 f"{o['recompute_ms_per_block']} ms [{o.get('eager_estimate_ms', '-')}]"
+                                 for o in a["options"]))
     return "\n".join(lines)
 
 

@@ -270,15 +270,20 @@ def test_load_train_auto_measures_chooses_and_reports(fresh_dynamo, monkeypatch)
     assert not any(p.requires_grad for p in big.pipe.text_encoder.parameters())
     rec = big.report().step("recompute")
     auto = rec.details["auto"]["WanTransformerBlock"]
-    # 4 GiB is far more than the tiny model needs: nothing is checkpointed
-    assert auto["fits"] and auto["choice"] == {"no checkpoint": 4}
-    assert "auto (4 GiB budget) on WanTransformerBlock (4 x WanTransformerBlock): 4 x no checkpoint" in rec.did
+    # 4 GiB is far more than the tiny model needs: every block at the least recompute time
+    # (no checkpoint, or an option whose measured forward + backward is no slower: at this
+    # size timings are noise, so the test reads the measured times rather than a name)
+    least = min(auto["options"], key=lambda o: (o["recompute_ms_per_block"], o["bytes_per_block"]))
+    assert auto["fits"] and auto["choice"] == {least["name"]: 4}
+    assert f"auto (4 GiB budget) on WanTransformerBlock (4 x WanTransformerBlock): 4 x {least['name']}" in rec.did
     assert [o["name"] for o in auto["options"]] == ["full", "keep attention", "keep matmuls",
                                                     "keep matmuls+attention", "no checkpoint"]
     before = counters.snapshot()
     loss = flow_matching_loss(big.trainable, big.adapter.example_inputs(big.pipe, big.variant, "denoise"))
     loss.backward()
-    counters.expect(counters.delta(before), frames=1, breaks=0)
+    # calibration compiled every option's variant of the block with the inputs' grad flags as
+    # a training step has them: the step reuses one, compiling nothing
+    counters.expect(counters.delta(before), frames=0, breaks=0, recompiles=0)
     # a budget below the weights, gradients and optimizer states: full everywhere, with a warning
     from magi_zoo.train import calibrate
 
@@ -289,9 +294,11 @@ def test_load_train_auto_measures_chooses_and_reports(fresh_dynamo, monkeypatch)
         big.trainable(**big.adapter.example_inputs(big.pipe, big.variant, "denoise"))
     with pytest.warns(RuntimeWarning, match="even full recompute everywhere is estimated"):
         out = calibrate(big)
-    # what is left when nothing fits: every block at the option that keeps the fewest bytes,
-    # as its compiled forward measured them (with aot_eager on CPU that need not be `full`)
-    fewest = min(out[0]["options"], key=lambda o: (o["bytes_per_block"], o["recompute_ms_per_block"]))
+    # what is left when nothing fits: every block at the option with the smallest footprint --
+    # max(what it keeps, as its compiled forward measured it, its gradient), then the least
+    # recompute (with aot_eager on CPU that need not be `full`)
+    grad = sum(p.numel() * p.element_size() for p in big.pipe.transformer.blocks[0].parameters())
+    fewest = min(out[0]["options"], key=lambda o: (max(o["bytes_per_block"], grad), o["recompute_ms_per_block"]))
     assert out[0]["choice"] == {fewest["name"]: 4} and not out[0]["fits"]
     assert out[0]["bytes_from"] == "compiled forward + backward per option"
     # The accounting separates the frozen components' weights left on the device (the text

@@ -22,7 +22,8 @@ def test_strategies_are_valid_recompute_specs():
 def test_markdown_shows_rows_and_the_auto_choice():
     auto = {"WanTransformerBlock": {"choice": {"keep matmuls+attention": 12, "full": 18}, "blocks": 30,
                                     "estimated_peak_gib": 15.2, "budget_gib": 16.0, "live_gib": 2.9,
-                                    "grads_and_optimizer_gib": 7.3, "largest_block_backward_gib": 1.6,
+                                    "optimizer_states_gib": 4.9, "gradients_outside_blocks_gib": 0.1,
+                                    "largest_block_backward_gib": 1.6, "blocks_kept_or_gradient_gib": 5.8,
                                     "kept_activations_gib": 3.4, "estimated_recompute_ms": 300.0,
                                     "options": [{"name": "full", "gib_per_block": 0.1, "recompute_ms_per_block": 20}]}}
     rec = {"kind": "single", "model": "m", "env": {"card": "X"}, "runs": 5, "warmup": 2, "step": "s",
@@ -31,3 +32,4 @@ def test_markdown_shows_rows_and_the_auto_choice():
     md = train.markdown(rec)
     assert "| auto16 " in md and "out of memory" in md
     assert "{'keep matmuls+attention': 12, 'full': 18} of 30 blocks; estimated peak 15.2 GiB of 16.0" in md
+    assert "optimizer states 4.9 + gradients outside the blocks 0.1" in md and "max(kept, its gradient) 5.8" in md

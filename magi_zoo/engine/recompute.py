@@ -401,11 +401,28 @@ class _OpRecorder(TorchDispatchMode):
 
 
 def _as_grad_input(x: Any) -> Any:
-    # Profiling runs inside calibrate's no_grad: give floating inputs requires_grad, as the
-    # residual stream has in a training step, so autograd saves what it would save then.
+    # Inputs seen without grad: give floating ones requires_grad, as the residual stream has
+    # in a training step, so autograd saves what it would save then.
     if isinstance(x, torch.Tensor) and x.is_floating_point():
         return x.detach().requires_grad_(True)
     return x
+
+
+def _training_inputs(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Fresh leaves for a profiled block call. Where the call came from a grad-mode forward
+    (calibrate's), each input keeps its own requires_grad -- what a training step passes, so
+    a compiled block is measured in the variant training runs (dynamo guards on the flag);
+    where nothing requires grad (a forward without grad), every floating input gets it."""
+    leaves = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    if not any(t.requires_grad for t in leaves):
+        return torch.utils._pytree.tree_map(_as_grad_input, (args, kwargs))
+
+    def leaf(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            return x.detach().requires_grad_(x.requires_grad)
+        return x
+
+    return torch.utils._pytree.tree_map(leaf, (args, kwargs))
 
 
 def measure_block(fn: Callable, args: tuple, kwargs: dict, *, module: nn.Module | None = None,
@@ -420,7 +437,7 @@ def measure_block(fn: Callable, args: tuple, kwargs: dict, *, module: nn.Module 
     params = {_storage_key(p) for p in module.parameters()} if isinstance(module, nn.Module) else set()
     prof = None
     for _ in range(repeats):
-        a, k = torch.utils._pytree.tree_map(_as_grad_input, (args, kwargs))
+        a, k = _training_inputs(args, kwargs)
         saved: set = set()
 
         def pack(t: torch.Tensor):
@@ -496,7 +513,7 @@ def measure_options(state: "_BlockState", args: tuple, kwargs: dict, *, repeats:
             state.decided = True
             nbytes, times = 0, []
             for _ in range(max(2, repeats)):
-                a, k = torch.utils._pytree.tree_map(_as_grad_input, (args, kwargs))
+                a, k = _training_inputs(args, kwargs)
                 saved: set = set()
 
                 def pack(t: torch.Tensor):
@@ -563,7 +580,10 @@ def _profile_call(state: _BlockState, orig: Callable, args: tuple, kwargs: dict)
     if region.spec.policy == "auto" and region.profile is None:
         region.profile = measure_block(orig, args, kwargs, module=state.module)
         region.sample = (state, args, kwargs)
-    return orig(*args, **kwargs)
+    # calibrate's forward may run with grad (so inputs carry training's requires_grad);
+    # no block keeps activations there.
+    with torch.no_grad():
+        return orig(*args, **kwargs)
 
 
 def _tensor_bytes(tensors) -> int:
@@ -591,9 +611,15 @@ def calibrate(root: nn.Module, run: Callable[[], Any], *, measure_compiled: bool
     peak is
 
         memory live now (CUDA: allocated -- weights, inputs, whatever else is held; CPU: the
-        weights on the blocks' device) + trainable weights x (1 gradient + `optimizer_states`,
-        optimizer states do not exist yet at calibration) + the largest block's
-        no-checkpoint bytes (the block being recomputed in backward) + what every block keeps.
+        weights on the blocks' device) + trainable weights x `optimizer_states` (they do not
+        exist yet at calibration) + the gradients of trainable weights outside the auto
+        blocks + the largest block's no-checkpoint bytes (the block being recomputed in
+        backward) + per auto block max(what it keeps, its parameters' gradient).
+
+    The last term is the backward's timeline: it walks the blocks last to first, freeing a
+    block's kept activations as it makes that block's gradients, so at any moment a block
+    holds one or the other (the peak over the walk is at most the sum of those maxima;
+    counting both, as a plain sum does, charges Wan-1.3B's 30 blocks 2.5 GiB twice).
 
     Not counted: activations outside the blocks (embeddings, head, loss) and FSDP's
     all-gathered parameters of the block in flight; leave headroom for them.
@@ -612,8 +638,13 @@ def calibrate(root: nn.Module, run: Callable[[], Any], *, measure_compiled: bool
         r.profile, r.measured = None, None
         for st in r.states:
             st.profiling = True
+    # With grad where nothing is sharded: the blocks' inputs then carry the requires_grad a
+    # training step gives them (the blocks themselves run without, `_profile_call`), and the
+    # compiled variants measured are those training reuses. An FSDP2 root's forward hooks
+    # expect a backward after a grad-mode forward: without grad there.
+    sharded = any(_is_sharded(m) for m in root.modules())
     try:
-        with _force_eager(), torch.no_grad():
+        with _force_eager(), torch.set_grad_enabled(not sharded):
             run()
     finally:
         for r in regions:
@@ -656,16 +687,21 @@ def calibrate(root: nn.Module, run: Callable[[], Any], *, measure_compiled: bool
                           RuntimeWarning, stacklevel=2)
     region_opts = {id(r): options(r.profile, r.measured) for r in regions}
     transient = max(region_opts[id(r)][-1].bytes for r in regions)  # the no-checkpoint option
-    optim = int(trainable * (1 + spec.optimizer_states))
-    fixed = live + optim + transient
+    states = int(trainable * spec.optimizer_states)
+    block_grads = {id(r): _tensor_bytes([p for p in r.states[0].module.parameters() if p.requires_grad])
+                   for r in regions}
+    other_grads = max(0, trainable - sum(block_grads[id(r)] * len(r.states) for r in regions))
+    fixed = live + states + other_grads + transient
     budget = spec.memory_budget_gib * GIB
     blocks, owners = [], []
     for r in regions:
-        opts = region_opts[id(r)]
+        # what a block costs at its worst moment: its kept activations, or later its gradient
+        footprint = [dataclasses.replace(o, bytes=max(o.bytes, block_grads[id(r)])) for o in region_opts[id(r)]]
         for st in r.states:
-            blocks.append(opts)
+            blocks.append(footprint)
             owners.append((r, st))
     pick = choose(blocks, budget - fixed)
+    kept = sum(region_opts[id(r)][i].bytes for (r, _), i in zip(owners, pick.picks))
     summary = []
     for r in regions:
         opts = region_opts[id(r)]
@@ -696,14 +732,16 @@ def calibrate(root: nn.Module, run: Callable[[], Any], *, measure_compiled: bool
     est_peak = (fixed + pick.bytes) / GIB
     accounting = {"budget_gib": spec.memory_budget_gib, "live_gib": round(live / GIB, 3),
                   "frozen_weights_on_device_gib": round(frozen / GIB, 3), "other_live_gib": round(other / GIB, 3),
-                  "grads_and_optimizer_gib": round(optim / GIB, 3),
+                  "optimizer_states_gib": round(states / GIB, 3), "gradients_gib": round(trainable / GIB, 3),
+                  "gradients_outside_blocks_gib": round(other_grads / GIB, 3),
                   "largest_block_backward_gib": round(transient / GIB, 3),
-                  "kept_activations_gib": round(pick.bytes / GIB, 3), "estimated_peak_gib": round(est_peak, 3),
+                  "kept_activations_gib": round(kept / GIB, 3),
+                  "blocks_kept_or_gradient_gib": round(pick.bytes / GIB, 3), "estimated_peak_gib": round(est_peak, 3),
                   "estimated_recompute_ms": round(pick.recompute_s * 1e3, 2), "fits": pick.fits}
     if not pick.fits:
         warnings.warn(f"recompute='auto': even full recompute everywhere is estimated at {est_peak:.3g} GiB, over the "
-                      f"{spec.memory_budget_gib:g} GiB budget (live now {live / GIB:.3g}, gradients + optimizer "
-                      f"{optim / GIB:.3g}); raise the budget, shard (FSDP) or "
+                      f"{spec.memory_budget_gib:g} GiB budget (live now {live / GIB:.3g}, optimizer states "
+                      f"{states / GIB:.3g}, gradients {trainable / GIB:.3g}); raise the budget, shard (FSDP) or "
                       "offload", RuntimeWarning, stacklevel=2)
     for r in regions:
         if r.record is not None:
