@@ -161,6 +161,10 @@ def run_one(args) -> dict[str, Any]:
             torch.cuda.reset_peak_memory_stats(device)
         t = common.time_calls(step, device, warmup=max(0, args.warmup - 1), runs=args.runs)
         peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+        if device.type == "cuda":  # the allocator's side: a cache near the card's size retries (slow)
+            stats = torch.cuda.memory_stats(device)
+            row.update(peak_reserved_gib=common.gib(stats.get("reserved_bytes.all.peak", 0)),
+                       alloc_retries=stats.get("num_alloc_retries", 0))
         during = counters.delta(before)
         row.update(status="ok", recompiles_in_steps=len(during.recompiles),
                    breaks_in_steps=sum(during.graph_breaks.values()),
@@ -216,7 +220,8 @@ def _row_line(r: dict[str, Any]) -> str:
 def markdown(rec: dict[str, Any]) -> str:
     lines = [f"# Training step: {rec['model']} ({rec['kind']})", "", common.env_line(rec["env"]), "",
              f"Step: {rec.get('step', '')}. Median of {rec.get('runs')} steps after {rec.get('warmup')} warm-up.", ""]
-    cols = ["strategy", "status", "ms_per_step", "peak_gib", "speedup_vs_eager_full", "first_step_s",
+    cols = ["strategy", "status", "ms_per_step", "peak_gib", "peak_reserved_gib", "alloc_retries",
+            "speedup_vs_eager_full", "first_step_s",
             "graph_breaks", "recompiles", "recompiles_in_steps", "loss"]
     if rec["kind"] != "single":
         cols = ["mode", "world", "status", "ms_per_step", "peak_gib_per_gpu", "scaling", "first_step_s", "loss"]
