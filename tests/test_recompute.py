@@ -188,6 +188,46 @@ def test_compute_sensitive_custom_op_is_saved_not_recomputed(policy, calls):
     assert all("forward" not in b.__dict__ for b in net.blocks)  # undone exactly
 
 
+class _MatBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return self.lin(x).sin().cos() + x
+
+
+def test_blocks_of_one_class_with_different_choices_run_their_own_compiled_variant(fresh_dynamo):
+    # dynamo does not guard on which selective policy a checkpoint uses: blocks of one class
+    # whose choices differ must not share compiled code (each choice: its own code object).
+    from magi_zoo.engine.recompute import _STATE
+
+    net = nn.Sequential(_MatBlock(), _MatBlock())
+    magi_zoo.apply(net, {"recompute": {"_MatBlock": {"policy": "selective", "save": ["matmuls"]}},
+                         "compile": {"_MatBlock": {"backend": "aot_eager", "fullgraph": True}}}, gpu="cpu", train=True)
+    net[1].__dict__[_STATE].choose(("attention",))  # block 1: another save set (no attention here: nothing)
+
+    def saved_bytes(block, x):
+        seen = {}
+
+        def pack(t):
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t.detach()
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            block(x)
+        params = {p.untyped_storage().data_ptr() for p in block.parameters()}
+        return sum(n for k, n in seen.items() if k not in params)
+
+    x = torch.randn(64, 16, requires_grad=True)
+    before = counters.snapshot()
+    kept_mm, kept_attn = saved_bytes(net[0], x), saved_bytes(net[1], x)
+    assert kept_mm == kept_attn + 64 * 16 * 4  # the linear's output, kept only by block 0
+    counters.expect(counters.delta(before), frames=2, breaks=0, recompiles=0)
+    assert [c for _, c in block_choices(net)] == ["keep matmuls", "keep attention"]
+    remove(net)
+
+
 # -- tiny Wan and Flux: compiled + recompute gradients equal eager ----------------------------------------
 
 def _grads(model, kwargs):

@@ -32,6 +32,7 @@ import dataclasses
 import gc
 import functools
 import heapq
+import re
 import time
 import warnings
 from typing import Any, Callable, Sequence
@@ -124,6 +125,21 @@ class _BlockState:
         self.label = label  # what this block keeps, for the report
         self.guard = None  # auto, until decided: the pre-hook refusing grad-mode calls
         self.module: nn.Module | None = None  # the block (its parameters: not activations; their device)
+        self.fn: Callable | None = None  # the installed wrapper (its code object names the choice)
+        self.cls: type | None = None  # the block's class when installed (FSDP2 renames it later)
+
+    def choose(self, save: tuple[str, ...] | None, label: str | None = None) -> None:
+        """Make this block keep `save` (None: no checkpoint; (): full recompute) and point
+        its wrapper at the code object of that choice (see `_wrap_for`)."""
+        self.checkpointed = save is not None
+        self.context_fn = context_fn(save_set(save)) if save else None
+        self.label = label or option_name(save)
+        self.retarget()
+
+    def retarget(self) -> None:
+        """Point the wrapper at the code object of the current choice (`label`)."""
+        if self.fn is not None:
+            self.fn.__code__ = _code_for(self.cls, self.label, self.fn.__code__)
 
 
 def _wrap(orig: Callable, state: _BlockState) -> Callable:
@@ -141,20 +157,28 @@ def _wrap(orig: Callable, state: _BlockState) -> Callable:
 
 
 def _wrap_for(cls: type, orig: Callable, state: _BlockState) -> Callable:
-    """`_wrap`, with a code object of its own per block class. Why: dynamo keeps compiled
-    code per code object (and at most `recompile_limit` entries on one); sharing the wrapper's
-    code between block classes would turn a second class (Flux's single-stream blocks) into
-    a recompile of the first, and enough classes x choices into a silent eager fallback."""
+    """`_wrap`, with a code object of its own per block class and choice. Why: dynamo keeps
+    compiled code per code object (and at most `recompile_limit` entries on one), and it
+    does not guard on which selective policy a checkpoint uses -- blocks of one class with
+    different save sets sharing one code object would all run the first one compiled. One
+    code object per (class, choice): each choice is its own compiled frame; a second class
+    (Flux's single-stream blocks) is not a recompile of the first either."""
     fn = _wrap(orig, state)
-    code = _CODES.get(cls)
-    if code is None:
-        code = _CODES[cls] = fn.__code__.replace(co_name=f"{cls.__name__}_checkpointed_forward")
-    fn.__code__ = code
-    fn.__name__ = code.co_name
+    fn.__code__ = _code_for(cls, state.label, fn.__code__)
+    fn.__name__ = fn.__code__.co_name
+    state.fn, state.cls = fn, cls
     return fn
 
 
-_CODES: dict[type, Any] = {}  # block class -> the wrapper code object its blocks share
+def _code_for(cls: type, label: str, code: Any) -> Any:
+    key = (cls, label)
+    if key not in _CODES:
+        tag = re.sub(r"\W+", "_", label).strip("_")
+        _CODES[key] = code.replace(co_name=f"{cls.__name__}_checkpointed_forward__{tag}")
+    return _CODES[key]
+
+
+_CODES: dict[tuple[type, str], Any] = {}  # (block class, choice) -> the wrapper code its blocks share
 
 
 def _refuse_undecided(module: nn.Module, args: tuple) -> None:
@@ -503,13 +527,12 @@ def measure_options(state: "_BlockState", args: tuple, kwargs: dict, *, repeats:
     cuda_ids = [device.index if device.index is not None else torch.cuda.current_device()] \
         if device.type == "cuda" else []
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    prior = (state.checkpointed, state.context_fn, state.decided)
+    prior = (state.checkpointed, state.context_fn, state.decided, state.label)
     grads = {p: p.grad for p in module.parameters()}
     costs: dict[str, OptionCost] = {}
     try:
         for save in (*AUTO_SAVES, None):
-            state.checkpointed = save is not None
-            state.context_fn = context_fn(save_set(save)) if save else None
+            state.choose(save)
             state.decided = True
             nbytes, times = 0, []
             for _ in range(max(2, repeats)):
@@ -545,7 +568,8 @@ def measure_options(state: "_BlockState", args: tuple, kwargs: dict, *, repeats:
                     p.grad = None
             costs[option_name(save)] = OptionCost(nbytes, min(times[1:]))
     finally:
-        state.checkpointed, state.context_fn, state.decided = prior
+        state.checkpointed, state.context_fn, state.decided, state.label = prior
+        state.retarget()
         for p, g in grads.items():
             p.grad = g
     return costs
@@ -710,10 +734,8 @@ def calibrate(root: nn.Module, run: Callable[[], Any], *, measure_compiled: bool
             if reg is not r:
                 continue
             o = opts[i]
-            st.checkpointed = o.save is not None
-            st.context_fn = context_fn(save_set(o.save)) if o.save is not None else None
+            st.choose(o.save, o.name)
             st.decided = True
-            st.label = o.name
             if st.guard is not None:
                 st.guard.remove()
                 st.guard = None
