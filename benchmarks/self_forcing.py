@@ -194,9 +194,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--width", type=int, default=None)
     p.add_argument("--frames", type=int, default=None)
     p.add_argument("--vae-dtype", default="bf16", choices=["bf16", "fp32"])
-    p.add_argument("--vae-channels-last", action="store_true",
-                   help="the VAE's weights in channels_last_3d (cuDNN's preferred 3D-conv layout on recent "
-                        "GPUs); results go to their own file (suffix _vae_cl)")
+    p.add_argument("--vae-contiguous", action="store_true",
+                   help="the VAE's weights as loaded (default: the pipeline's channels_last_3d, cuDNN's "
+                        "preferred 3D-conv layout); results go to their own file (suffix _vae_contig)")
+    p.add_argument("--no-overlap-decode", dest="overlap_decode", action="store_false",
+                   help="decode on the main stream after each block (default: the pipeline's side-stream "
+                        "decode, overlapping the next block)")
     p.add_argument("--backend", default=None, help="compile backend for every region (default: the spec's)")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--runs", type=int, default=5)
@@ -233,13 +236,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         args.vae_dtype = "fp32"  # CPU runs are fp32 throughout
     elif args.vae_dtype == "bf16":
         pipe.vae.to(torch.bfloat16)  # as the reference's `pipeline.to(dtype=torch.bfloat16)`
-    if args.vae_channels_last:
-        # Only the 3D convolutions' 5-D weights (Module.to(memory_format=) would also try the
-        # 2-D convolutions' 4-D ones and refuse).
-        with torch.no_grad():
-            for prm in pipe.vae.parameters():
-                if prm.dim() == 5:
-                    prm.data = prm.data.contiguous(memory_format=torch.channels_last_3d)
+    pipe.vae_memory_format = "contiguous" if args.vae_contiguous else "channels_last_3d"
+    pipe.overlap_decode = args.overlap_decode
     d = handle.variant.call_defaults
     call = dict(height=args.height or d["height"], width=args.width or d["width"],
                 num_frames=args.frames or d["num_frames"], max_sequence_length=d["max_sequence_length"], seed=0)
@@ -257,7 +255,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"{args.steps_per_video} transformer forwards; text encoding {text['median_ms']} ms", flush=True)
 
     out_dir = Path(args.out)
-    stem = f"self_forcing_{'smoke' if args.smoke else common.card_tag(env)}" + ("_vae_cl" if args.vae_channels_last else "")
+    # one file per decode setting (the default -- channels_last_3d VAE, side-stream decode -- unsuffixed)
+    stem = f"self_forcing_{'smoke' if args.smoke else common.card_tag(env)}" \
+        + ("_vae_contig" if args.vae_contiguous else "") + ("" if args.overlap_decode else "_serial")
     path = out_dir / f"{stem}.json"
     record = json.loads(path.read_text()) if path.is_file() else {}
     if record.get("env", {}).get("card") != env.get("card") or record.get("shape") != call:
@@ -288,14 +288,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if naive and r.get("transformer_ms"):
             r["speedup_vs_naive"] = round(naive / r["transformer_ms"], 3)
     record.update(model=model, env=env, shape=call, smoke=args.smoke, vae_dtype=args.vae_dtype,
-                  vae_memory_format="channels_last_3d" if args.vae_channels_last else "contiguous",
+                  vae_memory_format=pipe.vae_memory_format,
+                  overlap_decode=args.overlap_decode,
                   steps_per_video=args.steps_per_video, blocks=sched.num_blocks, block_tokens=sched.block_tokens,
                   cache_tokens=sched.cache_tokens, text_encoding=text, text_encoding_first_s=round(text_s, 3),
                   results=[rows[k] for k in STRATEGIES if k in rows])
     md = [f"# Self-Forcing ({model}): {call['num_frames']} frames {call['height']}x{call['width']}, "
           f"{sched.num_blocks} blocks, {args.steps_per_video} transformer forwards", "",
           common.env_line(env), "",
-          f"VAE {args.vae_dtype}{', channels_last_3d' if args.vae_channels_last else ''}; text encoding {text['median_ms']} ms (median); transformer time = the 7-block "
+          f"VAE {args.vae_dtype}, {pipe.vae_memory_format}"
+          f"{', decoded on a side stream overlapping the next block' if args.overlap_decode else ', decoded after each block'}; text encoding {text['median_ms']} ms (median); transformer time = the 7-block "
           "loop without decode; end to end = text encoding + blocks + streaming VAE decode; first frames = "
           "wall time to the first block's decoded frames on the host; breaks / recompiles / frames compiled: "
           "counters over the first video; rel_err_step_max: one step per block on identical inputs vs eager "
