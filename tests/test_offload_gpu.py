@@ -86,7 +86,6 @@ def test_tiny_wan_pipeline_streams_on_cuda(fresh_dynamo):
     assert rt is not None and rt.cuda and {"text_encoder", "transformer.blocks.0"} <= set(rt.plan.streamed)
     got = h(generator=torch.Generator().manual_seed(0), **call).frames
     s = rt.stats()
-    assert s["prefetched"] > 0 and s["phase_changes"] >= 2 and s["deferred"] == 0
     rep = h.report()
     assert rep.recompiles == 0 and rep.graph_breaks == 0
     remove(h.modules)  # every weight back in host memory, as built; then all of it on the card
@@ -96,3 +95,6 @@ def test_tiny_wan_pipeline_streams_on_cuda(fresh_dynamo):
     import numpy as np
 
     assert np.abs(np.asarray(got, dtype=np.float64) - np.asarray(want, dtype=np.float64)).max() < 2e-2
+    # Last, so a GPU run reports the frames first: on an H100 this failed with prefetched == 0
+    # (every unit loaded on demand at this ~100 KiB budget) -- not yet explained.
+    assert s["prefetched"] > 0 and s["phase_changes"] >= 2 and s["deferred"] == 0
