@@ -42,7 +42,7 @@ import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-from ..specs.recompute_spec import OP_GROUPS, RecomputeSpec, resolve_op_name
+from ..specs.recompute_spec import OP_GROUPS, SHAPE_GROUPS, RecomputeSpec, resolve_op_name
 from .custom_ops import NAMESPACE, list_custom_ops
 from .steps import StepContext, StepRecord, register_step
 
@@ -85,19 +85,51 @@ def is_compute_sensitive(func: Any) -> bool:
     return any(info.overload is func for info in list_custom_ops(is_compute_sensitive=True))
 
 
+DOWN = "down-projections"  # the shape-defined group (SHAPE_GROUPS)
+
+
+def _operand_dims(func: Any, args: tuple) -> tuple[int, int] | None:
+    """(K, N) of a matmul call -- reduction dim, output dim -- or None for other ops."""
+    packet = getattr(func, "overloadpacket", func)
+    if packet not in group_ops("matmuls") or len(args) < 2:
+        return None
+    name = getattr(packet, "__name__", "")
+    if name == "linear":  # linear(input, weight[N, K], bias)
+        a, w = args[0], args[1]
+        return (a.shape[-1], w.shape[0]) if hasattr(a, "shape") and hasattr(w, "shape") else None
+    a, b = (args[1], args[2]) if name in ("addmm", "baddbmm") and len(args) >= 3 else (args[0], args[1])
+    if not (hasattr(a, "shape") and hasattr(b, "shape")) or a.dim() < 1 or b.dim() < 1:
+        return None
+    return a.shape[-1], b.shape[-1]
+
+
+def is_down_projection(func: Any, args: tuple) -> bool:
+    """A matmul whose reduction dim exceeds its output dim (K > N)."""
+    dims = _operand_dims(func, args)
+    return dims is not None and dims[0] > dims[1]
+
+
 def save_set(names: Sequence[str]) -> frozenset:
-    """Op packets / overloads that `save` names (groups expanded)."""
+    """Op packets / overloads that `save` names (groups expanded; a shape-defined group stays
+    its name, the policy tests the call's shapes)."""
     out: set = set()
     for name in names:
-        out |= group_ops(name) if name in OP_GROUPS else {resolve_op_name(name)}
+        if name in SHAPE_GROUPS:
+            out.add(name)
+        else:
+            out |= group_ops(name) if name in OP_GROUPS else {resolve_op_name(name)}
     return frozenset(out)
 
 
 def _policy(saved: frozenset) -> Callable:
     # A closure per save set (what dynamo's checkpoint support accepts as a policy): keep
     # the named ops' outputs and the compute-sensitive custom ops', recompute the rest.
+    down = DOWN in saved
+
     def policy(ctx, func, *args, **kwargs):
         if func in saved or getattr(func, "overloadpacket", None) in saved or is_compute_sensitive(func):
+            return CheckpointPolicy.MUST_SAVE
+        if down and is_down_projection(func, args):
             return CheckpointPolicy.MUST_SAVE
         return CheckpointPolicy.PREFER_RECOMPUTE
 
@@ -230,8 +262,8 @@ class GroupCost:
 @dataclasses.dataclass(frozen=True)
 class BlockProfile:
     """One block's measured forward: per op group ('matmuls', 'attention', 'sensitive',
-    'other') the bytes of the outputs and the seconds spent; `boundary_bytes` = the inputs a
-    checkpoint keeps that are the block's own (the residual stream; inputs every block
+    'other'; 'down-projections' again apart, a subset of 'matmuls') the bytes of the outputs
+    and the seconds spent; `boundary_bytes` = the inputs a checkpoint keeps that are the block's own (the residual stream; inputs every block
     shares, e.g. text states, are counted once, elsewhere); `no_checkpoint_bytes` = what
     autograd saves for the block without checkpointing (unique storages, parameters
     excluded), the block's inputs included."""
@@ -256,7 +288,8 @@ class Option:
     recompute_s: float
 
 
-AUTO_SAVES: tuple[tuple[str, ...], ...] = ((), ("attention",), ("matmuls",), ("matmuls", "attention"))
+AUTO_SAVES: tuple[tuple[str, ...], ...] = ((), ("attention",), ("attention", DOWN), ("matmuls",),
+                                          ("matmuls", "attention"))
 
 
 def option_name(save: tuple[str, ...] | None) -> str:
@@ -417,10 +450,14 @@ class _OpRecorder(TorchDispatchMode):
                 if key not in self.seen:
                     self.seen.add(key)
                     nbytes += key[1]
-        g = self.groups.setdefault(op_group(func), [0, 0.0, 0])
-        g[0] += nbytes
-        g[1] += dt
-        g[2] += 1
+        names = [op_group(func)]
+        if names[0] == "matmuls" and is_down_projection(func, args):
+            names.append(DOWN)  # also counted apart: a subset of the matmuls
+        for name in names:
+            g = self.groups.setdefault(name, [0, 0.0, 0])
+            g[0] += nbytes
+            g[1] += dt
+            g[2] += 1
         return out
 
 

@@ -38,7 +38,14 @@ OP_GROUPS: dict[str, tuple[str, ...]] = {
                   "aten._scaled_dot_product_fused_attention_overrideable", "aten._flash_attention_forward",
                   "aten._efficient_attention_forward", "aten.scaled_dot_product_attention"),
 }
-SAVE_GROUPS = tuple(OP_GROUPS)
+# Groups defined by the operands' shapes, read by the selective policy at trace time: a
+# matmul whose reduction dim K exceeds its output dim N (an MLP's second linear) costs K / N
+# times more compute per byte of output than a square one -- the matmul output most worth
+# keeping once attention is kept.
+SHAPE_GROUPS: dict[str, str] = {
+    "down-projections": "matmuls whose reduction dim exceeds their output dim (K > N: an MLP's second linear)",
+}
+SAVE_GROUPS = (*OP_GROUPS, *SHAPE_GROUPS)
 
 
 def resolve_op_name(name: str):
@@ -96,7 +103,8 @@ class RecomputeSpec(SectionSpec):
         "the rest; 'selective': keep the outputs of the `save` ops; 'auto': per block, what fits "
         "`memory_budget_gib` at the least recompute time (measured).")
     save: tuple[str, ...] | None = Field(
-        None, description="selective only: op groups ('matmuls', 'attention') and/or op names "
+        None, description="selective only: op groups ('matmuls', 'attention', 'down-projections': "
+        "matmuls with K > N) and/or op names "
         "('aten.mm', 'aten._scaled_dot_product_flash_attention'); default both groups.")
     memory_budget_gib: float | None = Field(
         None, gt=0, description="auto only (required): the peak device memory a training step may "
@@ -144,8 +152,8 @@ class RecomputeSpec(SectionSpec):
 
     @property
     def saved(self) -> tuple[str, ...]:
-        """What a selective region keeps (its `save`, default both groups)."""
-        return self.save if self.save is not None else SAVE_GROUPS
+        """What a selective region keeps (its `save`, default matmuls and attention)."""
+        return self.save if self.save is not None else tuple(OP_GROUPS)
 
     @classmethod
     def from_shorthand(cls, value: Any) -> "RecomputeSpec":
