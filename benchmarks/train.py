@@ -241,7 +241,8 @@ def markdown(rec: dict[str, Any]) -> str:
                 lines.append(f"  options per block (from the {a.get('bytes_from', 'eager op outputs')}; "
                              "eager estimate in brackets): " + "; ".join(
                                  f"{o['name']} {o['gib_per_block']} GiB [{o.get('eager_estimate_gib', '-')}] / "
-                                 f"{o['recompute_ms_per_block']} ms [{o.get('eager_estimate_ms', '-')}]"
+                                 f"{o['recompute_ms_per_block']} ms [{o.get('eager_estimate_ms', '-')}], "
+                                 f"backward working set {o.get('backward_working_set_gib', '-')} GiB"
                                  for o in a["options"]))
     return "\n".join(lines)
 

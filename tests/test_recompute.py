@@ -131,6 +131,23 @@ def test_choose_fits_the_budget_at_least_recompute_time():
     assert not c.fits and names(c) == ["full"] * 10
 
 
+def test_choose_within_counts_the_largest_backward_working_set_once():
+    from magi_zoo.engine.recompute import choose_within
+
+    # a: keeps little, a bigger backward working set; b: keeps more, works in less
+    opts = [Option("a", (), 10, 1.0), Option("b", ("attention",), 20, 0.5)]
+    blocks, works = [opts] * 4, [[20, 5]] * 4
+    names = lambda c: sorted(opts[i].name for i in c.picks)  # noqa: E731
+    c, w = choose_within(blocks, works, 85)  # 4 x b: 80 + 5
+    assert c.fits and names(c) == ["b"] * 4 and w == 5
+    c, w = choose_within(blocks, works, 70)  # 3 x a + b: 50 + 20 (a's working set, counted once)
+    assert c.fits and names(c) == ["a", "a", "a", "b"] and w == 20 and c.recompute_s == pytest.approx(3.5)
+    c, w = choose_within(blocks, works, 60)  # 4 x a: 40 + 20
+    assert c.fits and names(c) == ["a"] * 4
+    c, w = choose_within(blocks, works, 30)  # nothing fits: the smallest peak, flagged
+    assert not c.fits and c.bytes + w == 60
+
+
 def _combos(opts, n):
     import itertools
 

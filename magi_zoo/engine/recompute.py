@@ -298,11 +298,14 @@ def option_name(save: tuple[str, ...] | None) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class OptionCost:
-    """One option run for real (`measure_options`): the bytes its forward saved for backward
-    and the seconds of one forward + backward of the block."""
+    """One option run for real (`measure_options`): the bytes its forward saved for backward,
+    the seconds of one forward + backward of the block, and (CUDA) the working set of its
+    backward above what it keeps -- recomputed activations, gradients in flight (None where
+    no allocator statistics exist: the CPU)."""
 
     bytes: int
     step_s: float
+    transient: int | None = None
 
 
 def options(p: BlockProfile, measured: dict[str, OptionCost] | None = None) -> list[Option]:
@@ -418,6 +421,30 @@ def choose(blocks: Sequence[Sequence[Option]], budget_bytes: float) -> Choice:
             used += opts[i].bytes - cur.bytes
             picks[b] = i
     return Choice(tuple(picks), used, sum(blocks[b][picks[b]].recompute_s for b in range(len(blocks))), True)
+
+
+def choose_within(blocks: Sequence[Sequence[Option]], transients: Sequence[Sequence[int]],
+                  budget_bytes: float) -> tuple[Choice, int]:
+    """`choose` where each option also has a backward working set (`transients[b][i]`) and
+    the peak is what all blocks keep plus the largest working set among the chosen options
+    (one block runs its backward at a time). Tries every cap T on the working set: options
+    above T are left out and T comes off the budget; returns the fitting choice with the least
+    recompute time (else the smallest peak) and its largest working set. Pure."""
+    best: tuple | None = None
+    for cap in sorted({t for ts in transients for t in ts}):
+        allowed = [[i for i, t in enumerate(ts) if t <= cap] for ts in transients]
+        if any(not a for a in allowed):
+            continue
+        c = choose([[blocks[b][i] for i in allowed[b]] for b in range(len(blocks))], budget_bytes - cap)
+        picks = tuple(allowed[b][i] for b, i in enumerate(c.picks))
+        work = max((transients[b][i] for b, i in enumerate(picks)), default=0)
+        c = Choice(picks, c.bytes, c.recompute_s, c.bytes + work <= budget_bytes)
+        key = (0, c.recompute_s, c.bytes + work) if c.fits else (1, c.bytes + work, c.recompute_s)
+        if best is None or key < best[0]:
+            best = (key, c, work)
+    if best is None:
+        return choose(blocks, budget_bytes), 0
+    return best[1], best[2]
 
 
 # -- measuring a block ------------------------------------------------------------------------------
@@ -556,7 +583,8 @@ def measure_options(state: "_BlockState", args: tuple, kwargs: dict, *, repeats:
     produce (eager selective checkpoints keep their outputs out of the hooks' sight:
     `options` takes the larger of the two). Each option is one compiled variant of the block
     (guards on its state), the same variants training then reuses. The block's parameter
-    gradients are left as they were."""
+    gradients are left as they were. On CUDA the allocator's peak over the forward + backward
+    gives each option's `transient` (this resets the device's peak-memory statistics)."""
     module = state.module
     params = {_storage_key(p) for p in module.parameters()}
     leaves = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
@@ -585,6 +613,9 @@ def measure_options(state: "_BlockState", args: tuple, kwargs: dict, *, repeats:
 
                 with torch.random.fork_rng(devices=cuda_ids), torch.enable_grad():
                     sync()
+                    if cuda_ids:
+                        torch.cuda.reset_peak_memory_stats(device)
+                        base = torch.cuda.memory_allocated(device)
                     t0 = time.perf_counter()
                     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                         out = module(*a, **k)
@@ -593,6 +624,7 @@ def measure_options(state: "_BlockState", args: tuple, kwargs: dict, *, repeats:
                     torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
                     sync()
                     times.append(time.perf_counter() - t0)
+                    peak = torch.cuda.max_memory_allocated(device) - base if cuda_ids else None
                 shapes = {tuple(t.shape) for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)}
                 inputs = [t for t in torch.utils._pytree.tree_leaves((a, k)) if isinstance(t, torch.Tensor)]
                 boundary = {_storage_key(t) for t in inputs if tuple(t.shape) in shapes}
@@ -600,10 +632,13 @@ def measure_options(state: "_BlockState", args: tuple, kwargs: dict, *, repeats:
                 # storage for all blocks, live anyway: not this block's cost (as in measure_block).
                 shared = {_storage_key(t) for t in inputs} - boundary
                 nbytes = sum(n for _, n in (saved - shared) | boundary)
+                # what the backward needs above the kept activations (the boundary input
+                # existed before the call, so it is not in the allocator's delta)
+                transient = None if peak is None else max(0, peak - (nbytes - sum(n for _, n in boundary)))
                 del out, outs, a, k
                 for p in grads:
                     p.grad = None
-            costs[option_name(save)] = OptionCost(nbytes, min(times[1:]))
+            costs[option_name(save)] = OptionCost(nbytes, min(times[1:]), transient)
     finally:
         state.checkpointed, state.context_fn, state.decided, state.label = prior
         state.retarget()
@@ -674,8 +709,9 @@ def calibrate(root: nn.Module, run: Callable[[], Any], *, measure_compiled: bool
         memory live now (CUDA: allocated -- weights, inputs, whatever else is held; CPU: the
         weights on the blocks' device) + trainable weights x `optimizer_states` (they do not
         exist yet at calibration) + the gradients of trainable weights outside the auto
-        blocks + the largest block's no-checkpoint bytes (the block being recomputed in
-        backward) + per auto block max(what it keeps, its parameters' gradient).
+        blocks + the largest backward working set among the chosen options (one block runs
+        its backward at a time; measured per option on CUDA, else the block's no-checkpoint
+        bytes) + per auto block max(what it keeps, its parameters' gradient).
 
     The last term is the backward's timeline: it walks the blocks last to first, freeing a
     block's kept activations as it makes that block's gradients, so at any moment a block
@@ -747,21 +783,24 @@ def calibrate(root: nn.Module, run: Callable[[], Any], *, measure_compiled: bool
                           "move or free them and calibrate again (magi_zoo.train.calibrate(handle))",
                           RuntimeWarning, stacklevel=2)
     region_opts = {id(r): options(r.profile, r.measured) for r in regions}
-    transient = max(region_opts[id(r)][-1].bytes for r in regions)  # the no-checkpoint option
+    # Each option's backward working set: measured (CUDA), else what the block saves without
+    # checkpointing (a recomputed block rebuilds at most that).
+    region_work = {id(r): [_working_set(r, o) for o in region_opts[id(r)]] for r in regions}
     states = int(trainable * spec.optimizer_states)
     block_grads = {id(r): _tensor_bytes([p for p in r.states[0].module.parameters() if p.requires_grad])
                    for r in regions}
     other_grads = max(0, trainable - sum(block_grads[id(r)] * len(r.states) for r in regions))
-    fixed = live + states + other_grads + transient
+    fixed = live + states + other_grads
     budget = spec.memory_budget_gib * GIB
-    blocks, owners = [], []
+    blocks, works, owners = [], [], []
     for r in regions:
         # what a block costs at its worst moment: its kept activations, or later its gradient
         footprint = [dataclasses.replace(o, bytes=max(o.bytes, block_grads[id(r)])) for o in region_opts[id(r)]]
         for st in r.states:
             blocks.append(footprint)
+            works.append(region_work[id(r)])
             owners.append((r, st))
-    pick = choose(blocks, budget - fixed)
+    pick, transient = choose_within(blocks, works, budget - fixed)
     kept = sum(region_opts[id(r)][i].bytes for (r, _), i in zip(owners, pick.picks))
     summary = []
     for r in regions:
@@ -786,9 +825,11 @@ def calibrate(root: nn.Module, run: Callable[[], Any], *, measure_compiled: bool
             "options": [{"name": o.name, "bytes_per_block": o.bytes, "gib_per_block": round(o.bytes / GIB, 4),
                          "recompute_ms_per_block": round(o.recompute_s * 1e3, 3),
                          "eager_estimate_gib": round(est[o.name].bytes / GIB, 4),
-                         "eager_estimate_ms": round(est[o.name].recompute_s * 1e3, 3)} for o in opts],
+                         "eager_estimate_ms": round(est[o.name].recompute_s * 1e3, 3),
+                         "backward_working_set_gib": round(w / GIB, 4)}
+                        for o, w in zip(opts, region_work[id(r)])],
         })
-    est_peak = (fixed + pick.bytes) / GIB
+    est_peak = (fixed + transient + pick.bytes) / GIB
     accounting = {"budget_gib": spec.memory_budget_gib, "live_gib": round(live / GIB, 3),
                   "frozen_weights_on_device_gib": round(frozen / GIB, 3), "other_live_gib": round(other / GIB, 3),
                   "optimizer_states_gib": round(states / GIB, 3), "gradients_gib": round(trainable / GIB, 3),
@@ -809,6 +850,14 @@ def calibrate(root: nn.Module, run: Callable[[], Any], *, measure_compiled: bool
     for record in {id(r.record): r.record for r in regions if r.record is not None}.values():
         record.did = _did([r for r in _regions_under(root) if r.record is record])
     return [{**s, **accounting} for s in summary]
+
+
+def _working_set(r: _Region, o: Option) -> int:
+    m = (r.measured or {}).get(o.name)
+    if m is not None and m.transient is not None:
+        return m.transient
+    return r.profile.no_checkpoint_bytes if r.measured is None else max(
+        r.profile.no_checkpoint_bytes, r.measured["no checkpoint"].bytes)
 
 
 @contextlib.contextmanager
