@@ -56,9 +56,11 @@ KEY = "CausalWanTransformer3DModel"
 # graphs, and "fullgraph*" rows are the plain compiled step.
 _GRAPH = {"denoise_step": {"fullgraph": True, "dynamic": False, "mode": "default"}}
 _CUDAGRAPHS = {"denoise_step": {"fullgraph": True, "dynamic": False, "mode": "reduce-overhead"}}
-# The streaming VAE decoder compiled per latent frame (3 graphs: the video's first frame,
-# its second, every later one -- the causal cache's shapes; 0 breaks, equal frames on the
-# tiny model): a candidate for the plan once a GPU run says it wins.
+# The streaming VAE decoder compiled per latent frame (3 graphs on the tiny model: the
+# video's first frame, its second, every later one; 0 breaks, equal frames). On the
+# published VAE it fails under fullgraph: diffusers' Wan VAE compares its feature cache with
+# the string "Rep" (`feat_cache[idx] == "Rep"` on a tensor), which dynamo refuses -- kept
+# as a strategy so that error stays measured (results/self_forcing_h100_vae_contig_serial.md).
 _VAE = {"vae.decoder": {"fullgraph": True, "dynamic": False}}
 STRATEGIES: dict[str, dict[str, Any]] = {
     "eager": dict(kind="static", attention="sdpa", compile=None),
