@@ -95,6 +95,8 @@ def test_tiny_wan_pipeline_streams_on_cuda(fresh_dynamo):
     import numpy as np
 
     assert np.abs(np.asarray(got, dtype=np.float64) - np.asarray(want, dtype=np.float64)).max() < 2e-2
-    # Last, so a GPU run reports the frames first: on an H100 this failed with prefetched == 0
-    # (every unit loaded on demand at this ~100 KiB budget) -- not yet explained.
-    assert s["prefetched"] > 0 and s["phase_changes"] >= 2 and s["deferred"] == 0
+    # At ~100 KiB the budget holds one buffer per group, so the plan schedules no prefetch and
+    # every copy is on demand (an H100 run saw prefetched == 0; the same plan on CPU shows it:
+    # an empty schedule up to ~0.2 MiB). The counters must agree with the plan either way.
+    assert s["phase_changes"] >= 2 and s["deferred"] == 0 and s["copies"] == s["demand"] + s["prefetched"]
+    assert (s["prefetched"] > 0) == any(rt.plan.schedule.values())
