@@ -513,51 +513,74 @@ def _training_inputs(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     return torch.utils._pytree.tree_map(leaf, (args, kwargs))
 
 
+class _SavedStorages:
+    """A saved-tensors pack hook that records the storages autograd saves for backward
+    (`keys`), parameters excluded; `with recorder.hooks():` around a forward."""
+
+    def __init__(self, params: set):
+        self.params = params
+        self.keys: set = set()
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        if t.device.type != "meta":
+            key = _storage_key(t)
+            if key not in self.params:
+                self.keys.add(key)
+        # Not `t` itself: a saved output packed with its grad_fn is a node -> tensor -> node
+        # cycle in C++ that no gc sees, and the whole profiled graph (GiBs at the Wan shape)
+        # would stay on the card for good. Nothing backwards through what this packs.
+        return t.detach()
+
+    def hooks(self):
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t)
+
+
+def _call_device(args: tuple, kwargs: dict) -> tuple[torch.device, list[int]]:
+    """The device of a block call's first tensor, and the CUDA devices whose RNG a profiled
+    call forks (a profiled forward must not move the RNG a training step will use)."""
+    leaves = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    device = leaves[0].device if leaves else torch.device("cpu")
+    cuda_ids = [device.index if device.index is not None else torch.cuda.current_device()] \
+        if device.type == "cuda" else []
+    return device, cuda_ids
+
+
+def _input_storages(args: tuple, kwargs: dict, out: Any) -> tuple[set, set]:
+    """(boundary, shared) storage keys of a block call's inputs: the boundary inputs are shaped
+    like an output (the residual stream the block passes on, its own); the others -- text
+    states, time embedding, RoPE tables -- are one storage for all blocks, live anyway."""
+    shapes = {tuple(t.shape) for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)}
+    inputs = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    boundary = {_storage_key(t) for t in inputs if tuple(t.shape) in shapes}
+    return boundary, {_storage_key(t) for t in inputs} - boundary
+
+
 def measure_block(fn: Callable, args: tuple, kwargs: dict, *, module: nn.Module | None = None,
                   repeats: int = 2) -> BlockProfile:
     """Run one block forward (`fn(*args, **kwargs)`, eager, no checkpoint) `repeats` times
     under the op recorder and saved-tensor hooks; the last run's timings count (the first
     warms kernels and allocators up). `module` (default: `fn`'s instance): its parameters
     are not activations, whatever autograd saves of them."""
-    leaves = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-    device = leaves[0].device if leaves else torch.device("cpu")
+    device, cuda_ids = _call_device(args, kwargs)
     module = module if module is not None else getattr(fn, "__self__", None)
     params = {_storage_key(p) for p in module.parameters()} if isinstance(module, nn.Module) else set()
     prof = None
     for _ in range(repeats):
         a, k = _training_inputs(args, kwargs)
-        saved: set = set()
-
-        def pack(t: torch.Tensor):
-            if t.device.type != "meta":
-                key = _storage_key(t)
-                if key not in params:
-                    saved.add(key)
-            # Not `t` itself: a saved output packed with its grad_fn is a node -> tensor ->
-            # node cycle in C++ that no gc sees, and the whole profiled graph (GiBs at the
-            # Wan shape) would stay on the card for good. Nothing backwards through this.
-            return t.detach()
-
+        saved = _SavedStorages(params)
         rec = _OpRecorder(device)
-        # fork_rng: a profiled forward must not move the RNG a training step will use.
-        cuda_ids = [device.index if device.index is not None else torch.cuda.current_device()] \
-            if device.type == "cuda" else []
-        with torch.random.fork_rng(devices=cuda_ids), torch.enable_grad(), \
-                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.random.fork_rng(devices=cuda_ids), torch.enable_grad(), saved.hooks():
             t0 = time.perf_counter()
             with rec:
                 out = fn(*a, **k)
             rec.sync()
             total = time.perf_counter() - t0
-        out_shapes = {tuple(t.shape) for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)}
-        # The block's own inputs: those shaped like an output (the residual stream it passes on).
-        boundary = {_storage_key(t) for t in torch.utils._pytree.tree_leaves((a, k))
-                    if isinstance(t, torch.Tensor) and tuple(t.shape) in out_shapes}
+        boundary, _ = _input_storages(a, k, out)
         prof = BlockProfile(
             groups={g: GroupCost(int(v[0]), float(v[1]), int(v[2])) for g, v in rec.groups.items()},
             forward_s=total,
             boundary_bytes=sum(n for _, n in boundary),
-            no_checkpoint_bytes=sum(n for _, n in saved | boundary),
+            no_checkpoint_bytes=sum(n for _, n in saved.keys | boundary),
         )
         del out
     return prof
@@ -587,10 +610,7 @@ def measure_options(state: "_BlockState", args: tuple, kwargs: dict, *, repeats:
     gives each option's `transient` (this resets the device's peak-memory statistics)."""
     module = state.module
     params = {_storage_key(p) for p in module.parameters()}
-    leaves = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-    device = leaves[0].device if leaves else torch.device("cpu")
-    cuda_ids = [device.index if device.index is not None else torch.cuda.current_device()] \
-        if device.type == "cuda" else []
+    device, cuda_ids = _call_device(args, kwargs)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     prior = (state.checkpointed, state.context_fn, state.decided, state.label)
     grads = {p: p.grad for p in module.parameters()}
@@ -602,22 +622,14 @@ def measure_options(state: "_BlockState", args: tuple, kwargs: dict, *, repeats:
             nbytes, times = 0, []
             for _ in range(max(2, repeats)):
                 a, k = _training_inputs(args, kwargs)
-                saved: set = set()
-
-                def pack(t: torch.Tensor):
-                    if t.device.type != "meta":
-                        key = _storage_key(t)
-                        if key not in params:
-                            saved.add(key)
-                    return t.detach()  # not `t`: see measure_block
-
+                saved = _SavedStorages(params)
                 with torch.random.fork_rng(devices=cuda_ids), torch.enable_grad():
                     sync()
                     if cuda_ids:
                         torch.cuda.reset_peak_memory_stats(device)
                         base = torch.cuda.memory_allocated(device)
                     t0 = time.perf_counter()
-                    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                    with saved.hooks():
                         out = module(*a, **k)
                     outs = [t for t in torch.utils._pytree.tree_leaves(out)
                             if isinstance(t, torch.Tensor) and t.requires_grad]
@@ -625,13 +637,8 @@ def measure_options(state: "_BlockState", args: tuple, kwargs: dict, *, repeats:
                     sync()
                     times.append(time.perf_counter() - t0)
                     peak = torch.cuda.max_memory_allocated(device) - base if cuda_ids else None
-                shapes = {tuple(t.shape) for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)}
-                inputs = [t for t in torch.utils._pytree.tree_leaves((a, k)) if isinstance(t, torch.Tensor)]
-                boundary = {_storage_key(t) for t in inputs if tuple(t.shape) in shapes}
-                # Inputs every block shares (text states, time embedding, RoPE tables) are one
-                # storage for all blocks, live anyway: not this block's cost (as in measure_block).
-                shared = {_storage_key(t) for t in inputs} - boundary
-                nbytes = sum(n for _, n in (saved - shared) | boundary)
+                boundary, shared = _input_storages(a, k, out)
+                nbytes = sum(n for _, n in (saved.keys - shared) | boundary)  # shared inputs: not this block's
                 # what the backward needs above the kept activations (the boundary input
                 # existed before the call, so it is not in the allocator's delta)
                 transient = None if peak is None else max(0, peak - (nbytes - sum(n for _, n in boundary)))
