@@ -263,8 +263,9 @@ class GroupCost:
 class BlockProfile:
     """One block's measured forward: per op group ('matmuls', 'attention', 'sensitive',
     'other'; 'down-projections' again apart, a subset of 'matmuls') the bytes of the outputs
-    and the seconds spent; `boundary_bytes` = the inputs a checkpoint keeps that are the block's own (the residual stream; inputs every block
-    shares, e.g. text states, are counted once, elsewhere); `no_checkpoint_bytes` = what
+    and the seconds spent; `boundary_bytes` = the inputs a checkpoint keeps that are the
+    block's own (the residual stream; inputs every block shares, e.g. text states, are
+    counted once, elsewhere); `no_checkpoint_bytes` = what
     autograd saves for the block without checkpointing (unique storages, parameters
     excluded), the block's inputs included."""
 

@@ -27,7 +27,7 @@ import torch
 from . import naive
 from .config import CONTEXT_NOISE, BlockSchedule, latent_frames_for, valid_frame_counts, warped_schedule
 from .kv_cache import StaticKVCache
-from .vae_stream import StreamingDecoder, to_frames
+from .vae_stream import StreamingDecoder, frames_tensor, to_frames
 
 STRATEGIES = ("static", "naive")
 
@@ -190,11 +190,9 @@ class SelfForcingPipeline:
                     side.wait_stream(torch.cuda.current_stream(dev))
                     x0.record_stream(side)
                     with torch.cuda.stream(side):
-                        pixels = decoder.decode(x0)
-                        frames = torch.empty(pixels.shape[0], *pixels.shape[2:], pixels.shape[1],
-                                             dtype=torch.float32, pin_memory=True)
-                        frames.copy_((pixels.float() / 2 + 0.5).clamp(0, 1).permute(0, 2, 3, 4, 1),
-                                     non_blocking=True)
+                        on_card = frames_tensor(decoder.decode(x0))
+                        frames = torch.empty(on_card.shape, dtype=on_card.dtype, pin_memory=True)
+                        frames.copy_(on_card, non_blocking=True)
                         event = torch.cuda.Event()
                         event.record(side)
                     if b + 1 < sched.num_blocks:  # the clean pass writes the cache later blocks read

@@ -57,7 +57,12 @@ class StreamingDecoder:
         self.vae.clear_cache()
 
 
+def frames_tensor(pixels: torch.Tensor) -> torch.Tensor:
+    """(B, 3, T, H, W) in [-1, 1] -> float32 (B, T, H, W, 3) in [0, 1], where `pixels` are."""
+    return (pixels.float() / 2 + 0.5).clamp(0, 1).permute(0, 2, 3, 4, 1)
+
+
 def to_frames(pixels: torch.Tensor):
-    """(B, 3, T, H, W) in [-1, 1] -> float32 numpy (B, T, H, W, 3) in [0, 1], as diffusers'
+    """`frames_tensor` as numpy on the host, as diffusers'
     VideoProcessor.postprocess_video(output_type="np") returns."""
-    return (pixels.float() / 2 + 0.5).clamp(0, 1).permute(0, 2, 3, 4, 1).cpu().numpy()
+    return frames_tensor(pixels).cpu().numpy()
