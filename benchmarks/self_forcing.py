@@ -189,6 +189,15 @@ def _step_inputs(handle, call: dict, block: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    import torch
+
+    # inference throughout; as a context, so a caller in the same process (the tests) keeps
+    # its grad mode afterwards
+    with torch.no_grad():
+        return _main(argv)
+
+
+def _main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--strategies", default=DEFAULT, help=f"comma list of {', '.join(STRATEGIES)}")
@@ -230,7 +239,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise SystemExit("--device cuda: no CUDA here; use --smoke for the CPU plumbing run")
     model = TINY if args.smoke else MODEL
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    torch.set_grad_enabled(False)
     handle = magi_zoo.load(model, gpu="auto" if device.type == "cuda" else "cpu", weights="random", dtype=dtype,
                            device=device, compile=False)
     pipe = handle.pipe
