@@ -64,6 +64,9 @@ def _worker(rank: int, world: int, port: int, out_dir: str, device: str = "cpu",
                            "n_grads": len(rel), "breaks": r.n_graph_breaks, "sharded": sharded,
                            "dtensor": type(next(model.parameters())).__name__, "dtypes_built": dtypes_built,
                            "dtypes_sharded": sorted({str(p.dtype) for p in model.parameters()})}, f)
+        # Both ranks tear down together: a CI run saw rank 1 abort in gloo's teardown ("terminate
+        # called without an active exception") while rank 0 was still writing the result.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
