@@ -20,6 +20,9 @@ same) and `auto` is re-measured without them. Strategies (`--strategies`):
 
 - eager_full: blocks eager (compile off for the block classes), full checkpointing;
 - regional_full: the shipped regional compile, full checkpointing;
+  (both baselines attend with torch SDPA's own dispatch, backend "native": what a user gets
+  without the plan; the other strategies use the plan's attention, fa3 on Hopper = FA3's
+  forward + cuDNN's backward)
 - save_all: regional compile, selective checkpointing keeping every matmul and attention output;
 - auto16 / auto40: regional compile, `recompute="auto"` at a 16 / 40 GiB budget (the choice is
   printed and recorded);
@@ -73,6 +76,21 @@ def _block_keys(model: str) -> list[str]:
     return list(SpecFile.from_toml(adapter.spec_path()).default.entries("recompute"))
 
 
+# The baselines are what a user gets without magi_zoo: torch SDPA's own dispatch for attention
+# (cuDNN on Hopper), not the plan's backend (fa3 there: FA3's forward + cuDNN's backward).
+BASELINES = ("eager_full", "regional_full")
+
+
+def _attention_keys(model: str, gpu: str) -> list[str]:
+    """The keys the spec's attention section sets for this GPU profile (any layer)."""
+    from magi_zoo import adapters
+    from magi_zoo.specs import SpecFile
+
+    adapter, _ = adapters.lookup(model)
+    return sorted({k for _, layer in SpecFile.from_toml(adapter.spec_path()).layers_for(gpu)
+                   for k in layer.entries("attention")})
+
+
 def build(model: str, strategy: str, *, gpu: str, device: str, backend: str | None, budget: float | None = None,
           calibrate: bool = True, optimizer: str = "adamw"):
     """load(train=True) for one strategy; frozen components to the host; auto re-measured."""
@@ -86,8 +104,11 @@ def build(model: str, strategy: str, *, gpu: str, device: str, backend: str | No
         compile_override = {k: {"enabled": False} for k in _block_keys(model)}
     elif backend:
         compile_override = {k: {"backend": backend} for k in _block_keys(model)}
+    keys = _attention_keys(model, gpu) if strategy in BASELINES else []
+    overrides = {"attention": {k: {"backend": "native"} for k in keys}} if keys else None
     kw = dict(gpu=gpu, weights=None if model.endswith("tiny") else "random", device=device, train=True,
-              recompute=_recompute(strategy, budget, optimizer), compile=compile_override or None)
+              recompute=_recompute(strategy, budget, optimizer), compile=compile_override or None,
+              overrides=overrides)
     if device == "cpu":
         kw["dtype"] = "float32"
     h = magi_zoo.load(model, **kw)

@@ -211,8 +211,8 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
         the spec's offload section names stream from pinned host memory (README, "Weight
         offload"); the model is then built in host memory and placed by the offload step.
     train: the denoiser in train mode with gradients (other components frozen, eval), the
-        plan applied for training: recompute on the spec's declared blocks, attention with
-        a backward (never forward-only fa3). `handle.trainable` is the module to optimise.
+        plan applied for training: recompute on the spec's declared blocks, the plan's
+        attention (fa3 trains with cuDNN's backward). `handle.trainable` is the module to optimise.
     recompute: with train=True, the blocks' activation recompute: "full" (default), "none",
         "selective" or a dict of RecomputeSpec fields, e.g. {"policy": "auto",
         "memory_budget_gib": 16} (measured on the example inputs at load; README, "Training").

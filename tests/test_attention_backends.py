@@ -1,5 +1,6 @@
 """The `fa3` attention backend: plan resolution, the missing-kernel error and `auto` fallback,
-the forward-only guard, and one fullgraph region through diffusers' dispatch.
+training (FA3 forward + cuDNN's backward; on CPU the tensor-op backward), and one fullgraph
+region through diffusers' dispatch.
 
 The real kernel (`fa3_fwd_interface`, the `hopper` extra) needs CUDA. On CPU a stand-in
 module of the same name is put in `sys.modules`: its `_flash_attn_forward` is a
@@ -36,8 +37,12 @@ def _standin_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_
     CALLS["eager"] += 1
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                          scale=softmax_scale, is_causal=causal).transpose(1, 2).contiguous()
-    lse = torch.zeros(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32)
-    return out, lse, q.new_empty(0), q.new_empty(0)
+    # the softmax's natural-log LSE per (batch, head, query), as FA3 returns it
+    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+    logits = scale * q.transpose(1, 2).float() @ k.transpose(1, 2).float().transpose(-1, -2)
+    if causal:
+        logits = logits.masked_fill(torch.ones(logits.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+    return out, torch.logsumexp(logits, dim=-1), q.new_empty(0), q.new_empty(0)
 
 
 @_standin_forward.register_fake
@@ -111,7 +116,8 @@ def test_fa3_dispatches_through_diffusers_registry(wan, kernel, registry):
     # whose registry entry is the engine's function
     assert set(_backends(wan.pipe.transformer)) == {AttentionBackendName._FLASH_3}
     assert registry._backends[AttentionBackendName._FLASH_3] is fa3.fa3_attention
-    assert "fa3 (fa3_fwd_interface in diffusers' _flash_3 slot) on transformer (8 attention layers)" \
+    assert ("fa3 (fa3_fwd_interface in diffusers' _flash_3 slot; with gradients, cuDNN's attention backward) "
+            "on transformer (8 attention layers)") \
         in rep.step("attention").did
     out = _forward(wan)
     # 4 blocks x (self + cross attention) = 8 kernel calls in one forward
@@ -219,15 +225,52 @@ def test_profile_preferences():
 
 # -- what FA3 forward refuses -----------------------------------------------------------------
 
-def test_forward_only_guard(wan, kernel):
+def _grads(h, inputs):
+    """Loss-free backward of the denoiser's output: the gradients of every parameter."""
+    out = h.pipe.transformer(**inputs)[0]
+    params = [p for p in h.pipe.transformer.parameters() if p.requires_grad]
+    return out.detach(), torch.autograd.grad(out.float().pow(2).mean(), params)
+
+
+def test_fa3_trains_with_the_attention_gradient(kernel):
+    """With gradients, fa3 runs the custom op magi_zoo::fa3_attention: FA3's forward and an
+    exact backward (on CPU the tensor-op one from the same LSE cuDNN's takes)."""
+    fa3.register()
+    g = torch.Generator().manual_seed(0)
+    for causal in (False, True):
+        q, k, v = (torch.randn(2, 24, 3, 16, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
+        out, lse = fa3.fa3_attention_trainable(q, k, v, 0.3, causal)
+        ref = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=0.3,
+                                             is_causal=causal).transpose(1, 2)
+        go = torch.randn_like(out)
+        got, want = (torch.autograd.grad(o, (q, k, v), go) for o in (out, ref))
+        for a, b in zip(got, want):
+            assert _rel(a, b) < 1e-6, causal
+    # the backend itself, bf16, as diffusers dispatches it
+    q, k, v = (torch.randn(1, 32, 2, 16, generator=g, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    fa3.fa3_attention(q, k, v).float().square().sum().backward()
+    q2, k2, v2 = (t.detach().float().requires_grad_() for t in (q, k, v))
+    F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q2, k2, v2))).transpose(1, 2) \
+        .square().sum().backward()
+    for a, b in ((q, q2), (k, k2), (v, v2)):
+        assert _rel(a.grad, b.grad) < 2e-2
+    with pytest.raises(ValueError, match="with gradients takes equal query and key/value head counts"):
+        fa3.fa3_attention(q, k[:, :, :1], v[:, :, :1], enable_gqa=True)
+
+
+def test_fa3_wan_gradients_equal_native(wan, kernel):
+    inputs = wan.adapter.example_inputs(wan.pipe, wan.variant, "denoise")
+    ref_out, ref = _grads(wan, inputs)
     magi_zoo.apply(wan.modules, {"attention": {"transformer": "fa3"}, "compile": NO_COMPILE}, gpu="h100")
-    # the weights require grad: a forward with grad enabled would need fa3's missing backward
-    with pytest.raises(RuntimeError, match="'fa3' is forward-only .* use backend='native' for training"):
-        _forward(wan, grad=True)
-    _forward(wan)  # under no_grad it runs
-    with torch.inference_mode():
-        _forward(wan)
-    remove(wan.modules)
+    try:
+        out, got = _grads(wan, inputs)
+        assert CALLS["eager"] == 8  # the FA3 (stand-in) forward ran once per attention layer
+        assert _rel(out, ref_out) < 1e-2
+        assert max(_rel(a, b) for a, b in zip(got, ref)) < 3e-2  # bf16 weights and activations
+        with torch.inference_mode():
+            _forward(wan)
+    finally:
+        remove(wan.modules)
 
 
 def test_refusals(kernel):
@@ -284,11 +327,32 @@ def test_fa3_region_compiles_fullgraph_without_breaks(kernel, fresh_dynamo):
     n = CALLS["eager"]
     _forward(h)
     assert CALLS["eager"] - n == 8
-    # with grad on, the guard is traced too: the compiled region refuses (dynamo re-raises
-    # the guard's error as its own "observed exception", with our message in it)
-    with pytest.raises(RuntimeError, match="forward-only"):
-        _forward(h, grad=True)
     remove(h.modules)
+
+
+@pytest.mark.parametrize("recompute,forwards", [("full", 16), ({"policy": "selective", "save": ["attention"]}, 8)])
+def test_fa3_trains_in_compiled_recompute_regions(kernel, fresh_dynamo, recompute, forwards):
+    """Training through fullgraph regions with recompute: magi_zoo::fa3_attention is one opaque
+    node, "full" re-runs its forward in backward (2 x 8 calls), selective "attention" keeps
+    its output (8); the gradients equal native eager's."""
+    h = magi_zoo.load("wan2.1-tiny", gpu="cpu", dtype="bfloat16", compile=False)
+    h.pipe.transformer.train().requires_grad_(True)
+    inputs = h.adapter.example_inputs(h.pipe, h.variant, "denoise")
+    ref_out, ref = _grads(h, inputs)
+    rep = magi_zoo.apply(h.modules, {"attention": {"transformer": "fa3"},
+                                     "recompute": {"WanTransformerBlock": recompute},
+                                     "compile": {"WanTransformerBlock": {"backend": "aot_eager", "fullgraph": True}}},
+                         gpu="h100", train=True)
+    try:
+        _grads(h, inputs)  # compiles
+        CALLS["eager"] = 0
+        out, got = _grads(h, inputs)
+        assert CALLS["eager"] == forwards
+        counters.expect(rep.region("WanTransformerBlock").counters, frames=1, breaks=0, recompiles=0)
+        assert _rel(out, ref_out) < 1e-2
+        assert max(_rel(a, b) for a, b in zip(got, ref)) < 3e-2
+    finally:
+        remove(h.modules)
 
 
 # -- benchmark smoke --------------------------------------------------------------------------
@@ -356,15 +420,42 @@ def test_fa3_kernel_matches_sdpa_on_cuda():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_fa3_training_gradients_match_cudnn_sdpa_on_cuda(causal):
+    """FA3's forward + cuDNN's backward (fed FA3's output and LSE) against SDPA's own cuDNN
+    forward + backward, and both against fp32."""
+    _need_fa3()
+    fa3.register()
+    assert fa3.cudnn_backward_available(torch.device("cuda"))
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(1, 4096, 12, 128, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+               for _ in range(3))
+    go = torch.randn(1, 4096, 12, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    out = fa3.fa3_attention(q, k, v, is_causal=causal)
+    got = torch.autograd.grad(out, (q, k, v), go)
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
+        ref = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), is_causal=causal).transpose(1, 2)
+    want = torch.autograd.grad(ref, (q, k, v), go)
+    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
+    ref32 = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q32, k32, v32)),
+                                           is_causal=causal).transpose(1, 2)
+    exact = torch.autograd.grad(ref32, (q32, k32, v32), go.float())
+    for a, b, e in zip(got, want, exact):
+        assert _rel(a, e) < 2e-2 and _rel(a, e) < 1.5 * _rel(b, e) + 1e-3, (_rel(a, e), _rel(b, e))
+
+
+@pytest.mark.gpu
 def test_fa3_wan_tiny_matches_native_on_cuda():
     _need_fa3()
     h = magi_zoo.load("wan2.1-tiny", gpu="auto", compile=False)
     assert h.dtype == torch.bfloat16 and h.device.type == "cuda"
-    ref = _forward(h)
+    h.pipe.transformer.requires_grad_(True)
+    inputs = h.adapter.example_inputs(h.pipe, h.variant, "denoise")
+    ref_out, ref = _grads(h, inputs)
     magi_zoo.apply(h.modules, {"attention": {"transformer": "fa3"}, "compile": NO_COMPILE}, gpu=h.profile)
-    assert _rel(_forward(h), ref) < 2e-2
-    with pytest.raises(RuntimeError, match="forward-only"):
-        _forward(h, grad=True)
+    assert _rel(_forward(h), ref_out) < 2e-2
+    out, got = _grads(h, inputs)  # with gradients: cuDNN's backward
+    assert _rel(out, ref_out) < 2e-2 and max(_rel(a, b) for a, b in zip(got, ref)) < 5e-2
     remove(h.modules)
 
 

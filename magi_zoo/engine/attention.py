@@ -27,9 +27,8 @@ from .steps import StepContext, StepRecord, register_step
 # Engine backends: plan name -> the kernel module providing `missing_reason()`, `register()`
 # (returns the diffusers member that now dispatches to it) and `describe()`. They need CUDA.
 ENGINE_BACKENDS = {"fa3": "magi_zoo.engine.kernels.fa3"}
-# Backends with no backward: a training apply (`apply(..., train=True)`) refuses them by
-# name and `auto` passes over them (fa3-fwd ships FlashAttention-3's forward kernel only).
-FORWARD_ONLY = frozenset({"fa3"})
+# Every backend here trains: diffusers' have backwards, and fa3 (whose wheel is forward-only)
+# pairs FA3's forward with cuDNN's attention backward (kernels/fa3.py, "Training").
 
 
 def _processors(module: nn.Module) -> list:
@@ -108,13 +107,12 @@ def _resolve(name: str, profile) -> tuple[object, str]:
     return member, f"{name} ({kernel.describe()})"
 
 
-def _auto(profile, train: bool = False) -> tuple[str, list[str]]:
-    """The first of the profile's `attention_backends` that can run here (and, for
-    training, has a backward), and the skipped choices with why."""
+def _auto(profile) -> tuple[str, list[str]]:
+    """The first of the profile's `attention_backends` that can run here, and the skipped
+    choices with why."""
     skipped = []
     for name in profile.attention_backends:
-        why = "forward-only; training needs a backward" if train and name in FORWARD_ONLY else None
-        why = why or _unavailable(name, profile)
+        why = _unavailable(name, profile)
         if why is None:
             return name, skipped
         skipped.append(f"{name!r} skipped: {why}")
@@ -136,16 +134,12 @@ def attention_step(ctx: StepContext) -> StepRecord:
         note = ""
         if name == "auto":
             if auto is None:
-                auto = _auto(ctx.profile, ctx.train)
-                # Passing over a forward-only backend for training is the rule, not news.
-                if [w for w in auto[1] if "training needs a backward" not in w]:
+                auto = _auto(ctx.profile)
+                if auto[1]:
                     warnings.warn(f"attention backend 'auto' on profile {ctx.profile.name!r} uses "
                                   f"{auto[0]!r}: {'; '.join(auto[1])}", RuntimeWarning, stacklevel=2)
             name = auto[0]
             note = f"; auto: {'; '.join(auto[1])}" if auto[1] else ""
-        if ctx.train and name in FORWARD_ONLY:
-            raise PlanError(f"attention key {key!r}: backend {name!r} is forward-only and this apply is for "
-                            "training; use 'auto' (it picks one with a backward), 'native' or 'flash'")
         backend, label = _resolve(name, ctx.profile)
         n = 0
         for t in targets:

@@ -234,7 +234,8 @@ def _fa3_forward_op(ctx, query, key, value, attn_mask=None, dropout_p=0.0, is_ca
 
 
 def _fa3_backward_op(ctx, grad_out, *args, **kwargs):
-    raise RuntimeError("attention backend 'fa3' is forward-only (no backward under context parallelism either)")
+    raise RuntimeError("attention backend 'fa3' has no backward under context parallelism (its cuDNN backward "
+                       "is wired for one process only); train context-parallel with backend='native'")
 
 
 def fa3_context_parallel_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,

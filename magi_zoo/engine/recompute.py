@@ -44,6 +44,7 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 
 from ..specs.recompute_spec import OP_GROUPS, SHAPE_GROUPS, RecomputeSpec, resolve_op_name
 from .custom_ops import NAMESPACE, list_custom_ops
+from .kernels import fa3 as _fa3  # noqa: F401 -- registers magi_zoo::fa3_attention, an OP_GROUPS entry
 from .steps import StepContext, StepRecord, register_step
 
 GIB = 1024 ** 3

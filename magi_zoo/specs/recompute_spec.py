@@ -36,7 +36,8 @@ OP_GROUPS: dict[str, tuple[str, ...]] = {
     "attention": ("aten._scaled_dot_product_flash_attention", "aten._scaled_dot_product_efficient_attention",
                   "aten._scaled_dot_product_cudnn_attention", "aten._scaled_dot_product_flash_attention_for_cpu",
                   "aten._scaled_dot_product_fused_attention_overrideable", "aten._flash_attention_forward",
-                  "aten._efficient_attention_forward", "aten.scaled_dot_product_attention"),
+                  "aten._efficient_attention_forward", "aten.scaled_dot_product_attention",
+                  "magi_zoo.fa3_attention"),  # FA3 forward + cuDNN backward (engine/kernels/fa3.py)
 }
 # Groups defined by the operands' shapes, read by the selective policy at trace time: a
 # matmul whose reduction dim K exceeds its output dim N (an MLP's second linear) costs K / N

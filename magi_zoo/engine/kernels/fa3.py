@@ -25,11 +25,20 @@ dynamo traces (diffusers' native backends compile the same way), and the kernel 
 so dynamo records it as one opaque node. It is called directly, not through
 ``flash_attn_func``'s `autograd.Function`, whose backward this build does not have.
 
+Training: fa3-fwd ships FlashAttention-3's forward kernel only. A call that needs gradients
+goes through the custom op ``magi_zoo::fa3_attention`` (`fa3_attention_trainable`): FA3's
+forward, which returns the output and its log-sum-exp, and cuDNN's fused attention backward
+(``aten._scaled_dot_product_cudnn_attention_backward``, what torch's own SDPA runs on
+Hopper) fed with that output and LSE -- both are the softmax's natural-log LSE per (batch,
+head, query), so the backward is the one SDPA would run, after a faster forward. Where
+cuDNN's backward cannot run (CPU, no cuDNN attention), the backward is the attention
+gradient written out in tensor ops from the same LSE (P = exp(scale * QK^T - LSE)),
+which is exact and slow. The recompute step counts the op in its "attention" group.
+
 What FA3 forward cannot do is refused with an error that says what to use instead:
 attention masks, dropout, dtypes other than bf16 (this build has fp16 off; fp32 is not an
-FA3 dtype; fp8 needs descales no diffusers caller passes), context parallelism, and
-gradients: fa3-fwd has no backward, so a call with grad enabled on inputs that require
-grad raises instead of failing later in ``backward()``.
+FA3 dtype; fp8 needs descales no diffusers caller passes), context parallelism; and, with
+gradients, fewer key/value heads than query heads and returning the LSE.
 """
 
 from __future__ import annotations
@@ -38,6 +47,8 @@ import importlib
 from typing import Any
 
 import torch
+
+from ..custom_ops import register_custom_op
 
 NAME = "fa3"
 MODULE = "fa3_fwd_interface"  # what the fa3-fwd wheel installs
@@ -84,7 +95,7 @@ def describe() -> str:
     """Which implementation the ``_flash_3`` slot dispatches to (for the report)."""
     if _official_fa3():
         return "flash_attn_interface, diffusers' own _flash_3"
-    return f"{MODULE} in diffusers' _flash_3 slot"
+    return f"{MODULE} in diffusers' _flash_3 slot; with gradients, cuDNN's attention backward"
 
 
 def register():
@@ -132,10 +143,6 @@ def fa3_attention(
     if _parallel_config is not None:
         raise ValueError("attention backend 'fa3' does not support diffusers' context parallelism; "
                          "use backend='native' or a backend that supports it")
-    if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
-        raise RuntimeError("attention backend 'fa3' is forward-only (the fa3-fwd kernel has no backward): "
-                           "use backend='native' for training, or run inference under torch.no_grad() / "
-                           "torch.inference_mode()")
     if not (query.dtype == key.dtype == value.dtype == torch.bfloat16):
         raise TypeError(f"attention backend 'fa3' computes in bfloat16 only (got {query.dtype}): load the "
                         "model in bf16, or use backend='native'")
@@ -145,9 +152,87 @@ def fa3_attention(
     # The softmax scale is passed explicitly (1/sqrt(head_dim) as SDPA's default), as
     # flash_attn_func does, rather than relying on the C++ default.
     softmax_scale = scale if scale is not None else query.shape[-1] ** -0.5
+    if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
+        if return_lse or key.shape[2] != query.shape[2]:
+            raise ValueError("attention backend 'fa3' with gradients takes equal query and key/value head "
+                             "counts and returns no LSE (its backward is cuDNN's); use backend='native' here")
+        out, _ = fa3_attention_trainable(query, key, value, softmax_scale, is_causal)
+        return out
     out, lse, *_ = _forward(query, key, value, softmax_scale=softmax_scale, causal=is_causal)
     # diffusers' LSE convention (its own _flash_3 and the context-parallel merge): (B, S, H)
     return (out, lse.permute(0, 2, 1)) if return_lse else out
+
+
+# -- training: FA3's forward, cuDNN's backward ---------------------------------------------------
+
+def _trainable_fake(query, key, value, scale, causal):
+    b, s, h, _ = query.shape
+    return query.new_empty(b, s, h, value.shape[-1]), query.new_empty(b, h, s, dtype=torch.float32)
+
+
+@register_custom_op("fa3_attention", fake=_trainable_fake)
+def fa3_attention_trainable(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float,
+                            causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """FA3's forward as a differentiable op: (out (B, S, H, D), LSE (B, H, S) fp32) from q, k, v
+    (B, S, H, D). Its backward is `attention_backward` (cuDNN's kernel where it runs)."""
+    if _forward is None:
+        raise RuntimeError(f"attention backend 'fa3' was dispatched before its kernel was registered; "
+                           f"call magi_zoo.engine.kernels.fa3.register() first ({INSTALL})")
+    out, lse, *_ = _forward(query, key, value, softmax_scale=scale, causal=causal)
+    return out, lse
+
+
+def cudnn_backward_available(device: torch.device) -> bool:
+    """Whether cuDNN's fused attention backward can run on `device` (CUDA, cuDNN attention on)."""
+    return (device.type == "cuda" and torch.backends.cudnn.is_available()
+            and torch.backends.cuda.cudnn_sdp_enabled())
+
+
+def attention_backward(grad_out, query, key, value, out, lse, scale: float, causal: bool):
+    """dq, dk, dv of softmax(scale * q k^T) v given its output and LSE; all (B, S, H, D)."""
+    if cudnn_backward_available(query.device):
+        t = lambda x: x.transpose(1, 2)  # noqa: E731 -- cuDNN takes (B, H, S, D) views
+        # unused without dropout, but part of the op's signature (SDPA passes its own)
+        philox = torch.empty((), dtype=torch.int64, device=query.device)
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
+            t(grad_out.contiguous()), t(query), t(key), t(value), t(out), lse.unsqueeze(-1), philox, philox,
+            None, None, None, query.shape[1], key.shape[1], 0.0, causal, scale=scale)
+        return t(dq), t(dk), t(dv)
+    return reference_backward(grad_out, query, key, value, out, lse, scale, causal)
+
+
+def reference_backward(grad_out, query, key, value, out, lse, scale: float, causal: bool):
+    """The attention gradient in plain tensor ops (fp32), from the same output and LSE the
+    cuDNN kernel takes: P = exp(scale q k^T - LSE), dV = P^T dO, dS = P (dO v^T - rowsum(dO * O)),
+    dQ = scale dS k, dK = scale dS^T q. Exact; memory O(S^2): CPU and small shapes."""
+    f = lambda x: x.transpose(1, 2).float()  # noqa: E731 -- (B, H, S, D)
+    q, k, v, o, do = f(query), f(key), f(value), f(out), f(grad_out)
+    logits = scale * q @ k.transpose(-1, -2)
+    if causal:
+        sq, sk = logits.shape[-2:]
+        logits = logits.masked_fill(torch.ones(sq, sk, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    p = torch.exp(logits - lse.float().unsqueeze(-1))
+    dv = p.transpose(-1, -2) @ do
+    ds = p * (do @ v.transpose(-1, -2) - (do * o).sum(-1, keepdim=True))
+    dq, dk = scale * ds @ k, scale * ds.transpose(-1, -2) @ q
+    back = lambda g, like: g.transpose(1, 2).to(like.dtype)  # noqa: E731
+    return back(dq, query), back(dk, key), back(dv, value)
+
+
+def _setup_context(ctx, inputs, output):
+    query, key, value, scale, causal = inputs
+    out, lse = output
+    ctx.save_for_backward(query, key, value, out, lse)
+    ctx.scale, ctx.causal = scale, causal
+
+
+def _backward(ctx, grad_out, grad_lse):
+    query, key, value, out, lse = ctx.saved_tensors
+    dq, dk, dv = attention_backward(grad_out, query, key, value, out, lse, ctx.scale, ctx.causal)
+    return dq, dk, dv, None, None
+
+
+fa3_attention_trainable.register_autograd(_backward, setup_context=_setup_context)
 
 
 # -- fp8 attention -----------------------------------------------------------------------------
