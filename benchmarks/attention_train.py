@@ -5,7 +5,8 @@ forward kernel, then cuDNN's backward fed with FA3's output and LSE).
     source .whl/prelude.sh    # on the GPU box: the fa3-fwd wheel
     python -m benchmarks.attention_train --out benchmarks/results
 
-Per shape and kernel: median ms of the forward alone and of forward + backward (CUDA events,
+Per shape and kernel: median ms of the forward alone, the backward alone (of one retained
+forward) and forward + backward (CUDA events,
 warm-up, --runs timed), TFLOP/s of forward + backward (3.5 x the forward's 4*B*H*S*S*D:
 the backward is 2.5 forwards of matmul work), and each gradient's relative L2 against an
 fp32 SDPA reference on the same inputs (at the Flux shape; the Wan shapes' fp32 reference
@@ -72,9 +73,12 @@ def run(runs: int) -> list[dict]:
             with torch.no_grad():
                 fwd = _time(lambda: fn(q, k, v), runs)
             both = _time(lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), go), runs)
+            o = fn(q, k, v)
+            bwd = _time(lambda: torch.autograd.grad(o, (q, k, v), go, retain_graph=True), runs)
+            del o
             grads[name] = torch.autograd.grad(fn(q, k, v), (q, k, v), go)
             flops = 3.5 * 4 * b * h * s * s * d
-            rows.append({"shape": shape, "kernel": name, "fwd_ms": round(fwd, 3), "fwd_bwd_ms": round(both, 3),
+            rows.append({"shape": shape, "kernel": name, "fwd_ms": round(fwd, 3), "bwd_ms": round(bwd, 3), "fwd_bwd_ms": round(both, 3),
                          "tflops_fwd_bwd": round(flops / both / 1e9, 1)})
         base = ref if ref is not None else grads["sdpa"]
         for r in rows[-len(KERNELS):]:
@@ -95,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = run(args.runs)
     env = common.environment(torch.device("cuda"))
     command = "python -m benchmarks.attention_train " + " ".join(sys.argv[1:] if argv is None else argv)
-    cols = ["shape", "kernel", "fwd_ms", "fwd_bwd_ms", "tflops_fwd_bwd", "vs", "rel_dq", "rel_dk", "rel_dv"]
+    cols = ["shape", "kernel", "fwd_ms", "bwd_ms", "fwd_bwd_ms", "tflops_fwd_bwd", "vs", "rel_dq", "rel_dk", "rel_dv"]
     md = "\n".join(["# Attention forward + backward (training)", "", common.env_line(env), "",
                     f"command: `{command}`", "", common.results_table(rows, cols)])
     common.publish(Path(args.out), f"attention_train_{common.card_tag(env)}", {"env": env, "command": command,

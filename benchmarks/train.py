@@ -22,7 +22,8 @@ same) and `auto` is re-measured without them. Strategies (`--strategies`):
 - regional_full: the shipped regional compile, full checkpointing;
   (both baselines attend with torch SDPA's own dispatch, backend "native": what a user gets
   without the plan; the other strategies use the plan's attention, fa3 on Hopper = FA3's
-  forward + cuDNN's backward)
+  forward + cuDNN's backward); any strategy + "_sdpa" (e.g. auto16_sdpa) pins SDPA's dispatch
+  too, to attribute the attention backend's share
 - save_all: regional compile, selective checkpointing keeping every matmul and attention output;
 - auto16 / auto40: regional compile, `recompute="auto"` at a 16 / 40 GiB budget (the choice is
   printed and recorded);
@@ -54,7 +55,15 @@ STRATEGIES = ("eager_full", "regional_full", "save_all", "auto16", "auto40")
 ALL_STRATEGIES = (*STRATEGIES, "none")
 
 
+SDPA = "_sdpa"  # strategy suffix: attention pinned to torch SDPA's dispatch (e.g. auto16_sdpa)
+
+
+def _base(strategy: str) -> str:
+    return strategy[: -len(SDPA)] if strategy.endswith(SDPA) else strategy
+
+
 def _recompute(strategy: str, budget: float | None = None, optimizer: str = "adamw") -> Any:
+    strategy = _base(strategy)
     if strategy in ("eager_full", "regional_full"):
         return "full"
     if strategy == "save_all":
@@ -100,11 +109,11 @@ def build(model: str, strategy: str, *, gpu: str, device: str, backend: str | No
     from magi_zoo.train import calibrate as calibrate_handle
 
     compile_override: dict[str, Any] = {}
-    if strategy == "eager_full":
+    if _base(strategy) == "eager_full":
         compile_override = {k: {"enabled": False} for k in _block_keys(model)}
     elif backend:
         compile_override = {k: {"backend": backend} for k in _block_keys(model)}
-    keys = _attention_keys(model, gpu) if strategy in BASELINES else []
+    keys = _attention_keys(model, gpu) if strategy in BASELINES or strategy.endswith(SDPA) else []
     overrides = {"attention": {k: {"backend": "native"} for k in keys}} if keys else None
     kw = dict(gpu=gpu, weights=None if model.endswith("tiny") else "random", device=device, train=True,
               recompute=_recompute(strategy, budget, optimizer), compile=compile_override or None,
