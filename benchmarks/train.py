@@ -291,7 +291,9 @@ def run_distributed(args) -> dict[str, Any] | None:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     dist.init_process_group("nccl" if cuda else "gloo")
     device = torch.device(f"cuda:{torch.cuda.current_device()}" if cuda else "cpu")
-    strategy = "auto" if args.budget else "regional_full"
+    # One recompute policy for both modes (--dp): the scaling compares like with like. `auto`
+    # (with --budget) re-chooses under FSDP2, where sharded weights leave more room to keep.
+    strategy = args.strategy or ("auto" if args.budget else "regional_full")
     rows = []
 
     def measure(h, mode: str) -> dict[str, Any]:
@@ -320,7 +322,7 @@ def run_distributed(args) -> dict[str, Any] | None:
     h = build(args.model, strategy, gpu=args.gpu, device=str(device), backend=args.backend, budget=args.budget,
               calibrate=False, optimizer=args.optimizer)
     shard(h.trainable)  # recompute -> compile (applied by load) -> fully_shard per block, then the root
-    if strategy == "auto":
+    if strategy.startswith("auto"):
         from magi_zoo.train import calibrate
 
         calibrate(h)  # per-rank accounting now that the weights are sharded
@@ -330,6 +332,9 @@ def run_distributed(args) -> dict[str, Any] | None:
         rows[-1]["scaling"] = round(world * single["ms_per_step"] / rows[-1]["ms_per_step"], 3)
     gathered = [None] * world
     dist.all_gather_object(gathered, rows)
+    if cuda:
+        torch.cuda.synchronize(device)
+    dist.barrier()  # every rank done with FSDP2's collectives before the group goes away
     dist.destroy_process_group()
     if rank != 0:
         return None
@@ -352,6 +357,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=1500, help="seconds per strategy process")
     p.add_argument("--fsdp", action="store_true", help="torchrun: FSDP2 step (auto recompute at --budget)")
     p.add_argument("--dp", action="store_true", help="torchrun: data-parallel scaling against one GPU")
+    p.add_argument("--strategy", default=None, choices=ALL_STRATEGIES,
+                   help="--fsdp/--dp: the recompute strategy of both modes (default: auto at --budget, else "
+                        "regional_full)")
     p.add_argument("--budget", type=float, default=None, help="--fsdp/--dp: auto recompute budget, GiB per GPU "
                    "(default: full checkpointing)")
     p.add_argument("--optimizer", choices=("adamw", "none"), default="adamw",
