@@ -217,6 +217,26 @@ def write_wav(path: str | Path, audio, sample_rate: int) -> Path:
     return Path(path)
 
 
+def write_gif(frames, path: str | Path, fps: int) -> None:
+    """Frames (PIL images, or H x W x 3 arrays: float in [0, 1] or uint8) as an animated GIF
+    with Pillow alone (no ffmpeg)."""
+    import numpy as np
+    from PIL import Image
+
+    def image(f):
+        if isinstance(f, Image.Image):
+            return f.convert("RGB")
+        a = np.asarray(f)
+        if a.dtype != np.uint8:
+            a = (np.clip(a, 0.0, 1.0) * 255).round().astype(np.uint8)
+        return Image.fromarray(a)
+
+    imgs = [image(f) for f in frames]
+    if not imgs:
+        raise ValueError("no frames to write")
+    imgs[0].save(path, format="GIF", save_all=True, append_images=imgs[1:], duration=round(1000 / fps), loop=0)
+
+
 def write_output(output, out: str | Path, audio_out: str | Path | None = None) -> list[Path]:
     """Write an adapter's `Output` to `out` (and its speech to `audio_out`); returns the paths.
     Each file is written to a temporary name and renamed into place: a failure mid-write
@@ -226,10 +246,21 @@ def write_output(output, out: str | Path, audio_out: str | Path | None = None) -
     out = Path(out)
     if audio_out is not None and output.audio is None:
         raise ValueError("--audio-out given but the model returned no speech")
-    if output.kind == "video":
+    if output.kind == "video" and out.suffix.lower() == ".gif":
+        atomic_write(out, lambda tmp: write_gif(list(output.value), tmp, fps=output.fps or 16))
+    elif output.kind == "video":
         from diffusers.utils import export_to_video
 
-        atomic_write(out, lambda tmp: export_to_video(list(output.value), str(tmp), fps=output.fps or 16))
+        def mp4(tmp):
+            try:
+                export_to_video(list(output.value), str(tmp), fps=output.fps or 16)
+            except (AttributeError, ImportError, RuntimeError) as e:
+                if "ffmpeg" not in str(e):
+                    raise
+                raise RuntimeError(f"writing {out.name} needs ffmpeg (pip install imageio-ffmpeg); or write "
+                                   f"{out.with_suffix('.gif').name}, which needs only Pillow") from e
+
+        atomic_write(out, mp4)
     elif output.kind == "image":
         atomic_write(out, lambda tmp: output.value.save(tmp))
     elif output.kind == "text":

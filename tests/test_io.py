@@ -73,3 +73,30 @@ def test_works_with_path_taking_writers(tmp_path):
 
     img = atomic_write(tmp_path / "img.png", lambda tmp: Image.new("RGB", (4, 3)).save(tmp))
     assert Image.open(img).size == (4, 3) and Image.open(img).format == "PNG"
+
+
+def test_video_as_gif_needs_no_ffmpeg(tmp_path, monkeypatch):
+    """--out x.gif writes with Pillow alone (a machine without ffmpeg can still save video);
+    an .mp4 without ffmpeg says what to install or to write .gif."""
+    import numpy as np
+    from PIL import Image
+
+    from magi_zoo import cli
+    from magi_zoo.adapters.base import Output
+
+    frames = [np.full((8, 12, 3), i / 4, dtype=np.float32) for i in range(5)]
+    out = cli.write_output(Output(kind="video", value=frames, fps=8), tmp_path / "v.gif")
+    with Image.open(out[0]) as im:
+        assert (im.n_frames, im.size) == (5, (12, 8))
+        im.seek(4)
+        assert im.convert("RGB").getpixel((0, 0)) == (255, 255, 255)  # frame values 0..1 -> 0..255
+
+    import diffusers.utils
+
+    def no_ffmpeg(*a, **k):
+        raise AttributeError("Unable to find a compatible ffmpeg installation in your environment")
+
+    monkeypatch.setattr(diffusers.utils, "export_to_video", no_ffmpeg)
+    with pytest.raises(RuntimeError, match=r"writing v.mp4 needs ffmpeg \(pip install imageio-ffmpeg\); or write v.gif"):
+        cli.write_output(Output(kind="video", value=frames, fps=8), tmp_path / "v.mp4")
+    assert not (tmp_path / "v.mp4").exists()
