@@ -321,7 +321,8 @@ def run_distributed(args) -> dict[str, Any] | None:
             torch.cuda.empty_cache()
     h = build(args.model, strategy, gpu=args.gpu, device=str(device), backend=args.backend, budget=args.budget,
               calibrate=False, optimizer=args.optimizer)
-    shard(h.trainable)  # recompute -> compile (applied by load) -> fully_shard per block, then the root
+    master = {"bf16": torch.bfloat16, "fp32": torch.float32}.get(args.master_dtype)
+    shard(h.trainable, master_dtype=master)  # recompute -> compile (by load) -> fully_shard per block, root
     if strategy.startswith("auto"):
         from magi_zoo.train import calibrate
 
@@ -340,7 +341,7 @@ def run_distributed(args) -> dict[str, Any] | None:
         return None
     return {"kind": "dp" if args.dp else "fsdp", "model": args.model, "gpu": args.gpu, "env": common.environment(device),
             "step": f"flow-matching loss + backward + AdamW, FSDP2 ({'bf16 params / fp32 reduce' if cuda else 'fp32, gloo'}), "
-                    f"recompute {strategy}"
+                    f"recompute {strategy}" + (f", {args.master_dtype} master weights" if args.master_dtype else "")
                     + (f" at {args.budget} GiB per GPU" if args.budget else ""),
             "runs": args.runs, "warmup": args.warmup, "results": rows, "per_rank": gathered}
 
@@ -357,6 +358,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=1500, help="seconds per strategy process")
     p.add_argument("--fsdp", action="store_true", help="torchrun: FSDP2 step (auto recompute at --budget)")
     p.add_argument("--dp", action="store_true", help="torchrun: data-parallel scaling against one GPU")
+    p.add_argument("--master-dtype", choices=("bf16", "fp32"), default=None,
+                   help="--fsdp/--dp: the sharded weights' dtype (default: shard's -- fp32 masters for a model "
+                        "with mixed dtypes, as Wan's; bf16 halves weights, gradients and AdamW states: what "
+                        "lets a 14B full fine-tune fit on 2 x 80 GB)")
     p.add_argument("--strategy", default=None, choices=ALL_STRATEGIES,
                    help="--fsdp/--dp: the recompute strategy of both modes (default: auto at --budget, else "
                         "regional_full)")
