@@ -181,6 +181,7 @@ def run_one(args) -> dict[str, Any]:
     try:
         h = build(args.model, args.one, gpu=args.gpu, device=args.device, backend=args.backend,
                   optimizer=args.optimizer)
+        row["auto"] = _auto_choice(h.report())  # recorded before the steps: an OOM row keeps it
         inputs = h.adapter.example_inputs(h.pipe, h.variant, "denoise")
         step = make_step(h, inputs, args.optimizer)
         from magi_zoo.engine import counters
@@ -249,7 +250,8 @@ def _row_line(r: dict[str, Any]) -> str:
 
 def markdown(rec: dict[str, Any]) -> str:
     lines = [f"# Training step: {rec['model']} ({rec['kind']})", "", common.env_line(rec["env"]), "",
-             f"Step: {rec.get('step', '')}. Median of {rec.get('runs')} steps after {rec.get('warmup')} warm-up.", ""]
+             f"Step: {rec.get('step', '')}. Median of {rec.get('runs')} steps after {rec.get('warmup')} warm-up."
+             + (f" Allocator: PYTORCH_CUDA_ALLOC_CONF={rec['allocator']}." if rec.get("allocator") else ""), ""]
     cols = ["strategy", "status", "ms_per_step", "peak_gib", "peak_reserved_gib", "alloc_retries",
             "speedup_vs_eager_full", "first_step_s",
             "graph_breaks", "recompiles", "recompiles_in_steps", "loss"]
@@ -264,7 +266,8 @@ def markdown(rec: dict[str, Any]) -> str:
                     f"- {key}: {a['choice']} of {a['blocks']} blocks; estimated peak {a['estimated_peak_gib']} GiB of "
                     f"{a['budget_gib']} = live {a['live_gib']} (of it frozen weights {a.get('frozen_weights_on_device_gib')}, "
                     f"other {a.get('other_live_gib')}) + optimizer states {a.get('optimizer_states_gib')} + gradients "
-                    f"outside the blocks {a.get('gradients_outside_blocks_gib')} + one block's backward "
+                    f"outside the blocks {a.get('gradients_outside_blocks_gib')} + FSDP in flight "
+                    f"{a.get('fsdp_in_flight_gib', 0)} + one block's backward "
                     f"{a['largest_block_backward_gib']} + per block max(kept, its gradient) "
                     f"{a.get('blocks_kept_or_gradient_gib')} (kept {a['kept_activations_gib']}); estimated recompute "
                     f"{a['estimated_recompute_ms']} ms/step")
@@ -299,7 +302,8 @@ def run_distributed(args) -> dict[str, Any] | None:
     def measure(h, mode: str) -> dict[str, Any]:
         inputs = h.adapter.example_inputs(h.pipe, h.variant, "denoise", seed=rank)  # each rank its own batch
         step = make_step(h, inputs, args.optimizer)
-        row: dict[str, Any] = {"mode": mode, "world": world if mode != "single" else 1}
+        row: dict[str, Any] = {"mode": mode, "world": world if mode != "single" else 1,
+                               "auto": _auto_choice(h.report())}  # kept on an out-of-memory row too
         try:
             loss, first_s = common.first_call(step, device)
             if cuda:
@@ -307,7 +311,7 @@ def run_distributed(args) -> dict[str, Any] | None:
             t = common.time_calls(step, device, warmup=max(0, args.warmup - 1), runs=args.runs)
             peak = torch.cuda.max_memory_allocated(device) if cuda else None
             row.update(status="ok", ms_per_step=t["median_ms"], first_step_s=round(first_s, 2),
-                       peak_gib_per_gpu=common.gib(peak), loss=round(float(loss), 5), auto=_auto_choice(h.report()))
+                       peak_gib_per_gpu=common.gib(peak), loss=round(float(loss), 5))
         except torch.OutOfMemoryError as e:
             row.update(status="out of memory", error=str(e).splitlines()[0][:300])
         return row
@@ -369,11 +373,19 @@ def main(argv: list[str] | None = None) -> int:
                    "(default: full checkpointing)")
     p.add_argument("--optimizer", choices=("adamw", "none"), default="adamw",
                    help="none: forward + backward only (the DESIGN.md reference setting); auto then counts no states")
+    p.add_argument("--expandable-segments", action="store_true",
+                   help="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in every process (set before CUDA starts): "
+                        "the caching allocator grows segments instead of caching fixed blocks, so a peak near the "
+                        "card's size fragments less (the 14B FSDP2 row failed with 5.4 GiB reserved but unallocated)")
     p.add_argument("--smoke", action="store_true", help="tiny models on CPU, eager backend, 2 runs: plumbing")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)
     p.add_argument("--result-file", default=None, help=argparse.SUPPRESS)
     p.add_argument("--out", default="benchmarks/results")
     args = p.parse_args(argv)
+    if args.expandable_segments:  # read when CUDA's allocator starts; child processes inherit it
+        conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+        if "expandable_segments" not in conf:
+            os.environ["PYTORCH_CUDA_ALLOC_CONF"] = ",".join(x for x in (conf, "expandable_segments:True") if x)
     if args.smoke:
         args.device, args.gpu, args.backend = "cpu", "cpu", args.backend or "eager"
         args.runs, args.warmup = min(args.runs, 2), min(args.warmup, 1)
@@ -398,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
                 + ("_noopt" if args.optimizer == "none" else "")
             recs.append((stem, run_single(args)))
     for stem, rec in recs:
+        rec["allocator"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
         common.publish(Path(args.out), stem, rec, markdown(rec))
     return 0
 

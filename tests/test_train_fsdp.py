@@ -123,3 +123,25 @@ def test_fsdp2_shards_a_bf16_model_with_fp32_layers(tmp_path, fresh_dynamo):
     assert res["dtypes_sharded"] == ["torch.float32"] and res["sharded"] == 5 and res["breaks"] == 0
     # fp32 masters of the bf16 weights against the bf16 model's own loss: bf16 tolerance
     assert abs(res["loss"] - res["ref_loss"]) <= 2e-2 * abs(res["ref_loss"]), res
+
+
+def test_fsdp_in_flight_bytes_counts_the_unsharded_block(tmp_path):
+    """`auto` under FSDP2 adds what FSDP holds beyond the shards: the largest sharded block's
+    all-gathered parameters twice (in flight + prefetched) and its unsharded gradient in the
+    reduce dtype (CUDA: bf16 compute, fp32 reduce); nothing for modules that are not sharded."""
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+
+    from magi_zoo.engine.recompute import fsdp_in_flight_bytes
+
+    blocks = [nn.Linear(8, 16), nn.Linear(16, 4)]  # 144 and 68 parameters
+    assert fsdp_in_flight_bytes(blocks, torch.device("cpu")) == 0
+    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"file://{tmp_path / 'pg'}")
+    try:
+        for b in blocks:
+            fully_shard(b)
+        assert fsdp_in_flight_bytes(blocks, torch.device("cpu")) == 144 * 3 * 4  # fp32: gathered x2 + gradient
+        assert fsdp_in_flight_bytes(blocks, torch.device("cuda")) == 144 * (2 * 2 + 4)
+    finally:
+        dist.destroy_process_group()

@@ -596,6 +596,26 @@ def _is_sharded(module: nn.Module) -> bool:
     return isinstance(module, FSDPModule)
 
 
+# FSDP2 under `magi_zoo.train.shard` on CUDA computes in bf16 and reduces gradients in fp32
+# (its MixedPrecisionPolicy); elsewhere (CPU, no policy) in the parameters' own dtype.
+_FSDP_COMPUTE_BYTES, _FSDP_REDUCE_BYTES = 2, 4
+
+
+def fsdp_in_flight_bytes(blocks: Sequence[nn.Module], device: torch.device) -> int:
+    """What FSDP2 holds beyond the shards while one block runs: the largest sharded block's
+    all-gathered parameters twice (the block in flight and the one prefetched next, forward
+    and backward) plus its unsharded gradient in the reduce dtype before the reduce-scatter.
+    0 when no block is sharded. A DTensor's `numel()` is the whole (unsharded) tensor's."""
+    sizes = [sum(p.numel() for p in m.parameters()) for m in blocks if _is_sharded(m)]
+    if not sizes:
+        return 0
+    n = max(sizes)
+    if device.type == "cuda":
+        return n * (2 * _FSDP_COMPUTE_BYTES + _FSDP_REDUCE_BYTES)
+    size = next(p.element_size() for m in blocks for p in m.parameters())
+    return n * 3 * size
+
+
 def measure_options(state: "_BlockState", args: tuple, kwargs: dict, *, repeats: int = 3) -> dict[str, OptionCost]:
     """What each `auto` option really costs one block: the block's own forward -- the
     installed wrapper, compiled where the plan compiles it -- run per option with grad on
@@ -727,8 +747,13 @@ def calibrate(root: nn.Module, run: Callable[[], Any], *, measure_compiled: bool
     holds one or the other (the peak over the walk is at most the sum of those maxima;
     counting both, as a plain sum does, charges Wan-1.3B's 30 blocks 2.5 GiB twice).
 
-    Not counted: activations outside the blocks (embeddings, head, loss) and FSDP's
-    all-gathered parameters of the block in flight; leave headroom for them.
+    Under FSDP2 (blocks sharded with `fully_shard`), plus `fsdp_in_flight_bytes`: the
+    all-gathered parameters of the block in flight and of the one prefetched, and the
+    block's unsharded gradient before its reduce-scatter.
+
+    Not counted: activations outside the blocks (embeddings, head, loss) and the caching
+    allocator's fragmentation (reserved but unallocated; PYTORCH_CUDA_ALLOC_CONF=
+    expandable_segments:True keeps it small); leave headroom for them.
 
     The choice is written to the recompute step's record (the report) and returned, one
     dict per auto region. Calling it again re-measures and re-chooses.
@@ -799,7 +824,8 @@ def calibrate(root: nn.Module, run: Callable[[], Any], *, measure_compiled: bool
     block_grads = {id(r): _tensor_bytes([p for p in r.states[0].module.parameters() if p.requires_grad])
                    for r in regions}
     other_grads = max(0, trainable - sum(block_grads[id(r)] * len(r.states) for r in regions))
-    fixed = live + states + other_grads
+    in_flight = fsdp_in_flight_bytes([st.module for r in regions for st in r.states], device)
+    fixed = live + states + other_grads + in_flight
     budget = spec.memory_budget_gib * GIB
     blocks, works, owners = [], [], []
     for r in regions:
@@ -843,6 +869,7 @@ def calibrate(root: nn.Module, run: Callable[[], Any], *, measure_compiled: bool
                   "frozen_weights_on_device_gib": round(frozen / GIB, 3), "other_live_gib": round(other / GIB, 3),
                   "optimizer_states_gib": round(states / GIB, 3), "gradients_gib": round(trainable / GIB, 3),
                   "gradients_outside_blocks_gib": round(other_grads / GIB, 3),
+                  "fsdp_in_flight_gib": round(in_flight / GIB, 3),
                   "largest_block_backward_gib": round(transient / GIB, 3),
                   "kept_activations_gib": round(kept / GIB, 3),
                   "blocks_kept_or_gradient_gib": round(pick.bytes / GIB, 3), "estimated_peak_gib": round(est_peak, 3),
