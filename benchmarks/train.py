@@ -102,7 +102,8 @@ def _attention_keys(model: str, gpu: str) -> list[str]:
 
 def build(model: str, strategy: str, *, gpu: str, device: str, backend: str | None, budget: float | None = None,
           calibrate: bool = True, optimizer: str = "adamw"):
-    """load(train=True) for one strategy; frozen components to the host; auto re-measured."""
+    """load(train=True) for one strategy; frozen components to the host; then `auto` measured
+    (unless calibrate=False: the caller does it, e.g. after sharding)."""
     import torch
 
     import magi_zoo
@@ -118,6 +119,10 @@ def build(model: str, strategy: str, *, gpu: str, device: str, backend: str | No
     kw = dict(gpu=gpu, weights=None if model.endswith("tiny") else "random", device=device, train=True,
               recompute=_recompute(strategy, budget, optimizer), compile=compile_override or None,
               overrides=overrides)
+    if strategy.startswith("auto"):
+        # measured once, below, with only the denoiser on the card -- or by the caller after
+        # sharding (calibrate=False): never with the frozen encoders still there
+        kw["calibrate"] = False
     if device == "cpu":
         kw["dtype"] = "float32"
     h = magi_zoo.load(model, **kw)
@@ -127,7 +132,7 @@ def build(model: str, strategy: str, *, gpu: str, device: str, backend: str | No
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
     if calibrate and strategy.startswith("auto"):
-        calibrate_handle(h)  # again, now that only the denoiser is on the card
+        calibrate_handle(h)  # now that only the denoiser is on the card
     return h
 
 

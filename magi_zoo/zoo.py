@@ -183,11 +183,20 @@ def _build_device(adapter, variant, layers, profile: GpuProfile, dev: torch.devi
     return torch.device("cpu")
 
 
+def _auto_recompute(recompute: Any) -> bool:
+    """Whether a load's `recompute=` asks for the measured policy ("auto" or a dict saying so)."""
+    if isinstance(recompute, str):
+        return recompute == "auto"
+    policy = getattr(recompute, "policy", None) or (recompute.get("policy") if isinstance(recompute, dict) else None)
+    return policy == "auto"
+
+
 def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
          dtype: str | torch.dtype | None = None, device: str | torch.device | None = None,
          compile: Any = None, overrides: Any = None, precision: str | None = None,
          spec_file: str | Path | None = None, cache_dir: str | Path | None = None,
-         memory_budget_gib: float | None = None, train: bool = False, recompute: Any = None) -> ZooPipeline:
+         memory_budget_gib: float | None = None, train: bool = False, recompute: Any = None,
+         calibrate: bool = True) -> ZooPipeline:
     """Build a model with its compile spec for a GPU applied.
 
     name: a model variant or alias (`magi_zoo.list_models()`).
@@ -216,6 +225,10 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
     recompute: with train=True, the blocks' activation recompute: "full" (default), "none",
         "selective" or a dict of RecomputeSpec fields, e.g. {"policy": "auto",
         "memory_budget_gib": 16} (measured on the example inputs at load; README, "Training").
+    calibrate: with recompute "auto", measure the blocks and choose at load (default). False
+        defers it to `magi_zoo.train.calibrate(handle)`: FSDP2 flows call it after
+        `magi_zoo.train.shard`, so the choice sees per-rank memory and load never runs the
+        unsharded model's training forward. Until then a training forward is refused.
     """
     adapter, variant = adapters.lookup(name)
     profile = get_profile(gpu)
@@ -233,6 +246,9 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
             raise ValueError(f"precision='fp8' needs a card with fp8 matmuls (Hopper, Ada, Blackwell); "
                              f"profile {profile.name!r} has none")
         layers = with_precision(layers, precision)
+    if calibrate is not True and (not train or not _auto_recompute(recompute)):
+        raise ValueError("calibrate= defers the measuring of recompute='auto' (e.g. until after FSDP2 sharding): "
+                         "pass it with train=True and recompute={'policy': 'auto', ...}")
     if recompute is not None and (not train or compile is False):
         raise ValueError("recompute= sets activation recompute for training: pass train=True (and not compile=False, "
                          "which applies no plan; for eager blocks use compile={'<Block>': {'enabled': False}})")
@@ -272,8 +288,8 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
     handle = ZooPipeline(native, modules, report, adapter=adapter, variant=variant, profile=profile,
                          dtype=dt, device=dev, layers=layers, cache=cache, train=train)
     if train and report is not None:
-        from .train import calibrate, has_auto
+        from .train import calibrate as calibrate_handle, has_auto
 
-        if has_auto(layers):
-            calibrate(handle)  # recompute='auto': measure the blocks on the example inputs, choose
+        if has_auto(layers) and calibrate:
+            calibrate_handle(handle)  # recompute='auto': measure the blocks on the example inputs, choose
     return handle

@@ -437,3 +437,23 @@ def test_cli_spec_shows_the_training_plan(capsys):
     assert "recompute auto: the per-block choice is measured" in out and "--measure" in out
     assert main(["spec", "wan2.1-tiny", "--gpu", "cpu", "--recompute", "auto"]) == 2
     assert "auto needs a budget: auto:GIB" in capsys.readouterr().err
+
+
+def test_load_can_defer_the_auto_calibration():
+    """load(..., calibrate=False): nothing measured at load, a training forward through an auto
+    block is refused with what to call, and `magi_zoo.train.calibrate` then chooses."""
+    from magi_zoo.train import calibrate, flow_matching_loss
+
+    auto = {"policy": "auto", "memory_budget_gib": 1.0}
+    h = magi_zoo.load("wan2.1-tiny", gpu="cpu", train=True, recompute=auto, calibrate=False,
+                      compile={"WanTransformerBlock": {"backend": "eager"}})
+    assert "auto" not in h.report().step("recompute").details
+    inputs = h.adapter.example_inputs(h.pipe, h.variant, "denoise")
+    with pytest.raises(RuntimeError, match=r"not made yet.*calibrate=False\) call magi_zoo.train.calibrate"):
+        flow_matching_loss(h.trainable, inputs)
+    calibrate(h)
+    assert "WanTransformerBlock" in h.report().step("recompute").details["auto"]
+    flow_matching_loss(h.trainable, inputs).backward()
+    for bad in (dict(train=False), dict(train=True, recompute="full")):
+        with pytest.raises(ValueError, match="calibrate= defers the measuring of recompute='auto'"):
+            magi_zoo.load("wan2.1-tiny", gpu="cpu", calibrate=False, **bad)

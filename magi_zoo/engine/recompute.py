@@ -222,7 +222,8 @@ def _refuse_undecided(module: nn.Module, args: tuple) -> None:
         raise RuntimeError(
             f"recompute='auto' on {state.region.key!r}: the per-block choice is not made yet. Measure it "
             "once: magi_zoo.engine.recompute.calibrate(module, lambda: module(**inputs)) "
-            "(magi_zoo.load(..., train=True) does this on the example inputs)")
+            "(magi_zoo.load(..., train=True) does this on the example inputs; after load(..., calibrate=False) "
+            "call magi_zoo.train.calibrate(handle))")
 
 
 def _install(module: nn.Module, state: _BlockState) -> None:
