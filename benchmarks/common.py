@@ -126,24 +126,40 @@ def matmul_peak_tflops(device, dtype) -> float:
 def run_isolated(module: str, args: list[str], *, env: dict[str, str] | None = None, timeout: float = 900,
                  result_file: Path, echo_prefix: str = "  ") -> dict[str, Any]:
     """Run `python -m module args` in a fresh interpreter, streaming its output (progress),
-    and return the JSON it wrote to `result_file` -- or an error record."""
+    and return the JSON it wrote to `result_file` -- or an error record. The timeout holds
+    whether or not the child prints (a reader thread streams; the wait has the deadline);
+    a child past it is killed, with its process group (its own workers too)."""
+    import threading
+
     full_env = dict(os.environ, **(env or {}))
     full_env["PYTHONPATH"] = os.pathsep.join([str(ROOT), full_env.get("PYTHONPATH", "")])
     full_env["PYTHONUNBUFFERED"] = "1"
     tail: list[str] = []
-    try:
-        proc = subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, env=full_env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        for line in proc.stdout:  # stream: compile progress stays visible
+
+    def stream(pipe) -> None:  # compile progress stays visible
+        for line in pipe:
             tail.append(line)
-            tail = tail[-60:]
+            del tail[:-60]
             if line.startswith("[bench]"):
                 print(echo_prefix + line.rstrip(), flush=True)
-            if time.monotonic() > deadline:
+
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, env=full_env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        reader = threading.Thread(target=stream, args=(proc.stdout,), daemon=True)
+        reader.start()
+        try:
+            rc = proc.wait(timeout=timeout)
+        except BaseException as e:  # past the deadline, or the parent interrupted: no orphan left
+            try:
+                os.killpg(proc.pid, 9)
+            except OSError:
                 proc.kill()
-                return {"status": "error", "error": f"timed out after {timeout} s"}
-        rc = proc.wait()
+            proc.wait()
+            if not isinstance(e, subprocess.TimeoutExpired):
+                raise
+            return {"status": "error", "error": f"timed out after {timeout} s"}
+        reader.join(timeout=10)
     except Exception as e:
         return {"status": "error", "error": f"{type(e).__name__}: {e}"}
     if result_file.is_file():

@@ -300,6 +300,9 @@ def main(argv=None) -> int:
     p.add_argument("--budgets", default=None, help="comma-separated budgets in GiB (default: each case's)")
     p.add_argument("--pipeline", action="store_true", help="whole generations instead of one forward")
     p.add_argument("--steps", type=int, default=4, help="--pipeline: denoising steps (CFG on)")
+    p.add_argument("--row-timeout", type=float, default=3600,
+                   help="seconds per row (one strategy at one budget, its own process); a row past it is recorded "
+                        "as an error and the next one runs")
     p.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                    help="merge the results JSONs of split runs into one table and a speed-vs-budget chart")
     p.add_argument("--reference", default=None,
@@ -362,7 +365,7 @@ def main(argv=None) -> int:
                 "--warmup", str(warm), "--runs", str(runs), *(["--budget", str(budget)] if budget else []),
                 *(["--pipeline", "--steps", str(args.steps)] if args.pipeline else []),
                 *(["--predict", ",".join(map(str, budgets))] if strategy == "resident" and not args.pipeline else [])],
-                result_file=result, timeout=3600)
+                result_file=result, timeout=args.row_timeout)
             rec.setdefault("model", model)
             rec.setdefault("strategy", strategy)
             rec.setdefault("budget_gib", budget)
@@ -383,6 +386,20 @@ def main(argv=None) -> int:
                   f"peak reserved {rec.get('timed_max_reserved_gib') or rec.get('process_max_reserved_gib')} GiB, "
                   f"build+apply {rec.get('build_apply_s')} s, first call {rec.get('first_call_s')} s "
                   f"{rec.get('error', '')[:200]}", flush=True)
+            # Written after every row: a command cut short (a time limit) keeps the rows it measured.
+            _publish(args, rows, device, quiet=True)
+    for path in _publish(args, rows, device):
+        print(f"wrote {path}")
+    return 0
+
+
+def _publish(args, rows: list[dict], device: str, quiet: bool = False) -> list[Path]:
+    """The results files (json, md, chart) from the rows measured so far."""
+    import torch
+
+    rows = [dict(r) for r in rows]
+    strategies = args.strategies.split(",")
+    warm, runs = (1, 2) if args.smoke else (2, 5)
     if args.reference and "resident" not in strategies:
         # Rows of a split run (each command under the device's time limit) measured against
         # the resident rows of the first command, on the same card.
@@ -430,15 +447,13 @@ def main(argv=None) -> int:
     if args.budgets:
         stem += "_" + args.budgets.replace(",", "_") + "gib"
     written = common.write_results(Path(args.out), stem, record, "\n".join(md))
-    if not args.pipeline:
+    if not args.pipeline and not quiet:
         for model in dict.fromkeys(r["model"] for r in rows):
             png = _chart([r for r in rows if r["model"] == model], Path(args.out) / f"{stem}_{model}.png",
                          f"{model}: one forward under a memory cap ({env.get('card')})")
             if png:
                 written.append(png)
-    for path in written:
-        print(f"wrote {path}")
-    return 0
+    return written
 
 
 if __name__ == "__main__":

@@ -150,3 +150,30 @@ def test_parallel_benchmark_smoke_compares_branches(tmp_path):
     two = next(r for r in rows if r["gpus"] == 2)
     assert two["config"] == "cfg 2" and two["rel_l2_vs_1gpu"] == 0.0
     assert two["rel_l2_cond_vs_1gpu"] == 0.0 and two["rel_l2_uncond_vs_1gpu"] == 0.0
+
+
+def test_offload_benchmark_smoke_writes_after_every_row(tmp_path, monkeypatch):
+    """The offload benchmark (tiny Wan on CPU): every strategy row measured and the results
+    written after each row -- a command cut short keeps what it measured -- and a row past
+    --row-timeout recorded as an error while the next row still runs."""
+    from benchmarks import common, offload
+
+    real = common.run_isolated
+    seen = []
+
+    def run_isolated(module, args, **kw):
+        # the results file as it stood when this row started: the rows before it, all written
+        md = tmp_path / "offload_smoke.md"
+        seen.append(md.read_text().count("| wan2.1-tiny ") if md.is_file() else 0)
+        if "diffusers" in args:
+            kw["timeout"] = 0.001  # this row runs past its limit
+        return real(module, args, **kw)
+
+    monkeypatch.setattr(common, "run_isolated", run_isolated)
+    assert offload.main(["--smoke", "--out", str(tmp_path), "--row-timeout", "600"]) == 0
+    rec = json.loads((tmp_path / "offload_smoke.json").read_text())
+    rows = {r["strategy"]: r for r in rec["rows"]}
+    assert rows["resident"]["status"] == "ok" and rows["magi_zoo"]["status"] == "ok"
+    assert rows["magi_zoo"]["median_ms"] > 0 and rows["magi_zoo"]["speed_vs_resident"] > 0
+    assert rows["diffusers"]["status"] == "error" and "timed out" in rows["diffusers"]["error"]
+    assert seen == list(range(len(seen)))  # row k started with k rows already in the file
