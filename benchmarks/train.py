@@ -328,14 +328,16 @@ def run_distributed(args) -> dict[str, Any] | None:
         del h
         if cuda:
             torch.cuda.empty_cache()
+    # auto: measured once before sharding (the compiled per-option costs; a sharded block cannot
+    # be run alone), then chosen again after it with per-rank memory, reusing those costs
     h = build(args.model, strategy, gpu=args.gpu, device=str(device), backend=args.backend, budget=args.budget,
-              calibrate=False, optimizer=args.optimizer)
+              optimizer=args.optimizer)
     master = {"bf16": torch.bfloat16, "fp32": torch.float32}.get(args.master_dtype)
     shard(h.trainable, master_dtype=master)  # recompute -> compile (by load) -> fully_shard per block, root
     if strategy.startswith("auto"):
         from magi_zoo.train import calibrate
 
-        calibrate(h)  # per-rank accounting now that the weights are sharded
+        calibrate(h)  # per-rank accounting now that the weights are sharded (costs measured before)
     rows.append(measure(h, "fsdp2"))
     single = next((r for r in rows if r["mode"] == "single" and r.get("status") == "ok"), None)
     if single and rows[-1].get("status") == "ok":

@@ -145,3 +145,36 @@ def test_fsdp_in_flight_bytes_counts_the_unsharded_block(tmp_path):
         assert fsdp_in_flight_bytes(blocks, torch.device("cuda")) == 144 * (2 * 2 + 4)
     finally:
         dist.destroy_process_group()
+
+
+def test_auto_after_sharding_reuses_the_compiled_measurement(tmp_path, fresh_dynamo):
+    """A sharded block cannot be measured alone: calibrating after `shard` reuses the compiled
+    per-option costs measured before sharding (same input shapes) and adds FSDP2's in-flight
+    bytes; a training step then runs."""
+    import torch.distributed as dist
+
+    import magi_zoo
+    from magi_zoo.train import calibrate, flow_matching_loss, shard
+
+    h = magi_zoo.load("wan2.1-tiny", gpu="cpu", train=True, recompute={"policy": "auto", "memory_budget_gib": 1.0},
+                      compile={"WanTransformerBlock": {"backend": "eager"}})
+    before = h.report().step("recompute").details["auto"]["WanTransformerBlock"]
+    assert before["bytes_from"] == "compiled forward + backward per option"
+    assert before["fsdp_in_flight_gib"] == 0
+    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"file://{tmp_path / 'pg'}")
+    try:
+        shard(h.trainable)
+        calibrate(h)
+        after = h.report().step("recompute").details["auto"]["WanTransformerBlock"]
+        assert after["bytes_from"] == "compiled forward + backward per option, measured before sharding"
+        # the measured bytes stand (the eager estimate replaces them only where larger)
+        assert all(a["bytes_per_block"] >= b["bytes_per_block"] for a, b in zip(after["options"], before["options"]))
+        assert [o["recompute_ms_per_block"] for o in after["options"]] == \
+            [o["recompute_ms_per_block"] for o in before["options"]]  # the compiled run's times
+        blocks = h.trainable.blocks
+        n = sum(p.numel() for p in blocks[0].parameters())
+        assert after["fsdp_in_flight_gib"] == round(n * 3 * 4 / 1024 ** 3, 3)  # fp32 masters on CPU
+        inputs = h.adapter.example_inputs(h.pipe, h.variant, "denoise")
+        flow_matching_loss(h.trainable, inputs).backward()
+    finally:
+        dist.destroy_process_group()

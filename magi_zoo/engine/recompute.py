@@ -690,6 +690,14 @@ class _Region:
     choice: str | None = None  # auto: the report's words for what was chosen
     sample: tuple | None = None  # calibrate: (state, args, kwargs) of the profiled block call
     measured: dict[str, OptionCost] | None = None  # calibrate: `measure_options` of that call
+    measured_at: tuple | None = None  # the block-input shapes `measured` was taken at
+    measured_before_sharding: bool = False  # `measured` reused from an unsharded calibration
+
+
+def _shapes(args: tuple, kwargs: dict) -> tuple:
+    """The shapes and dtypes of a block call's tensor inputs (what a measurement depends on)."""
+    items = [*args, *(kwargs[k] for k in sorted(kwargs))]
+    return tuple((tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else None for t in items)
 
 
 def _regions_under(root: nn.Module) -> list[_Region]:
@@ -732,8 +740,10 @@ def calibrate(root: nn.Module, run: Callable[[], Any], *, measure_compiled: bool
     of each auto region is measured (`measure_block`: op groups' output bytes and times).
     Then (`measure_compiled`, default) that block's real forward -- compiled where the plan
     compiles it -- runs once per option with grad on the same inputs, and the bytes autograd
-    saves there replace the estimate where larger (`measure_options`; not on an FSDP2-sharded
-    block). Then one choice is made over all auto blocks against the budget: the estimated
+    saves there replace the estimate where larger (`measure_options`). An FSDP2-sharded block
+    cannot be run alone, so there the costs measured by an earlier calibration of the same
+    blocks before sharding, at the same input shapes, are reused (else the eager estimate
+    stands): calibrate before `shard` and again after it. Then one choice is made over all auto blocks against the budget: the estimated
     peak is
 
         memory live now (CUDA: allocated -- weights, inputs, whatever else is held; CPU: the
@@ -767,7 +777,9 @@ def calibrate(root: nn.Module, run: Callable[[], Any], *, measure_compiled: bool
         raise ValueError("recompute='auto' regions of one model share one budget; give every auto region the "
                          f"same memory_budget_gib and optimizer_states (got {sorted(budgets)})")
     for r in regions:
-        r.profile, r.measured = None, None
+        # an earlier (unsharded) compiled measurement is kept for reuse once the block is
+        # sharded, where it cannot be re-taken (below)
+        r.profile, r.measured_before_sharding = None, False
         for st in r.states:
             st.profiling = True
     # With grad where nothing is sharded: the blocks' inputs then carry the requires_grad a
@@ -792,7 +804,14 @@ def calibrate(root: nn.Module, run: Callable[[], Any], *, measure_compiled: bool
             # An FSDP2 block's forward outside the root's call would leave its all-gather /
             # backward hooks half run: the eager estimate stands there (shown in the report).
             if measure_compiled and not _is_sharded(st.module):
-                r.measured = measure_options(st, args, kwargs)
+                r.measured, r.measured_at = measure_options(st, args, kwargs), _shapes(args, kwargs)
+            elif measure_compiled and r.measured is not None and r.measured_at == _shapes(args, kwargs):
+                # Sharded now: the compiled costs measured before sharding stand (per-rank
+                # activations and a block's backward do not change with sharding; what FSDP2
+                # adds is `fsdp_in_flight_bytes`), so auto chooses from them, not the eager estimate.
+                r.measured_before_sharding = True
+            else:
+                r.measured, r.measured_at = None, None
     finally:
         for r in regions:
             r.sample = None  # the block inputs: not kept past calibration
@@ -856,8 +875,9 @@ def calibrate(root: nn.Module, run: Callable[[], Any], *, measure_compiled: bool
         est = {o.name: o for o in options(r.profile)}
         summary.append({
             "region": r.key, "blocks": len(r.states), "choice": counts,
-            "bytes_from": "compiled forward + backward per option" if r.measured is not None else
-                          "eager op outputs and times (estimate)",
+            "bytes_from": ("compiled forward + backward per option"
+                           + (", measured before sharding" if r.measured_before_sharding else ""))
+                          if r.measured is not None else "eager op outputs and times (estimate)",
             "options": [{"name": o.name, "bytes_per_block": o.bytes, "gib_per_block": round(o.bytes / GIB, 4),
                          "recompute_ms_per_block": round(o.recompute_s * 1e3, 3),
                          "eager_estimate_gib": round(est[o.name].bytes / GIB, 4),
