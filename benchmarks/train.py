@@ -177,6 +177,12 @@ def _auto_choice(report) -> dict[str, Any] | None:
     return rec.details.get("auto")
 
 
+def static_need_bytes(trainable_bytes: int, optimizer: str) -> int:
+    """What a full fine-tune holds before any activation: the trainable weights, their
+    gradients and (AdamW) two optimizer states of the same dtype."""
+    return trainable_bytes * (2 + (2 if optimizer == "adamw" else 0))
+
+
 def run_one(args) -> dict[str, Any]:
     """One strategy in this process (the parent runs each in a fresh one)."""
     import torch
@@ -187,6 +193,15 @@ def run_one(args) -> dict[str, Any]:
         h = build(args.model, args.one, gpu=args.gpu, device=args.device, backend=args.backend,
                   optimizer=args.optimizer)
         row["auto"] = _auto_choice(h.report())  # recorded before the steps: an OOM row keeps it
+        if device.type == "cuda":  # a step that cannot fit is not run (minutes of build and compile saved)
+            need = static_need_bytes(sum(p.numel() * p.element_size() for p in h.trainable.parameters()
+                                         if p.requires_grad), args.optimizer)
+            card = torch.cuda.get_device_properties(device).total_memory
+            if need > card:
+                row.update(status="does not fit", error=f"weights + gradients{' + AdamW states' if args.optimizer == 'adamw' else ''} "
+                           f"= {need / 2**30:.1f} GiB > the card's {card / 2**30:.1f} GiB before any activation; "
+                           "try --optimizer none, or FSDP2 over several GPUs (--fsdp)")
+                return row
         inputs = h.adapter.example_inputs(h.pipe, h.variant, "denoise")
         step = make_step(h, inputs, args.optimizer)
         from magi_zoo.engine import counters

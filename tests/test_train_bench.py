@@ -33,3 +33,12 @@ def test_markdown_shows_rows_and_the_auto_choice():
     assert "| auto16 " in md and "out of memory" in md
     assert "{'keep matmuls+attention': 12, 'full': 18} of 30 blocks; estimated peak 15.2 GiB of 16.0" in md
     assert "optimizer states 4.9 + gradients outside the blocks 0.1" in md and "max(kept, its gradient) 5.8" in md
+
+
+def test_static_need_counts_weights_gradients_and_adamw_states():
+    from benchmarks.train import static_need_bytes
+
+    gib = 2 ** 30
+    # Flux.1-dev's 11.9 G bf16 parameters: 95 GiB with AdamW (> 80 GB: not run), 48 without
+    assert static_need_bytes(int(23.8 * gib), "adamw") == int(23.8 * gib) * 4
+    assert static_need_bytes(int(23.8 * gib), "none") == int(23.8 * gib) * 2
