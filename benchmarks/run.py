@@ -45,6 +45,8 @@ CPU), batch 1 unless `--shape batch=N`. Strategies are the real thing:
                       gain between matmuls and attention;
 - magi_zoo_sdpa:      the shipped spec with every attention region it names put back on
                       torch SDPA (`backend="native"`): what the spec's attention choice buys.
+- magi_zoo_fa3:       the shipped spec with every attention region it names on `fa3` (e.g.
+                      BAGEL's MoT attention, which ships on SDPA): what FA3 would buy.
 
 `--backend B` puts every compiled region on backend B (magi_zoo: `specs.with_backend` over
 the spec's layers; torch_compile / diffusers_regional: torch.compile's `backend=`), e.g.
@@ -86,8 +88,8 @@ from typing import Any, Callable
 from benchmarks import common
 
 STRATEGIES = ("eager", "torch_compile", "diffusers_regional", "magi_zoo", "magi_zoo_fp8", "magi_zoo_fp8_matmul",
-              "magi_zoo_sdpa")
-ZOO_STRATEGIES = ("magi_zoo", "magi_zoo_fp8", "magi_zoo_fp8_matmul", "magi_zoo_sdpa")  # magi_zoo.load with the shipped spec (+ one change)
+              "magi_zoo_sdpa", "magi_zoo_fa3")
+ZOO_STRATEGIES = ("magi_zoo", "magi_zoo_fp8", "magi_zoo_fp8_matmul", "magi_zoo_sdpa", "magi_zoo_fa3")  # magi_zoo.load with the shipped spec (+ one change)
 
 
 def _spec_keys(adapter, gpu: str, section: str) -> set[str]:
@@ -105,11 +107,11 @@ def _zoo_kwargs(strategy: str, adapter, gpu: str) -> dict[str, Any]:
     if strategy == "magi_zoo_fp8_matmul":  # fp8 matmuls only, attention as the spec sets it
         keys = _spec_keys(adapter, gpu, "precision")
         return {"overrides": {"precision": {k: {"matmul": "fp8", "attention": "bf16"} for k in keys}}}
-    if strategy == "magi_zoo_sdpa":
+    if strategy in ("magi_zoo_sdpa", "magi_zoo_fa3"):
         keys = _spec_keys(adapter, gpu, "attention")
         if not keys:
-            raise TypeError("magi_zoo_sdpa: the spec sets no attention backend here, so it equals magi_zoo")
-        return {"overrides": {"attention": {k: "native" for k in keys}}}
+            raise TypeError(f"{strategy}: the spec sets no attention backend here, so it equals magi_zoo")
+        return {"overrides": {"attention": {k: "native" if strategy == "magi_zoo_sdpa" else "fa3" for k in keys}}}
     return {}
 DECODE_ENTRIES = ("decode_step",)  # one generated token per call: reported as tokens/s too
 

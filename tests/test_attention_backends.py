@@ -35,11 +35,13 @@ CALLS = {"eager": 0}
 def _standin_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: Optional[float] = None,
                      causal: bool = False) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     CALLS["eager"] += 1
+    gqa = k.shape[2] != q.shape[2]  # FA3 takes fewer key/value heads natively
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                         scale=softmax_scale, is_causal=causal).transpose(1, 2).contiguous()
+                                         scale=softmax_scale, is_causal=causal, enable_gqa=gqa).transpose(1, 2).contiguous()
     # the softmax's natural-log LSE per (batch, head, query), as FA3 returns it
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
-    logits = scale * q.transpose(1, 2).float() @ k.transpose(1, 2).float().transpose(-1, -2)
+    kr = k.repeat_interleave(q.shape[2] // k.shape[2], dim=2)
+    logits = scale * q.transpose(1, 2).float() @ kr.transpose(1, 2).float().transpose(-1, -2)
     if causal:
         logits = logits.masked_fill(torch.ones(logits.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
     return out, torch.logsumexp(logits, dim=-1), q.new_empty(0), q.new_empty(0)
@@ -355,6 +357,60 @@ def test_fa3_trains_in_compiled_recompute_regions(kernel, fresh_dynamo, recomput
         remove(h.modules)
 
 
+# -- attention layers that are not diffusers': BAGEL's MoT attention ----------------------------
+
+def test_fa3_on_bagel_mot_attention(kernel):
+    """BAGEL's MoT attention declares ATTENTION_BACKENDS; fa3 serves its calls without a mask
+    (denoising and decode steps, GQA native), the causal text prefill stays on SDPA, the
+    output equals native, remove() restores; an undeclared backend is refused."""
+    h = magi_zoo.load("bagel-tiny", gpu="cpu", dtype="bfloat16", compile=False)
+    pipe, model = h.pipe, h.pipe.model
+    kw = dict(height=32, width=32, num_inference_steps=2, cfg_img_scale=1.0, seed=3, output_type="pt")
+    ref = pipe("a red fox", **kw)
+    ctx = model.prefill_text(model.empty_context(), pipe.text_ids("hi"))
+    rep = magi_zoo.apply(h.modules, {"attention": {"MoTAttention": "fa3"}, "compile": NO_COMPILE}, gpu="h100")
+    try:
+        layers = [m for m in model.modules() if type(m).__name__ == "MoTAttention"]
+        assert {m.attention_backend for m in layers} == {"fa3"}
+        assert f"fa3 (fa3_fwd_interface" in rep.step("attention").did
+        assert f"on MoTAttention ({len(layers)} attention layers)" in rep.step("attention").did
+        CALLS["eager"] = 0
+        model.prefill_text(model.empty_context(), pipe.text_ids("hi"))
+        assert CALLS["eager"] == 0  # a causal mask: SDPA
+        out = pipe("a red fox", **kw)
+        assert CALLS["eager"] > 0 and _rel(out, ref) < 2e-2
+        n = CALLS["eager"]
+        model.decode_step(torch.tensor([5]), torch.tensor([ctx.rope]), ctx.keys, ctx.values)
+        assert CALLS["eager"] - n == len(layers)  # one token over the cache: no mask, fa3
+    finally:
+        remove(h.modules)
+    assert {m.attention_backend for m in layers} == {"native"}
+    with pytest.raises(PlanError, match=r"MoTAttention dispatches 'native', 'fa3' \(its ATTENTION_BACKENDS\), "
+                                        r"not '_native_flash'"):
+        magi_zoo.apply(h.modules, {"attention": {"MoTAttention": "_native_flash"}, "compile": NO_COMPILE}, gpu="h100")
+    assert {m.attention_backend for m in layers} == {"native"}
+
+
+def test_fa3_bagel_layers_compile_fullgraph(kernel, fresh_dynamo):
+    """BAGEL's MoT layers with fa3 in one fullgraph region: the kernel is an opaque node (its
+    eager calls grow on every compiled call), 0 graph breaks, and the image equals native."""
+    h = magi_zoo.load("bagel-tiny", gpu="cpu", dtype="bfloat16", compile=False)
+    kw = dict(height=32, width=32, num_inference_steps=2, cfg_img_scale=1.0, seed=3, output_type="pt")
+    ref = h.pipe("a red fox", **kw)
+    rep = magi_zoo.apply(h.modules, {"attention": {"MoTAttention": "fa3"},
+                                     "compile": {"BagelMoTLayer": {"backend": "aot_eager", "fullgraph": True,
+                                                                   "dynamic": True}}}, gpu="h100")
+    try:
+        h.pipe("a red fox", **kw)  # compiles
+        CALLS["eager"] = 0
+        out = h.pipe("a red fox", **kw)
+        assert CALLS["eager"] > 0 and _rel(out, ref) < 2e-2
+        r = rep.region("BagelMoTLayer").counters
+        assert r.n_graph_breaks == 0 and r.frames >= 1
+    finally:
+        remove(h.modules)
+
+
 # -- benchmark smoke --------------------------------------------------------------------------
 
 def test_attention_kernels_benchmark_smoke(tmp_path, no_kernel):
@@ -489,3 +545,16 @@ def test_short_names_for_sdpa_kernels(wan):
             magi_zoo.remove(wan.modules)
     with pytest.raises(ValueError, match="attention backend 'cudn' is not a diffusers backend -- did you mean 'cudnn'"):
         magi_zoo.apply(wan.modules, {"attention": {"transformer": "cudn"}, "compile": NO_COMPILE}, gpu="cpu")
+
+
+@pytest.mark.gpu
+def test_fa3_bagel_tiny_matches_native_on_cuda():
+    _need_fa3()
+    h = magi_zoo.load("bagel-tiny", gpu="auto", dtype="bfloat16", compile=False)
+    kw = dict(height=64, width=64, num_inference_steps=2, cfg_img_scale=1.0, seed=3, output_type="pt")
+    ref = h.pipe("a red fox", **kw)
+    magi_zoo.apply(h.modules, {"attention": {"MoTAttention": "fa3"}, "compile": NO_COMPILE}, gpu=h.profile)
+    try:
+        assert _rel(h.pipe("a red fox", **kw), ref) < 2e-2
+    finally:
+        remove(h.modules)

@@ -41,6 +41,14 @@ def _processors(module: nn.Module) -> list:
     return out
 
 
+def _engine_layers(module: nn.Module) -> list:
+    """The attention layers under `module` that are not diffusers': model code written for
+    this project (BAGEL's MoT attention) declares the backends it can dispatch in a class
+    attribute ``ATTENTION_BACKENDS`` (engine names: "native", "fa3") and reads its instance
+    attribute ``attention_backend`` at call time."""
+    return [m for m in module.modules() if isinstance(getattr(type(m), "ATTENTION_BACKENDS", None), tuple)]
+
+
 def _kernel(name: str):
     return importlib.import_module(ENGINE_BACKENDS[name])
 
@@ -121,6 +129,25 @@ def _auto(profile) -> tuple[str, list[str]]:
                        "name a backend explicitly")
 
 
+def _set_engine_layer(layer: nn.Module, name: str, profile, key: str, undo_list: list) -> str:
+    """Set one engine attention layer's backend (one it declares); returns the report label."""
+    supported = type(layer).ATTENTION_BACKENDS
+    if name not in supported:
+        raise PlanError(f"attention key {key!r}: {type(layer).__name__} dispatches {', '.join(map(repr, supported))} "
+                        f"(its ATTENTION_BACKENDS), not {name!r}; choose one of those")
+    label = name
+    if name in ENGINE_BACKENDS:
+        if profile.device != "cuda":
+            raise PlanError(f"attention backend {name!r} runs on CUDA GPUs; profile {profile.name!r} is "
+                            f"{profile.device}: use backend='native' (or 'auto') there")
+        kernel = _kernel(name)
+        kernel.register()  # raises, naming the extra, when the kernel is missing
+        label = f"{name} ({kernel.describe()})"
+    undo_list.append((layer, "attention_backend", layer.attention_backend))
+    layer.attention_backend = name
+    return label
+
+
 @register_step("attention")
 def attention_step(ctx: StepContext) -> StepRecord:
     section = ctx.plan.section("attention")
@@ -140,23 +167,27 @@ def attention_step(ctx: StepContext) -> StepRecord:
                                   f"{auto[0]!r}: {'; '.join(auto[1])}", RuntimeWarning, stacklevel=2)
             name = auto[0]
             note = f"; auto: {'; '.join(auto[1])}" if auto[1] else ""
-        backend, label = _resolve(name, ctx.profile)
-        n = 0
+        name = _check_name(name)
+        n, label = 0, None
         for t in targets:
-            procs = _processors(t.module)
-            if not procs:
+            procs, layers = _processors(t.module), _engine_layers(t.module)
+            if not procs and not layers:
                 raise PlanError(f"attention key {key!r}: {t.cls_name} at {t.path or '<root>'!r} has no "
-                                "diffusers attention layer under it; attention backends apply to diffusers "
-                                "models (key a transformer or its blocks)")
-            for p in procs:
-                undo_list.append((p, p._attention_backend))
-                p._attention_backend = backend
-            n += len(procs)
+                                "attention layer under it that takes a backend (a diffusers attention layer, "
+                                "or a module declaring ATTENTION_BACKENDS); key a transformer or its blocks")
+            if procs:
+                backend, label = _resolve(name, ctx.profile)
+                for p in procs:
+                    undo_list.append((p, "_attention_backend", p._attention_backend))
+                    p._attention_backend = backend
+            for layer in layers:
+                label = _set_engine_layer(layer, name, ctx.profile, key, undo_list) or label
+            n += len(procs) + len(layers)
         done.append(f"{label} on {key or '<root>'} ({n} attention layers{note})")
 
     def undo() -> None:
-        for proc, prior in reversed(undo_list):
-            proc._attention_backend = prior
+        for obj, attr, prior in reversed(undo_list):
+            setattr(obj, attr, prior)
 
     did = "; ".join(done) if done else "library default (no attention section)"
     return StepRecord("attention", did, undo, {"backends": done})

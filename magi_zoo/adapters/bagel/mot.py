@@ -19,6 +19,8 @@ import torch.nn.functional as F
 from transformers import Qwen2Config
 from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP, Qwen2RMSNorm, apply_rotary_pos_emb, repeat_kv
 
+from ...engine.kernels import fa3
+
 
 def route(x: torch.Tensor, und_fn, gen_fn, und_idx: torch.Tensor | None, gen_idx: torch.Tensor | None):
     """Apply `und_fn` to understanding rows and `gen_fn` to generation rows of a packed
@@ -46,10 +48,19 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: to
 
 
 class MoTAttention(nn.Module):
-    """Shared self-attention with per-expert q/k/v/o projections and q/k RMSNorms."""
+    """Shared self-attention with per-expert q/k/v/o projections and q/k RMSNorms.
+
+    Attention backends (the plan's `attention` section sets `attention_backend`): "native" =
+    torch SDPA (key/value heads repeated for GQA); "fa3" = FlashAttention-3's forward (the
+    `hopper` extra) for the calls without a mask -- the denoising step (a bidirectional query
+    block over the context) and the one-token decode step -- with GQA native to the kernel;
+    calls with a mask (the causal text prefill) stay on SDPA, FA3 taking no mask."""
+
+    ATTENTION_BACKENDS = ("native", "fa3")
 
     def __init__(self, config: Qwen2Config):
         super().__init__()
+        self.attention_backend = "native"
         h, nq, nkv = config.hidden_size, config.num_attention_heads, config.num_key_value_heads
         d = h // nq
         self.num_heads, self.num_kv_heads, self.head_dim = nq, nkv, d
@@ -90,11 +101,15 @@ class MoTAttention(nn.Module):
         q, k = q.to(h.dtype), k.to(h.dtype)
         keys = torch.cat([k_cache, k], dim=0)
         values = torch.cat([v_cache, v], dim=0)
-        groups = self.num_heads // self.num_kv_heads
-        o = F.scaled_dot_product_attention(
-            q.transpose(0, 1)[None], repeat_kv(keys.transpose(0, 1)[None], groups),
-            repeat_kv(values.transpose(0, 1)[None], groups), attn_mask=attn_mask)
-        o = o[0].transpose(0, 1).reshape(n, nq)
+        if self.attention_backend == "fa3" and attn_mask is None:
+            # (tokens, heads, dim) is FA3's (seq, heads, dim) layout already: no transposes
+            o = fa3.fa3_attention(q[None], keys[None], values[None], enable_gqa=True)[0].reshape(n, nq)
+        else:
+            groups = self.num_heads // self.num_kv_heads
+            o = F.scaled_dot_product_attention(
+                q.transpose(0, 1)[None], repeat_kv(keys.transpose(0, 1)[None], groups),
+                repeat_kv(values.transpose(0, 1)[None], groups), attn_mask=attn_mask)
+            o = o[0].transpose(0, 1).reshape(n, nq)
         out = route(o, self.o_proj, self.o_proj_moe_gen, und_idx, gen_idx)
         return out, keys, values
 
