@@ -389,6 +389,11 @@ def test_fa3_on_bagel_mot_attention(kernel):
                                         r"not '_native_flash'"):
         magi_zoo.apply(h.modules, {"attention": {"MoTAttention": "_native_flash"}, "compile": NO_COMPILE}, gpu="h100")
     assert {m.attention_backend for m in layers} == {"native"}
+    # a refusal part-way (the second key matches no attention layer) leaves the first unset
+    with pytest.raises(PlanError, match="has no attention layer under it that takes a backend"):
+        magi_zoo.apply(h.modules, {"attention": {"MoTAttention": "fa3", "model.vae2llm": "fa3"},
+                                   "compile": NO_COMPILE}, gpu="h100")
+    assert {m.attention_backend for m in layers} == {"native"}
 
 
 def test_fa3_bagel_layers_compile_fullgraph(kernel, fresh_dynamo):

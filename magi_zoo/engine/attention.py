@@ -151,43 +151,47 @@ def _set_engine_layer(layer: nn.Module, name: str, profile, key: str, undo_list:
 @register_step("attention")
 def attention_step(ctx: StepContext) -> StepRecord:
     section = ctx.plan.section("attention")
-    undo_list: list[tuple[object, object]] = []
+    undo_list: list[tuple[object, str, object]] = []  # (object, attribute, prior value)
     done = []
     auto = None  # resolved once per apply: one warning however many regions say auto
-    for (key, _), targets in section.regions().items():
-        name = targets[0].spec.backend
-        if name is None:
-            continue
-        note = ""
-        if name == "auto":
-            if auto is None:
-                auto = _auto(ctx.profile)
-                if auto[1]:
-                    warnings.warn(f"attention backend 'auto' on profile {ctx.profile.name!r} uses "
-                                  f"{auto[0]!r}: {'; '.join(auto[1])}", RuntimeWarning, stacklevel=2)
-            name = auto[0]
-            note = f"; auto: {'; '.join(auto[1])}" if auto[1] else ""
-        name = _check_name(name)
-        n, label = 0, None
-        for t in targets:
-            procs, layers = _processors(t.module), _engine_layers(t.module)
-            if not procs and not layers:
-                raise PlanError(f"attention key {key!r}: {t.cls_name} at {t.path or '<root>'!r} has no "
-                                "attention layer under it that takes a backend (a diffusers attention layer, "
-                                "or a module declaring ATTENTION_BACKENDS); key a transformer or its blocks")
-            if procs:
-                backend, label = _resolve(name, ctx.profile)
-                for p in procs:
-                    undo_list.append((p, "_attention_backend", p._attention_backend))
-                    p._attention_backend = backend
-            for layer in layers:
-                label = _set_engine_layer(layer, name, ctx.profile, key, undo_list) or label
-            n += len(procs) + len(layers)
-        done.append(f"{label} on {key or '<root>'} ({n} attention layers{note})")
 
     def undo() -> None:
         for obj, attr, prior in reversed(undo_list):
             setattr(obj, attr, prior)
 
+    try:
+        for (key, _), targets in section.regions().items():
+            name = targets[0].spec.backend
+            if name is None:
+                continue
+            note = ""
+            if name == "auto":
+                if auto is None:
+                    auto = _auto(ctx.profile)
+                    if auto[1]:
+                        warnings.warn(f"attention backend 'auto' on profile {ctx.profile.name!r} uses "
+                                      f"{auto[0]!r}: {'; '.join(auto[1])}", RuntimeWarning, stacklevel=2)
+                name = auto[0]
+                note = f"; auto: {'; '.join(auto[1])}" if auto[1] else ""
+            name = _check_name(name)
+            n, label = 0, None
+            for t in targets:
+                procs, layers = _processors(t.module), _engine_layers(t.module)
+                if not procs and not layers:
+                    raise PlanError(f"attention key {key!r}: {t.cls_name} at {t.path or '<root>'!r} has no "
+                                    "attention layer under it that takes a backend (a diffusers attention layer, "
+                                    "or a module declaring ATTENTION_BACKENDS); key a transformer or its blocks")
+                if procs:
+                    backend, label = _resolve(name, ctx.profile)
+                    for p in procs:
+                        undo_list.append((p, "_attention_backend", p._attention_backend))
+                        p._attention_backend = backend
+                for layer in layers:
+                    label = _set_engine_layer(layer, name, ctx.profile, key, undo_list) or label
+                n += len(procs) + len(layers)
+            done.append(f"{label} on {key or '<root>'} ({n} attention layers{note})")
+    except BaseException:  # a refusal part-way leaves nothing set
+        undo()
+        raise
     did = "; ".join(done) if done else "library default (no attention section)"
     return StepRecord("attention", did, undo, {"backends": done})
