@@ -258,6 +258,8 @@ def test_fa3_trains_with_the_attention_gradient(kernel):
         assert _rel(a.grad, b.grad) < 2e-2
     with pytest.raises(ValueError, match="with gradients takes equal query and key/value head counts"):
         fa3.fa3_attention(q, k[:, :, :1], v[:, :, :1], enable_gqa=True)
+    with pytest.raises(ValueError, match="equal lengths when causal"):
+        fa3.fa3_attention(q[:, :8], k, v, is_causal=True)
 
 
 def test_fa3_wan_gradients_equal_native(wan, kernel):

@@ -153,9 +153,12 @@ def fa3_attention(
     # flash_attn_func does, rather than relying on the C++ default.
     softmax_scale = scale if scale is not None else query.shape[-1] ** -0.5
     if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
-        if return_lse or key.shape[2] != query.shape[2]:
+        if return_lse or key.shape[2] != query.shape[2] or (is_causal and key.shape[1] != query.shape[1]):
+            # FA3 aligns a causal mask bottom-right when the lengths differ, cuDNN's backward
+            # top-left: only equal lengths mean the same mask to both
             raise ValueError("attention backend 'fa3' with gradients takes equal query and key/value head "
-                             "counts and returns no LSE (its backward is cuDNN's); use backend='native' here")
+                             "counts, equal lengths when causal, and returns no LSE (its backward is cuDNN's); "
+                             "use backend='native' here")
         out, _ = fa3_attention_trainable(query, key, value, softmax_scale, is_causal)
         return out
     out, lse, *_ = _forward(query, key, value, softmax_scale=softmax_scale, causal=is_causal)
