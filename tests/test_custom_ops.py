@@ -82,3 +82,30 @@ def test_custom_op_compiles_fullgraph_where_python_breaks(fresh_dynamo):
     r = rep.region("")
     # one frame, one graph, no breaks: the op is one opaque node of the graph
     assert (r.counters.frames, r.counters.graphs, r.counters.n_graph_breaks) == (1, 1, 0)
+
+
+def test_subgraph_boundary_ops_split_cuda_graph_regions_of_their_family():
+    """The reader of `is_subgraph_boundary`: a region that captures CUDA graphs is compiled
+    with inductor's graph partition split at its family's boundary ops (a mode becomes its
+    options, torch.compile taking one or the other); regions without CUDA graphs, and other
+    families' regions, compile exactly as specified."""
+    import torch._inductor.config as inductor_config
+
+    from magi_zoo.engine.compile import boundary_ops_for, partition_at_boundaries
+
+    if not hasattr(inductor_config, "custom_should_partition_ops"):
+        pytest.skip("this torch's inductor has no custom_should_partition_ops")
+    bagel = magi_zoo.load("bagel-tiny", gpu="cpu", compile=False)
+    vit = bagel.pipe.model.vit_model
+    layer = bagel.pipe.model.layers[0]
+    assert boundary_ops_for(vit) == boundary_ops_for(layer) == ["magi_zoo::bagel_varlen_attention"]
+    assert boundary_ops_for(torch.nn.Linear(2, 2)) == []  # torch's own class: no family ops
+    graphs = {"fullgraph": True, "dynamic": False, "backend": "inductor", "mode": "reduce-overhead"}
+    kw = partition_at_boundaries(graphs, boundary_ops_for(vit))
+    assert "mode" not in kw and kw["options"]["triton.cudagraphs"] is True
+    assert kw["options"]["graph_partition"] is True
+    assert kw["options"]["custom_should_partition_ops"] == ["magi_zoo::bagel_varlen_attention"]
+    plain = {"fullgraph": True, "dynamic": False, "backend": "inductor"}
+    assert partition_at_boundaries(plain, boundary_ops_for(vit)) == plain
+    assert partition_at_boundaries(graphs, []) == graphs
+    assert partition_at_boundaries({**graphs, "backend": "eager"}, boundary_ops_for(vit))["mode"] == "reduce-overhead"

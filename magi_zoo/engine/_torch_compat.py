@@ -132,3 +132,22 @@ def mark_static_address(tensor: Any) -> None:
 
     torch._dynamo.mark_static_address(tensor, guard=False)
 
+
+
+def inductor_mode_options(mode: str, dynamic: bool | None) -> dict[str, Any] | None:
+    """The inductor config a `torch.compile(mode=...)` stands for, or None when this torch
+    cannot say. Why private: `torch._inductor.list_mode_options` is where torch.compile itself
+    turns a mode into options; needed to add options to a mode (torch.compile forbids both)."""
+    try:
+        from torch._inductor import list_mode_options
+    except ImportError:  # pragma: no cover - other torch
+        return None
+    return dict(list_mode_options(mode, dynamic))
+
+
+def inductor_has_option(name: str) -> bool:
+    """Whether this torch's inductor config has `name` (e.g. custom_should_partition_ops,
+    added after graph partitioning). Why private: inductor's config module is its only record."""
+    import torch._inductor.config as config
+
+    return hasattr(config, name)

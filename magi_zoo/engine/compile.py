@@ -40,10 +40,65 @@ def install(module: nn.Module, method: str, stats: RegionStats) -> None:
     originals[method] = module.__dict__.get(method)
     bound = getattr(module, method)
     spec = stats.spec
-    fn = torch.compile(bound, **spec.compile_kwargs()) if spec.enabled else torch.compiler.disable(bound)
+    fn = torch.compile(bound, **partition_at_boundaries(spec.compile_kwargs(), boundary_ops_for(module))) \
+        if spec.enabled else torch.compiler.disable(bound)
     # nn.Module.__setattr__ stores plain callables in the instance __dict__, which
     # shadows the class method: module(...) -> _call_impl -> self.forward -> wrapper.
     object.__setattr__(module, method, tracked(fn, stats))
+
+
+_CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
+def uses_cudagraphs(kw: dict) -> bool:
+    """Whether `torch.compile(**kw)` captures CUDA graphs (inductor's cudagraph trees)."""
+    return kw.get("backend", "inductor") == "inductor" and (
+        kw.get("mode") in _CUDAGRAPH_MODES or bool((kw.get("options") or {}).get("triton.cudagraphs")))
+
+
+def _family(module_name: str) -> str:
+    """The package a Python module belongs to for boundary ops: magi_zoo.adapters.<family>,
+    else its top-level package (a third-party adapter's own)."""
+    parts = module_name.split(".")
+    return ".".join(parts[:3]) if parts[:2] == ["magi_zoo", "adapters"] else parts[0]
+
+
+def boundary_ops_for(module: nn.Module) -> list[str]:
+    """The registered custom ops flagged `is_subgraph_boundary` by the family that defines
+    `module`'s class (the ops its forward can call): a family's flag never changes how another
+    family's regions compile."""
+    from . import _torch_compat as tc
+    from .custom_ops import list_custom_ops
+
+    family = _family(type(module).__module__)
+    return sorted(i.name for i in list_custom_ops(is_subgraph_boundary=True)
+                  if _family(tc.custom_op_module(i.op) or "") == family)
+
+
+def partition_at_boundaries(kw: dict, ops: list[str]) -> dict:
+    """The compile kwargs, with inductor's graph partition split at the custom ops `ops`
+    (those flagged `is_subgraph_boundary`: the flag's reader) when the region captures CUDA
+    graphs: such an op (varlen attention: lengths read on the host, data-dependent shapes)
+    runs between the captured pieces instead of forcing the whole region out of CUDA graphs.
+    Unchanged without cudagraphs, without such ops, or on a torch whose inductor lacks
+    `custom_should_partition_ops`. torch.compile takes a mode or options, not both, so a
+    mode becomes the options it stands for."""
+    from . import _torch_compat as tc
+
+    if not ops or not uses_cudagraphs(kw) or not tc.inductor_has_option("custom_should_partition_ops"):
+        return kw
+    kw = dict(kw)
+    options = dict(kw.get("options") or {})
+    if "mode" in kw:
+        base = tc.inductor_mode_options(kw["mode"], kw.get("dynamic"))
+        if base is None:  # pragma: no cover - a torch that cannot expand a mode: leave it
+            return kw
+        options = {**base, **options}
+        del kw["mode"]
+    options["graph_partition"] = True
+    options["custom_should_partition_ops"] = sorted({*options.get("custom_should_partition_ops", ()), *ops})
+    kw["options"] = options
+    return kw
 
 
 def _restore(mod: nn.Module) -> int:

@@ -3,9 +3,11 @@ namespace, with the flags the engine reads.
 
 An op registered here is opaque to dynamo: a region that calls it still compiles with
 `fullgraph=True`, where `torch.compiler.disable` would have split the graph. The flags
-are recorded for later passes: `is_subgraph_boundary` marks ops where a graph may be
-split (e.g. varlen attention), `is_compute_sensitive` marks ops whose outputs recompute
-should save rather than recompute (matmul-heavy ops).
+the engine reads: `is_subgraph_boundary` marks ops where a graph may be split (e.g.
+varlen attention) -- a region of the same family that captures CUDA graphs is compiled
+with inductor's graph partition split there (`engine.compile.partition_at_boundaries`);
+`is_compute_sensitive` marks ops whose outputs recompute saves rather than recomputes
+(matmul-heavy ops; `engine.recompute`).
 """
 
 from __future__ import annotations
