@@ -167,10 +167,11 @@ def test_auto_after_sharding_reuses_the_compiled_measurement(tmp_path, fresh_dyn
         calibrate(h)
         after = h.report().step("recompute").details["auto"]["WanTransformerBlock"]
         assert after["bytes_from"] == "compiled forward + backward per option, measured before sharding"
-        # the measured bytes stand (the eager estimate replaces them only where larger)
-        assert all(a["bytes_per_block"] >= b["bytes_per_block"] for a, b in zip(after["options"], before["options"]))
+        # an option's recompute time comes from the compiled runs alone (its fwd + bwd less the
+        # no-checkpoint option's), so reusing them reproduces every one; the bytes are
+        # max(measured, this pass's eager estimate) and may move with the estimate
         assert [o["recompute_ms_per_block"] for o in after["options"]] == \
-            [o["recompute_ms_per_block"] for o in before["options"]]  # the compiled run's times
+            [o["recompute_ms_per_block"] for o in before["options"]]
         blocks = h.trainable.blocks
         n = sum(p.numel() for p in blocks[0].parameters())
         assert after["fsdp_in_flight_gib"] == round(n * 3 * 4 / 1024 ** 3, 3)  # fp32 masters on CPU
