@@ -123,6 +123,39 @@ def matmul_peak_tflops(device, dtype) -> float:
     return round(2 * n**3 / (t["median_ms"] / 1e3) / 1e12, 2)
 
 
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and all its descendants. They are found through /proc's parent links,
+    not the process group: torchrun starts its workers in sessions of their own, so a group
+    kill leaves them running, holding the GPUs and the output pipe. Elsewhere (no /proc) the
+    process's group is killed."""
+    import signal
+
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])  # "pid (comm) state ppid ..."
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    tree, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        tree.append(p)
+        todo.extend(children.get(p, []))
+    for p in tree:  # parents first: a killed parent starts no new child
+        try:
+            os.kill(p, signal.SIGKILL)
+        except OSError:
+            pass
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
 def run_isolated(module: str, args: list[str], *, env: dict[str, str] | None = None, timeout: float = 900,
                  result_file: Path, echo_prefix: str = "  ") -> dict[str, Any]:
     """Run `python -m module args` in a fresh interpreter, streaming its output (progress),
@@ -151,10 +184,7 @@ def run_isolated(module: str, args: list[str], *, env: dict[str, str] | None = N
         try:
             rc = proc.wait(timeout=timeout)
         except BaseException as e:  # past the deadline, or the parent interrupted: no orphan left
-            try:
-                os.killpg(proc.pid, 9)
-            except OSError:
-                proc.kill()
+            kill_tree(proc.pid)
             proc.wait()
             if not isinstance(e, subprocess.TimeoutExpired):
                 raise

@@ -32,8 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import (ROOT, card_tag, env_line, environment, first_call, gib, results_table, time_calls,
-                               write_results)
+from benchmarks.common import (ROOT, card_tag, env_line, environment, first_call, gib, kill_tree, results_table,
+                               time_calls, write_results)
 
 WORKLOADS = {
     # name: (model, mode, height, width, frames)
@@ -160,7 +160,20 @@ def run_config(workload: str, world: int, par: dict[str, Any], args, ref: Path, 
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
         print(f"$ torchrun --standalone --nproc-per-node={world} -m benchmarks.parallel --worker --workload "
               f"{workload} --parallel '{json.dumps(par)}' ...", flush=True)
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, text=True, capture_output=True, timeout=args.timeout)
+        # Its own process group: past the timeout the whole job goes (torchrun and its workers,
+        # which would otherwise hold the GPUs through the next configuration) and the row says so.
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=args.timeout)
+        except BaseException as e:
+            kill_tree(proc.pid)  # torchrun and its workers (in sessions of their own)
+            proc.communicate()
+            if not isinstance(e, subprocess.TimeoutExpired):
+                raise
+            return {"workload": workload, "gpus": world, "config": _label(par, par.get("attention")),
+                    "status": "error", "error": f"timed out after {args.timeout:g} s (the job's processes killed)"}
+        proc = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
         for line in proc.stdout.splitlines():
             if line.startswith("[bench]"):
                 print(line, flush=True)

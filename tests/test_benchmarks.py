@@ -177,3 +177,20 @@ def test_offload_benchmark_smoke_writes_after_every_row(tmp_path, monkeypatch):
     assert rows["magi_zoo"]["median_ms"] > 0 and rows["magi_zoo"]["speed_vs_resident"] > 0
     assert rows["diffusers"]["status"] == "error" and "timed out" in rows["diffusers"]["error"]
     assert seen == list(range(len(seen)))  # row k started with k rows already in the file
+
+
+def test_parallel_benchmark_row_past_its_timeout_is_an_error_row(tmp_path):
+    """A configuration past --timeout: its whole torchrun job is killed (workers too, they
+    would hold the GPUs through the next configuration), the row records why, and the
+    benchmark still writes its table instead of dying with the timeout."""
+    import json
+
+    from benchmarks.parallel import main as parallel_main
+
+    assert parallel_main(["--smoke", "--out", str(tmp_path), "--timeout", "2"]) == 1  # rows failed: exit 1
+    rows = json.loads((tmp_path / "parallel_smoke_cpu.json").read_text())["rows"]
+    assert rows and all(r["status"] == "error" and "timed out after 2 s" in r["error"] for r in rows)
+    import subprocess
+
+    left = subprocess.run(["pgrep", "-f", "benchmarks.parallel --worker"], capture_output=True, text=True).stdout
+    assert left.strip() == ""  # no worker left behind
