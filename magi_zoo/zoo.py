@@ -183,14 +183,6 @@ def _build_device(adapter, variant, layers, profile: GpuProfile, dev: torch.devi
     return torch.device("cpu")
 
 
-def _auto_recompute(recompute: Any) -> bool:
-    """Whether a load's `recompute=` asks for the measured policy ("auto" or a dict saying so)."""
-    if isinstance(recompute, str):
-        return recompute == "auto"
-    policy = getattr(recompute, "policy", None) or (recompute.get("policy") if isinstance(recompute, dict) else None)
-    return policy == "auto"
-
-
 def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
          dtype: str | torch.dtype | None = None, device: str | torch.device | None = None,
          compile: Any = None, overrides: Any = None, precision: str | None = None,
@@ -246,16 +238,18 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
             raise ValueError(f"precision='fp8' needs a card with fp8 matmuls (Hopper, Ada, Blackwell); "
                              f"profile {profile.name!r} has none")
         layers = with_precision(layers, precision)
-    if calibrate is not True and (not train or not _auto_recompute(recompute)):
-        raise ValueError("calibrate= defers the measuring of recompute='auto' (e.g. until after FSDP2 sharding): "
-                         "pass it with train=True and recompute={'policy': 'auto', ...}")
     if recompute is not None and (not train or compile is False):
         raise ValueError("recompute= sets activation recompute for training: pass train=True (and not compile=False, "
                          "which applies no plan; for eager blocks use compile={'<Block>': {'enabled': False}})")
+    auto = False  # the training plan has a recompute='auto' region (from recompute= or the spec)
     if train and compile is not False:
-        from .train import training_layers
+        from .train import has_auto, training_layers
 
         layers = training_layers(layers, recompute)
+        auto = has_auto(layers)
+    if calibrate is not True and not auto:
+        raise ValueError("calibrate= defers the measuring of recompute='auto' (e.g. until after FSDP2 sharding): "
+                         "pass it with train=True and recompute={'policy': 'auto', ...}")
     directory = resolve_cache_dir(cache_dir)
     if directory is not None and directory.exists() and not directory.is_dir():
         raise ValueError(f"cache_dir {str(directory)!r} exists and is not a directory; pass a directory "
@@ -287,9 +281,8 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
         cache.load()  # before any compile: the first call then hits torch's warm caches
     handle = ZooPipeline(native, modules, report, adapter=adapter, variant=variant, profile=profile,
                          dtype=dt, device=dev, layers=layers, cache=cache, train=train)
-    if train and report is not None:
-        from .train import calibrate as calibrate_handle, has_auto
+    if auto and calibrate and report is not None:
+        from .train import calibrate as calibrate_handle
 
-        if has_auto(layers) and calibrate:
-            calibrate_handle(handle)  # recompute='auto': measure the blocks on the example inputs, choose
+        calibrate_handle(handle)  # recompute='auto': measure the blocks on the example inputs, choose
     return handle
