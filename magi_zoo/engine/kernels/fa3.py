@@ -120,6 +120,14 @@ def register():
     return member
 
 
+def _registered_forward():
+    """The FA3 forward op `register()` set, or an error saying to register first."""
+    if _forward is None:
+        raise RuntimeError(f"attention backend 'fa3' was dispatched before its kernel was registered; "
+                           f"call magi_zoo.engine.kernels.fa3.register() first ({INSTALL})")
+    return _forward
+
+
 def fa3_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -146,9 +154,7 @@ def fa3_attention(
     if not (query.dtype == key.dtype == value.dtype == torch.bfloat16):
         raise TypeError(f"attention backend 'fa3' computes in bfloat16 only (got {query.dtype}): load the "
                         "model in bf16, or use backend='native'")
-    if _forward is None:
-        raise RuntimeError(f"attention backend 'fa3' was dispatched before its kernel was registered; "
-                           f"call magi_zoo.engine.kernels.fa3.register() first ({INSTALL})")
+    forward = _registered_forward()
     # The softmax scale is passed explicitly (1/sqrt(head_dim) as SDPA's default), as
     # flash_attn_func does, rather than relying on the C++ default.
     softmax_scale = scale if scale is not None else query.shape[-1] ** -0.5
@@ -161,7 +167,7 @@ def fa3_attention(
                              "use backend='native' here")
         out, _ = fa3_attention_trainable(query, key, value, softmax_scale, is_causal)
         return out
-    out, lse, *_ = _forward(query, key, value, softmax_scale=softmax_scale, causal=is_causal)
+    out, lse, *_ = forward(query, key, value, softmax_scale=softmax_scale, causal=is_causal)
     # diffusers' LSE convention (its own _flash_3 and the context-parallel merge): (B, S, H)
     return (out, lse.permute(0, 2, 1)) if return_lse else out
 
@@ -178,10 +184,7 @@ def fa3_attention_trainable(query: torch.Tensor, key: torch.Tensor, value: torch
                             causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """FA3's forward as a differentiable op: (out (B, S, H, D), LSE (B, H, S) fp32) from q, k, v
     (B, S, H, D). Its backward is `attention_backward` (cuDNN's kernel where it runs)."""
-    if _forward is None:
-        raise RuntimeError(f"attention backend 'fa3' was dispatched before its kernel was registered; "
-                           f"call magi_zoo.engine.kernels.fa3.register() first ({INSTALL})")
-    out, lse, *_ = _forward(query, key, value, softmax_scale=scale, causal=causal)
+    out, lse, *_ = _registered_forward()(query, key, value, softmax_scale=scale, causal=causal)
     return out, lse
 
 
