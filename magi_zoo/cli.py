@@ -218,23 +218,14 @@ def write_wav(path: str | Path, audio, sample_rate: int) -> Path:
 
 
 def write_gif(frames, path: str | Path, fps: int) -> None:
-    """Frames (PIL images, or H x W x 3 arrays: float in [0, 1] or uint8) as an animated GIF
-    with Pillow alone (no ffmpeg)."""
+    """Frames (H x W x 3 floats in [0, 1]) as an animated GIF with Pillow alone (no ffmpeg),
+    through diffusers' own `numpy_to_pil` and `export_to_gif`."""
     import numpy as np
-    from PIL import Image
+    from diffusers.utils import export_to_gif, numpy_to_pil
 
-    def image(f):
-        if isinstance(f, Image.Image):
-            return f.convert("RGB")
-        a = np.asarray(f)
-        if a.dtype != np.uint8:
-            a = (np.clip(a, 0.0, 1.0) * 255).round().astype(np.uint8)
-        return Image.fromarray(a)
-
-    imgs = [image(f) for f in frames]
-    if not imgs:
+    if len(frames) == 0:
         raise ValueError("no frames to write")
-    imgs[0].save(path, format="GIF", save_all=True, append_images=imgs[1:], duration=round(1000 / fps), loop=0)
+    export_to_gif(numpy_to_pil(np.clip(np.stack([np.asarray(f) for f in frames]), 0.0, 1.0)), str(path), fps=fps)
 
 
 def write_output(output, out: str | Path, audio_out: str | Path | None = None) -> list[Path]:
