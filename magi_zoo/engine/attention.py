@@ -135,14 +135,9 @@ def _set_engine_layer(layer: nn.Module, name: str, profile, key: str, undo_list:
     if name not in supported:
         raise PlanError(f"attention key {key!r}: {type(layer).__name__} dispatches {', '.join(map(repr, supported))} "
                         f"(its ATTENTION_BACKENDS), not {name!r}; choose one of those")
-    label = name
-    if name in ENGINE_BACKENDS:
-        if profile.device != "cuda":
-            raise PlanError(f"attention backend {name!r} runs on CUDA GPUs; profile {profile.name!r} is "
-                            f"{profile.device}: use backend='native' (or 'auto') there")
-        kernel = _kernel(name)
-        kernel.register()  # raises, naming the extra, when the kernel is missing
-        label = f"{name} ({kernel.describe()})"
+    # the same checks and registration as for diffusers' layers (an engine kernel must be
+    # registered either way: the layer calls it directly)
+    _, label = _resolve(name, profile)
     undo_list.append((layer, "attention_backend", layer.attention_backend))
     layer.attention_backend = name
     return label
