@@ -47,15 +47,6 @@ def install(module: nn.Module, method: str, stats: RegionStats) -> None:
     object.__setattr__(module, method, tracked(fn, stats))
 
 
-_CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
-
-
-def uses_cudagraphs(kw: dict) -> bool:
-    """Whether `torch.compile(**kw)` captures CUDA graphs (inductor's cudagraph trees)."""
-    return kw.get("backend", "inductor") == "inductor" and (
-        kw.get("mode") in _CUDAGRAPH_MODES or bool((kw.get("options") or {}).get("triton.cudagraphs")))
-
-
 def _family(module_name: str) -> str:
     """The package a Python module belongs to for boundary ops: magi_zoo.adapters.<family>,
     else its top-level package (a third-party adapter's own)."""
@@ -85,16 +76,18 @@ def partition_at_boundaries(kw: dict, ops: list[str]) -> dict:
     mode becomes the options it stands for."""
     from . import _torch_compat as tc
 
-    if not ops or not uses_cudagraphs(kw) or not tc.inductor_has_option("custom_should_partition_ops"):
+    if not ops or kw.get("backend", "inductor") != "inductor" or \
+            not tc.inductor_has_option("custom_should_partition_ops"):
         return kw
-    kw = dict(kw)
     options = dict(kw.get("options") or {})
-    if "mode" in kw:
+    if kw.get("mode") is not None:
         base = tc.inductor_mode_options(kw["mode"], kw.get("dynamic"))
         if base is None:  # pragma: no cover - a torch that cannot expand a mode: leave it
             return kw
         options = {**base, **options}
-        del kw["mode"]
+    if not options.get("triton.cudagraphs"):  # the mode's own options say whether it captures
+        return kw
+    kw = {k: v for k, v in kw.items() if k != "mode"}
     options["graph_partition"] = True
     options["custom_should_partition_ops"] = sorted({*options.get("custom_should_partition_ops", ()), *ops})
     kw["options"] = options
