@@ -803,9 +803,10 @@ def calibrate(root: nn.Module, run: Callable[[], Any], *, measure_compiled: bool
             st, args, kwargs = r.sample
             # An FSDP2 block's forward outside the root's call would leave its all-gather /
             # backward hooks half run: the eager estimate stands there (shown in the report).
+            at = _shapes(args, kwargs)
             if measure_compiled and not _is_sharded(st.module):
-                r.measured, r.measured_at = measure_options(st, args, kwargs), _shapes(args, kwargs)
-            elif measure_compiled and r.measured is not None and r.measured_at == _shapes(args, kwargs):
+                r.measured, r.measured_at = measure_options(st, args, kwargs), at
+            elif measure_compiled and r.measured is not None and r.measured_at == at:
                 # Sharded now: the compiled costs measured before sharding stand (per-rank
                 # activations and a block's backward do not change with sharding; what FSDP2
                 # adds is `fsdp_in_flight_bytes`), so auto chooses from them, not the eager estimate.
