@@ -123,6 +123,14 @@ def matmul_peak_tflops(device, dtype) -> float:
     return round(2 * n**3 / (t["median_ms"] / 1e3) / 1e12, 2)
 
 
+def spec_keys(adapter, gpu: str, section: str) -> set[str]:
+    """The keys the model's spec (every layer for this card) names in `section`."""
+    from magi_zoo.specs import get_profile
+    from magi_zoo.zoo import spec_layers
+
+    return {k for _, layer in spec_layers(adapter, get_profile(gpu)) for k in layer.entries(section)}
+
+
 def kill_tree(pid: int) -> None:
     """SIGKILL a process and all its descendants. They are found through /proc's parent links,
     not the process group: torchrun starts its workers in sessions of their own, so a group
@@ -188,7 +196,7 @@ def run_isolated(module: str, args: list[str], *, env: dict[str, str] | None = N
             proc.wait()
             if not isinstance(e, subprocess.TimeoutExpired):
                 raise
-            return {"status": "error", "error": f"timed out after {timeout} s"}
+            return {"status": "error", "error": f"timed out after {timeout:g} s (its processes killed)"}
         reader.join(timeout=10)
     except Exception as e:
         return {"status": "error", "error": f"{type(e).__name__}: {e}"}

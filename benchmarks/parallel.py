@@ -25,14 +25,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import (ROOT, card_tag, env_line, environment, first_call, gib, kill_tree, results_table,
+from benchmarks.common import (card_tag, env_line, environment, first_call, gib, results_table, run_isolated,
                                time_calls, write_results)
 
 WORKLOADS = {
@@ -151,38 +150,23 @@ def run_config(workload: str, world: int, par: dict[str, Any], args, ref: Path, 
     model, mode, height, width, frames = WORKLOADS[workload] if not smoke else ("wan2.1-tiny", "cfg-step", 0, 0, 0)
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "row.json"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
+        job = ["--standalone", f"--nproc-per-node={world}",
                "-m", "benchmarks.parallel", "--worker", "--workload", workload, "--model", model, "--mode", mode,
                "--height", str(height), "--width", str(width), "--frames", str(frames),
                "--warmup", str(args.warmup), "--runs", str(args.runs), "--parallel", json.dumps(par),
                "--ref", str(ref), "--result", str(result)] + (["--smoke"] if smoke else [])
-        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
         print(f"$ torchrun --standalone --nproc-per-node={world} -m benchmarks.parallel --worker --workload "
               f"{workload} --parallel '{json.dumps(par)}' ...", flush=True)
-        # Its own process group: past the timeout the whole job goes (torchrun and its workers,
-        # which would otherwise hold the GPUs through the next configuration) and the row says so.
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True)
-        try:
-            out, err = proc.communicate(timeout=args.timeout)
-        except BaseException as e:
-            kill_tree(proc.pid)  # torchrun and its workers (in sessions of their own)
-            proc.communicate()
-            if not isinstance(e, subprocess.TimeoutExpired):
-                raise
-            return {"workload": workload, "gpus": world, "config": _label(par, par.get("attention")),
-                    "status": "error", "error": f"timed out after {args.timeout:g} s (the job's processes killed)"}
-        proc = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-        for line in proc.stdout.splitlines():
-            if line.startswith("[bench]"):
-                print(line, flush=True)
-        if result.is_file():
-            return json.loads(result.read_text())
-        tail = (proc.stderr or proc.stdout)[-2500:]
-        print(tail, file=sys.stderr)
-        return {"workload": workload, "gpus": world, "config": _label(par, par.get("attention")),
-                "status": "error", "error": tail.strip().splitlines()[-1] if tail.strip() else f"exit {proc.returncode}"}
+        # past the timeout the whole job goes (torchrun and its workers, which would otherwise
+        # hold the GPUs through the next configuration) and the row says so
+        rec = run_isolated("torch.distributed.run", job, result_file=result, timeout=args.timeout, echo_prefix="",
+                           env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+        if result.is_file():  # the job's own row, whatever it says
+            return rec
+    print(rec["error"], file=sys.stderr)
+    last = rec["error"].strip().splitlines()
+    return {"workload": workload, "gpus": world, "config": _label(par, par.get("attention")),
+            "status": "error", "error": last[-1] if last else rec["error"]}
 
 
 def _write(rows: list[dict[str, Any]], args, argv, counts: list[int], quiet: bool = False) -> None:

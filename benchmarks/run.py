@@ -92,23 +92,15 @@ STRATEGIES = ("eager", "torch_compile", "diffusers_regional", "magi_zoo", "magi_
 ZOO_STRATEGIES = ("magi_zoo", "magi_zoo_fp8", "magi_zoo_fp8_matmul", "magi_zoo_sdpa", "magi_zoo_fa3")  # magi_zoo.load with the shipped spec (+ one change)
 
 
-def _spec_keys(adapter, gpu: str, section: str) -> set[str]:
-    """The keys the model's spec (every layer for this card) names in `section`."""
-    from magi_zoo.specs import get_profile
-    from magi_zoo.zoo import spec_layers
-
-    return {k for _, layer in spec_layers(adapter, get_profile(gpu)) for k in layer.entries(section)}
-
-
 def _zoo_kwargs(strategy: str, adapter, gpu: str) -> dict[str, Any]:
     """The one change a magi_zoo_* strategy makes to `magi_zoo.load`."""
     if strategy == "magi_zoo_fp8":  # fp8 matmuls and fp8 attention (where attention runs on fa3)
         return {"precision": "fp8"}
     if strategy == "magi_zoo_fp8_matmul":  # fp8 matmuls only, attention as the spec sets it
-        keys = _spec_keys(adapter, gpu, "precision")
+        keys = common.spec_keys(adapter, gpu, "precision")
         return {"overrides": {"precision": {k: {"matmul": "fp8", "attention": "bf16"} for k in keys}}}
     if strategy in ("magi_zoo_sdpa", "magi_zoo_fa3"):
-        keys = _spec_keys(adapter, gpu, "attention")
+        keys = common.spec_keys(adapter, gpu, "attention")
         if not keys:
             raise TypeError(f"{strategy}: the spec sets no attention backend here, so it equals magi_zoo")
         return {"overrides": {"attention": {k: "native" if strategy == "magi_zoo_sdpa" else "fa3" for k in keys}}}

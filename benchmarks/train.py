@@ -90,16 +90,6 @@ def _block_keys(model: str) -> list[str]:
 BASELINES = ("eager_full", "regional_full")
 
 
-def _attention_keys(model: str, gpu: str) -> list[str]:
-    """The keys the spec's attention section sets for this GPU profile (any layer)."""
-    from magi_zoo import adapters
-    from magi_zoo.specs import SpecFile
-
-    adapter, _ = adapters.lookup(model)
-    return sorted({k for _, layer in SpecFile.from_toml(adapter.spec_path()).layers_for(gpu)
-                   for k in layer.entries("attention")})
-
-
 def build(model: str, strategy: str, *, gpu: str, device: str, backend: str | None, budget: float | None = None,
           calibrate: bool = True, optimizer: str = "adamw"):
     """load(train=True) for one strategy; frozen components to the host; then `auto` measured
@@ -114,7 +104,10 @@ def build(model: str, strategy: str, *, gpu: str, device: str, backend: str | No
         compile_override = {k: {"enabled": False} for k in _block_keys(model)}
     elif backend:
         compile_override = {k: {"backend": backend} for k in _block_keys(model)}
-    keys = _attention_keys(model, gpu) if strategy in BASELINES or strategy.endswith(SDPA) else []
+    from magi_zoo import adapters
+
+    keys = sorted(common.spec_keys(adapters.lookup(model)[0], gpu, "attention")) \
+        if strategy in BASELINES or strategy.endswith(SDPA) else []
     overrides = {"attention": {k: {"backend": "native"} for k in keys}} if keys else None
     kw = dict(gpu=gpu, weights=None if model.endswith("tiny") else "random", device=device, train=True,
               recompute=_recompute(strategy, budget, optimizer), compile=compile_override or None,
