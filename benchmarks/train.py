@@ -359,7 +359,7 @@ def run_distributed(args) -> dict[str, Any] | None:
     if rank != 0:
         return None
     return {"kind": "dp" if args.dp else "fsdp", "model": args.model, "gpu": args.gpu, "env": common.environment(device),
-            "step": f"flow-matching loss + backward + AdamW, FSDP2 ({'bf16 params / fp32 reduce' if cuda else 'fp32, gloo'}), "
+            "step": f"flow-matching loss + backward + {'AdamW' if args.optimizer == 'adamw' else 'no optimizer'}, FSDP2 ({'bf16 params / fp32 reduce' if cuda else 'fp32, gloo'}), "
                     f"recompute {strategy}" + (f", {args.master_dtype} master weights" if args.master_dtype else "")
                     + (f" at {args.budget} GiB per GPU" if args.budget else ""),
             "runs": args.runs, "warmup": args.warmup, "results": rows, "per_rank": gathered}
