@@ -196,7 +196,9 @@ def run_isolated(module: str, args: list[str], *, env: dict[str, str] | None = N
             proc.wait()
             if not isinstance(e, subprocess.TimeoutExpired):
                 raise
-            return {"status": "error", "error": f"timed out after {timeout:g} s (its processes killed)"}
+            last = [x.strip() for x in tail if x.startswith("[bench]")][-2:]  # where it was when cut
+            return {"status": "error", "error": f"timed out after {timeout:g} s (its processes killed)"
+                    + (f"; last progress: {' / '.join(last)}" if last else "")}
         reader.join(timeout=10)
     except Exception as e:
         return {"status": "error", "error": f"{type(e).__name__}: {e}"}

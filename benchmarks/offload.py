@@ -124,6 +124,9 @@ def worker(args) -> dict[str, Any]:
         module.compile_repeated_blocks(fullgraph=False, **({} if cuda else {"backend": "eager"}))
         h, report, rt = None, None, None
     rec["build_apply_s"] = round(time.perf_counter() - t_build, 1)  # build + plan + placement (+ pinning)
+    if h is not None:
+        rec["load_timings"] = h.timings
+    print(f"[bench]   loaded in {rec['build_apply_s']} s {rec.get('load_timings', '')}", flush=True)
     rec["weights_fingerprint"] = _fingerprint(module)
     if args.pipeline:
         return {**rec, **_pipeline_row(h, shape, args.steps, dev)}

@@ -50,6 +50,10 @@ class ZooPipeline:
         self.device = device
         self.layers = layers
         self.cache = cache
+        # Seconds `load` spent per phase: plan_s (spec layers, the offload plan on a meta
+        # copy), build_s (the model, on the card or in host memory), apply_s (the engine's
+        # steps, offload placement included), calibrate_s (recompute="auto" measuring).
+        self.timings: dict[str, float] = {}
 
     @property
     def trainable(self) -> nn.Module:
@@ -222,6 +226,9 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
         `magi_zoo.train.shard`, so the choice sees per-rank memory and load never runs the
         unsharded model's training forward. Until then a training forward is refused.
     """
+    import time
+
+    t0 = time.perf_counter()
     adapter, variant = adapters.lookup(name)
     profile = get_profile(gpu)
     dt = _dtype(dtype, profile)
@@ -259,7 +266,9 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
 
         layers = with_memory_budget(layers, memory_budget_gib)
     build_dev = _build_device(adapter, variant, layers, profile, dev, dt, compile, memory_budget_gib is not None)
+    timings = {"plan_s": time.perf_counter() - t0}
     native = adapter.build(variant, weights=weights, dtype=dt, device=build_dev)
+    timings["build_s"] = time.perf_counter() - t0 - timings["plan_s"]
     modules = nn.ModuleDict(adapter.components(native))
     if train:
         from .train import set_train_mode
@@ -272,6 +281,7 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
 
         if runtime(modules) is None:  # the applied plan streams nothing after all (fp8 weights fit): place it whole
             modules.to(dev)
+    timings["apply_s"] = time.perf_counter() - t0 - timings["plan_s"] - timings["build_s"]
     cache = None
     if report is not None and directory is not None:
         cache = CompileCache(directory, {
@@ -284,5 +294,8 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
     if auto and calibrate and report is not None:
         from .train import calibrate as calibrate_handle
 
+        t1 = time.perf_counter()
         calibrate_handle(handle)  # recompute='auto': measure the blocks on the example inputs, choose
+        timings["calibrate_s"] = time.perf_counter() - t1
+    handle.timings = {k: round(v, 2) for k, v in timings.items()}
     return handle

@@ -2,6 +2,7 @@
 
 import math
 
+import pytest
 import torch
 
 from magi_zoo.adapters.fast_init import MIN_NUMEL, parallel_fills
@@ -49,3 +50,49 @@ def test_parameters_that_require_grad_fill_in_place():
         lin = torch.nn.Linear(4096, 1024)
     assert lin.weight.requires_grad and lin.weight.abs().max() > 0
     assert abs(lin.weight.std().item() - 1 / math.sqrt(4096) / math.sqrt(3)) < 1e-3
+
+
+def _drawn_via(via, seed: int, numel: int) -> torch.Tensor:
+    torch.manual_seed(seed)
+    x = torch.empty(numel, dtype=torch.bfloat16)
+    with parallel_fills(2, via=via):
+        x.uniform_(-2.0, 2.0)
+    return x
+
+
+def test_fills_drawn_on_a_device_in_bounded_pieces(monkeypatch):
+    # `via`: each piece is drawn on that device (a card, on GPU machines) and copied into the
+    # host tensor, in pieces of at most MAX_PIECE values. The CPU stands in for the card here.
+    import magi_zoo.adapters.fast_init as fi
+
+    monkeypatch.setattr(fi, "MAX_PIECE", MIN_NUMEL // 2)
+    seen = []
+    real_empty = torch.empty
+
+    def spy(*a, **k):
+        t = real_empty(*a, **k)
+        if k.get("device") is not None:
+            seen.append(t.numel())
+        return t
+
+    monkeypatch.setattr(torch, "empty", spy)
+    a = _drawn_via("cpu", 0, MIN_NUMEL * 3)
+    monkeypatch.setattr(torch, "empty", real_empty)
+    assert seen and max(seen) <= MIN_NUMEL // 2 and sum(seen) == MIN_NUMEL * 3
+    b, c = _drawn_via("cpu", 0, MIN_NUMEL * 3), _drawn_via("cpu", 1, MIN_NUMEL * 3)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    f = a.float()
+    assert f.min() >= -2.0 and f.max() <= 2.0 and abs(f.mean().item()) < 0.01
+    assert abs(f.std().item() - 4 / math.sqrt(12)) < 0.01
+
+
+@pytest.mark.gpu
+def test_fills_drawn_on_the_card():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    torch.manual_seed(0)
+    with parallel_fills(4, via="cuda"):
+        lin = torch.nn.Linear(4096, 4096)
+    assert lin.weight.device.type == "cpu"
+    assert abs(lin.weight.std().item() - 1 / math.sqrt(4096) / math.sqrt(3)) < 1e-3
+    assert torch.equal(_drawn_via("cuda", 3, MIN_NUMEL * 2), _drawn_via("cuda", 3, MIN_NUMEL * 2))

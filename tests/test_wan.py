@@ -38,6 +38,8 @@ def test_handle_surface(eager_handle):
     assert h.report() is None and h.plan is None  # compile=False applies nothing
     assert h.dtype == torch.float32 and h.device.type == "cpu"
     assert len(h.pipe.transformer.blocks) == 4
+    # where load's seconds went, per phase (apply_s counts even when nothing is applied)
+    assert set(h.timings) == {"plan_s", "build_s", "apply_s"} and all(v >= 0 for v in h.timings.values())
 
 
 def test_published_variants_are_exact_configs():
