@@ -17,6 +17,11 @@ MB = 2 ** 20
 
 # -- planner --------------------------------------------------------------------------------
 
+# Tiny Wan plans without the spec's activation reserves (they are for the published shapes):
+# the plan-wide one and the VAE phase's.
+NO_RESERVE = {"offload": {"": {"activation_gib": 0.0}, "vae.encoder": {"phase_activation_gib": 0.0},
+                          "vae.decoder": {"phase_activation_gib": 0.0}}}
+
 def blocks(n, nbytes=GIB, time_s=None, group="Block", phase="t", **kw):
     return [Unit(f"{phase}.blocks.{i}", nbytes, group, phase, time_s=time_s, **kw) for i in range(n)]
 
@@ -45,6 +50,34 @@ def test_plan_partial_residency_spread_and_peak():
     streamed = sorted(int(n.rsplit(".", 1)[1]) for n in p.streamed)
     assert streamed == [1, 3, 5, 7, 9]  # spread evenly, the last block streams
     assert p.copy_s["t"] == pytest.approx(5 * GIB / 55e9)
+
+
+def test_plan_fits_each_phase_own_activation_peak():
+    # A VAE phase whose activations (4 GiB) exceed the plan-wide reserve (1 GiB): resident
+    # blocks stay on the card through it, so the VAE phase's peak decides how many stay.
+    vae = Unit("vae.decoder", GIB // 4, "Dec", "vae", once=True, mode="resident", activation=4 * GIB)
+    plain = plan_offload(blocks(10) + [Unit("vae.decoder", GIB // 4, "Dec", "vae", once=True, mode="resident")],
+                         fixed_bytes=GIB, activation_bytes=GIB, budget_bytes=9 * GIB)
+    p = plan_offload(blocks(10) + [vae], fixed_bytes=GIB, activation_bytes=GIB, budget_bytes=9 * GIB)
+    # fixed 1 + decoder 0.25 + blocks: the transformer phase needs 2 buffers + 1 of
+    # activations, the VAE phase 4 of activations (no buffers): 9 - 1.25 - max(3, 4) = 3.75
+    # -> 3 blocks stay (4 with the plan-wide reserve alone).
+    assert len(plain.resident) == 5 and len([n for n in p.resident if n.startswith("t.")]) == 3
+    assert p.expected_peak == GIB + GIB // 4 + 3 * GIB + 4 * GIB <= p.budget
+    # The minimum counts the largest phase's activations, and the error says so.
+    with pytest.raises(OffloadPlanError, match=r"activations 4.00 GiB in its largest phase") as e:
+        plan_offload(blocks(10) + [vae], fixed_bytes=GIB, activation_bytes=GIB, budget_bytes=5 * GIB)
+    assert e.value.minimum_bytes == GIB + GIB // 4 + 4 * GIB
+    # A phase reserve below the plan-wide one changes nothing.
+    low = Unit("vae.decoder", GIB // 4, "Dec", "vae", once=True, mode="resident", activation=GIB // 2)
+    assert plan_offload(blocks(10) + [low], fixed_bytes=GIB, activation_bytes=GIB,
+                        budget_bytes=9 * GIB).resident == plain.resident
+
+
+def test_phase_activation_spec_field():
+    assert OffloadSpec(once=True, phase_activation_gib=9).phase_activation_gib == 9
+    with pytest.raises(ValueError, match="phase_activation_gib must be >= 0"):
+        OffloadSpec(phase_activation_gib=-1)
 
 
 def test_plan_pins_and_forced_streams():
@@ -169,6 +202,8 @@ def test_spec_keys_in_the_wrong_place():
     root = nn.ModuleDict({"t": Net()})
     with pytest.raises(ValueError, match="apply to the whole plan"):
         apply(root, {"offload": {"Block": {"memory_budget_gib": 1}}}, gpu="cpu")
+    with pytest.raises(ValueError, match="phase_activation_gib belongs to a unit"):
+        apply(root, {"offload": {"": {"phase_activation_gib": 1}, "Block": "auto"}}, gpu="cpu")
     with pytest.raises(ValueError, match="the root is never a unit"):
         apply(root, {"offload": {"": {"mode": "stream"}, "Block": "auto"}}, gpu="cpu")
 
@@ -361,14 +396,15 @@ def test_load_refuses_a_budget_before_building(monkeypatch):
     built = []
     real = WanAdapter.build
     monkeypatch.setattr(WanAdapter, "build", lambda self, v, **kw: built.append(kw["device"].type) or real(self, v, **kw))
-    with pytest.raises(OffloadPlanError, match="needs at least 6.00 GiB"):  # the spec's 6 GiB activation reserve
+    # the spec's reserves: 6 GiB plan-wide, 9 GiB while the VAE runs (the largest phase)
+    with pytest.raises(OffloadPlanError, match="needs at least 9.00 GiB.*activations 9.00 GiB in its largest phase"):
         magi_zoo.load("wan2.1-tiny", gpu="cpu", memory_budget_gib=1)
     assert built == ["meta"]  # only the sizes were built
 
 
 def test_load_tiny_wan_with_a_budget_generates_the_same_video():
     kw = dict(gpu="cpu", compile={"WanTransformerBlock": {"backend": "eager"}},
-              overrides={"offload": {"": {"activation_gib": 0.0}}})
+              overrides=NO_RESERVE)
     ref = magi_zoo.load("wan2.1-tiny", **kw)
     call = dict(prompt="a corgi", output_type="np", num_inference_steps=2)
     want = ref(generator=torch.Generator().manual_seed(0), **call).frames

@@ -75,6 +75,7 @@ class UnitSpec:
     once: bool
     tensors: list[torch.Tensor]  # parameters and buffers, each once
     layout: tuple  # ((shape, dtype) per tensor): units with one layout share buffers
+    phase_activation_gib: float | None = None  # its phase's activation peak, when above the plan-wide reserve
 
     @property
     def nbytes(self) -> int:
@@ -111,6 +112,9 @@ def find_units(ctx_plan, root: nn.Module) -> tuple[list[UnitSpec], dict[str, Any
                 raise ValueError("offload key '' (the root): the root is never a unit; set mode on the blocks "
                                  "or components that may stream (e.g. WanTransformerBlock = 'auto')")
             settings = spec.root_fields()
+            if spec.phase_activation_gib is not None:
+                raise ValueError("offload key '' (the root): phase_activation_gib belongs to a unit (the peak "
+                                 "while its component runs); the plan-wide reserve is activation_gib")
             continue
         wrong = spec.root_fields()
         if wrong:
@@ -125,7 +129,7 @@ def find_units(ctx_plan, root: nn.Module) -> tuple[list[UnitSpec], dict[str, Any
         if not tensors:
             continue  # a component whose weights all sit in nested units
         units.append(UnitSpec(t.path, t.module, t.spec.mode, t.spec.once, tensors,
-                              tuple((tuple(x.shape), x.dtype) for x in tensors)))
+                              tuple((tuple(x.shape), x.dtype) for x in tensors), t.spec.phase_activation_gib))
     return units, settings
 
 
@@ -175,7 +179,8 @@ def plan_units(root: nn.Module, resolved_plan, profile, *, budget_gib: float | N
         if id(t) not in owned and id(t) not in seen:
             seen.add(id(t))
             fixed += _nbytes(t)
-    units = [Unit(u.path, u.nbytes, groups[u.path], _phase(u.path), u.mode, (times_s or {}).get(u.path), u.once)
+    units = [Unit(u.path, u.nbytes, groups[u.path], _phase(u.path), u.mode, (times_s or {}).get(u.path), u.once,
+                  None if u.phase_activation_gib is None else int(u.phase_activation_gib * GIB))
              for u in specs]
     plan = plan_offload(units, fixed_bytes=fixed, activation_bytes=int(activation * GIB),
                         budget_bytes=int(budget * GIB),
@@ -568,8 +573,11 @@ class OffloadRuntime:
         if peak > self.budget and not self.over_budget_warned:
             self.over_budget_warned = True
             warnings.warn(f"magi_zoo offload: the measured peak ({size(peak)} reserved) exceeds the "
-                          f"{size(self.budget)} budget; the activations need more than the reserve. Set "
-                          "a larger activation reserve (offload '' = {activation_gib = ...}) or a larger budget",
+                          f"{size(self.budget)} budget; the activations need more than the reserve, or the "
+                          "allocator holds freed blocks it cannot reuse. Set a larger activation reserve (offload "
+                          "'' = {activation_gib = ...}, or phase_activation_gib on a unit of the phase that peaks, "
+                          "e.g. the VAE), a larger budget, or PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
+                          "before CUDA starts (fewer reserved-but-unused blocks)",
                           RuntimeWarning, stacklevel=2)
 
     def stats(self) -> dict[str, Any]:
@@ -716,6 +724,15 @@ def offload_step(ctx: StepContext) -> StepRecord:
     return StepRecord("offload", did, undo, details)
 
 
+def _phase_reserves(units: Sequence[Unit]) -> dict[str, int]:
+    """phase -> the activation peak its units declare (phase_activation_gib), where any does."""
+    out: dict[str, int] = {}
+    for u in units:
+        if u.activation:
+            out[u.phase] = max(out.get(u.phase, 0), u.activation)
+    return out
+
+
 def describe_plan(root: nn.Module, resolved_plan, profile, budget_gib: float | None = None) -> str:
     """The offload plan as text (`magi-zoo spec`): budget, what stays, what streams, buffers,
     expected copy time per call and expected peak; or why there is none."""
@@ -743,5 +760,6 @@ def describe_plan(root: nn.Module, resolved_plan, profile, budget_gib: float | N
             lines.append(f"  buffers {g}: {n} x {b / GIB:.3f} GiB")
         lines.append(f"  prefetch: {plan.prefetch} copy/copies in flight ahead of use (host->device "
                      f"{settings.get('host_bandwidth_gbs', 55.0):g} GB/s assumed); pinned host memory "
-                     f"{size(plan.streamed_bytes)}; activation reserve {size(plan.activation)}")
+                     f"{size(plan.streamed_bytes)}; activation reserve {size(plan.activation)}"
+                     + "".join(f"; {ph} phase {size(b)}" for ph, b in _phase_reserves(units).items()))
     return "\n".join(lines)

@@ -70,6 +70,7 @@ class Unit:
     mode: str = "auto"  # auto | resident | stream
     time_s: float | None = None  # compute time of one call (None: unknown)
     once: bool = False  # runs once per generation (encoders, VAE): streamed before per-step blocks
+    activation: int | None = None  # its phase's activation peak, when above the plan-wide reserve
 
 
 @dataclasses.dataclass
@@ -141,24 +142,29 @@ def _peak(units: Sequence[Unit], streamed: set[str], *, fixed: int, activation: 
 
     Phases run one after another, and the runtime frees a phase's buffers when another
     phase starts, so buffers count per phase: the peak takes the largest phase's pools plus
-    its largest one-of-a-kind unit."""
+    its largest one-of-a-kind unit plus its activations (`activation`, or more where a unit
+    of the phase declares more: a VAE decoding a whole video); resident weights stay on the
+    card through every phase."""
     resident = sum(u.nbytes for u in units if u.name not in streamed)
     pools: dict[str, tuple[int, int]] = {}
-    per_phase: dict[str, list[int]] = {}  # phase -> [pool bytes, largest transient]
+    per_phase: dict[str, list[int]] = {}  # phase -> [pool bytes, largest transient, activations]
+    for u in units:
+        acc = per_phase.setdefault(u.phase, [0, 0, activation])
+        acc[2] = max(acc[2], u.activation or 0)
     for g, us in _groups(units).items():
         n_str = sum(u.name in streamed for u in us)
         if not n_str:
             continue
         size = max(u.nbytes for u in us)
-        acc = per_phase.setdefault(us[0].phase, [0, 0])
+        acc = per_phase[us[0].phase]
         if len(us) == 1:  # one of a kind: a buffer only while it runs
             acc[1] = max(acc[1], size)
         else:
             pools[g] = (min(prefetch + 1, n_str), size)
             acc[0] += pools[g][0] * size
-    buffers = max((a + b for a, b in per_phase.values()), default=0)
-    transient = max((b for _, b in per_phase.values()), default=0)
-    return fixed + resident + buffers + activation, pools, transient
+    phase_peak = max((a + b + c for a, b, c in per_phase.values()), default=activation)
+    transient = max((b for _, b, _ in per_phase.values()), default=0)
+    return fixed + resident + phase_peak, pools, transient
 
 
 def _spread(n_total: int, n_streamed: int) -> list[int]:
@@ -205,7 +211,8 @@ def plan_offload(units: Sequence[Unit], *, fixed_bytes: int, activation_bytes: i
             f"a memory budget of {size(budget_bytes)} cannot hold this model even with every "
             f"streamable unit streamed: it needs at least {size(minimum)} (weights outside units "
             f"{size(fixed_bytes)} + pinned units {size(pins)} + streaming buffers (largest unit "
-            f"{size(biggest)}) + activations {size(activation_bytes)}). Raise memory_budget_gib to "
+            f"{size(biggest)}) + activations {size(max([activation_bytes, *(u.activation or 0 for u in units)]))}"
+            f"{' in its largest phase' if any(u.activation for u in units) else ''}). Raise memory_budget_gib to "
             f">= {size(minimum)}, lower the activation reserve, or unpin units (mode='auto')", minimum)
 
     streamed = set(forced)

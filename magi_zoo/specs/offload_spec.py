@@ -59,6 +59,14 @@ class OffloadSpec(SectionSpec):
         "in GiB; None = 10% of the budget. The first call on CUDA measures the real peak and "
         "warns when it exceeds this reserve.",
     )
+    phase_activation_gib: float | None = Field(
+        None,
+        description="Unit keys only. The activation peak while this unit's component (its phase) "
+        "runs, in GiB, when it is larger than the plan-wide activation_gib: e.g. a video VAE "
+        "encoding or decoding 81 frames needs more than one transformer block. The planner "
+        "then fits each phase's own peak: the resident weights stay on the card through every "
+        "phase, so the largest phase peak decides how many stay.",
+    )
     prefetch: int = Field(
         1,
         description="Root key only. How many streamed units' copies may be in flight ahead of "
@@ -78,11 +86,11 @@ class OffloadSpec(SectionSpec):
             raise ValueError(f"{info.field_name} must be > 0, got {v!r}")
         return v
 
-    @field_validator("activation_gib")
+    @field_validator("activation_gib", "phase_activation_gib")
     @classmethod
-    def _non_negative(cls, v):
+    def _non_negative(cls, v, info):
         if v is not None and v < 0:
-            raise ValueError(f"activation_gib must be >= 0, got {v!r}")
+            raise ValueError(f"{info.field_name} must be >= 0, got {v!r}")
         return v
 
     @field_validator("prefetch")
