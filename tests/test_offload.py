@@ -1,6 +1,8 @@
 """Weight offload: the planner (pure decisions), the spec section, and the streaming
 mechanics on CPU (the host plays the device: copies are synchronous clones, counted)."""
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn as nn
@@ -433,6 +435,48 @@ def test_bagel_tiny_streams_its_mot_layers_exactly():
     got = np.asarray(h.adapter.generate(h, prompt="a corgi", progress=False, seed=0).value, dtype=np.float32)
     assert (got == want).all() and rt.counters.copies > 0
     assert h.report().recompiles == 0 and h.report().graph_breaks == 0
+
+
+def test_bagel_guided_step_streams_each_layer_once():
+    # One CFG step over three contexts runs every MoT layer three times. Streamed layers run
+    # layer by layer under offload.hold: each is copied once per step (not once per context),
+    # and the velocity is exactly the resident one (same operations, another order).
+    comp = {"BagelMoTLayer": {"backend": "eager"}, "model.vit_model": {"backend": "eager"},
+            "model": {"denoise_step": {"enabled": False}, "decode_step": {"enabled": False}}}
+    kw = dict(gpu="cpu", compile=comp, overrides={"offload": {"": {"activation_gib": 0.0}}})
+    ref = magi_zoo.load("bagel-tiny", **kw)
+    h = magi_zoo.load("bagel-tiny", memory_budget_gib=5.85 / 1024, **kw)  # every layer streams
+    h.pipe.model.load_state_dict(ref.pipe.model.state_dict())  # the same weights in both
+    rt = off.runtime(h.modules)
+    layers = list(h.pipe.model.layers)
+    assert all(off.streams(layer) for layer in layers) and not any(off.streams(x) for x in ref.pipe.model.layers)
+    inputs = ref.adapter.example_inputs(ref.pipe, ref.variant, "denoise")
+    with torch.inference_mode():
+        want = ref.pipe.model(**inputs)
+        before = rt.counters.copies
+        got = h.pipe.model(**inputs)
+    assert rt.counters.copies - before == len(layers)  # 3 contexts, one copy per layer
+    assert torch.equal(got, want)
+    # Context by context (no hold), the same step copies every layer once per context.
+    seen = []
+    orig = off.hold
+
+    def no_hold(module):
+        seen.append(module)
+        return contextlib.nullcontext()
+
+    off.hold = no_hold
+    try:
+        with torch.inference_mode():
+            before = rt.counters.copies
+            again = h.pipe.model(**inputs)
+    finally:
+        off.hold = orig
+    assert len(seen) == len(layers) and rt.counters.copies - before == 3 * len(layers)
+    assert torch.equal(again, want)
+    # hold() on a module that does not stream is a no-op
+    with off.hold(ref.pipe.model.layers[0]):
+        pass
 
 
 def test_bagel_whole_graph_entry_points_refuse_streaming():

@@ -34,6 +34,7 @@ under autograd's saved tensors).
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import os
 import warnings
@@ -314,6 +315,7 @@ class _Streamed:
         self.slot: int | None = None
         self.ready: Any = None  # event recorded after its copy
         self.checks = 0
+        self.holds = 0  # open `hold()` blocks: the weights stay on the card between calls
 
 
 class _ExecutionDevice:
@@ -383,6 +385,7 @@ class OffloadRuntime:
                 m = u.spec.module
                 self._handles.append(m.register_forward_pre_hook(self._pre_hook(u)))
                 self._handles.append(m.register_forward_hook(self._post_hook(u), always_call=True))
+                m.__dict__[_UNIT_ATTR] = (self, u)  # what `streams()` / `hold()` read
             self._mark_execution_device()
             if self.cuda:
                 torch.cuda.empty_cache()  # the weights that left: give their memory back
@@ -420,6 +423,8 @@ class OffloadRuntime:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        for u in self.units.values():
+            u.spec.module.__dict__.pop(_UNIT_ATTR, None)
         for comp in self._marked:
             if isinstance(comp.__dict__.get("_hf_hook"), _ExecutionDevice):
                 del comp.__dict__["_hf_hook"]
@@ -524,27 +529,33 @@ class OffloadRuntime:
     def _post_hook(self, u: _Streamed):
         def hook(module, args, output):
             self._running = self._running - {module}
-            with torch.no_grad():
-                for t, h in zip(u.spec.tensors, u.host):
-                    t.data = h
-            g, i = u.group, u.slot
-            if i is None:
-                return
-            if self.cuda:
-                ev = torch.cuda.Event()
-                ev.record(torch.cuda.current_stream(self.device))
-                g.free_event[i] = ev
-                if u.checks < 2:  # the first calls: does the measured peak hold the budget?
-                    u.checks += 1
-                    self._check_peak()
-            if g.transient:
-                # A one-of-a-kind unit (a component): its buffer is freed on the compute
-                # stream, ordered after its use, so the memory is back for the next phase.
-                g.slots[i] = None
-                g.free_event[i] = None
-            g.free.append(i)
-            u.slot, u.ready = None, None
+            if not u.holds:  # inside hold(): the next call reuses the weights on the card
+                self._release(u)
         return hook
+
+    def _release(self, u: _Streamed) -> None:
+        """After a unit's (last held) call: its tensors point at host memory again and its
+        buffer goes back to the group's free list once the compute stream is past it."""
+        with torch.no_grad():
+            for t, h in zip(u.spec.tensors, u.host):
+                t.data = h
+        g, i = u.group, u.slot
+        if i is None:
+            return
+        if self.cuda:
+            ev = torch.cuda.Event()
+            ev.record(torch.cuda.current_stream(self.device))
+            g.free_event[i] = ev
+            if u.checks < 2:  # the first calls: does the measured peak hold the budget?
+                u.checks += 1
+                self._check_peak()
+        if g.transient:
+            # A one-of-a-kind unit (a component): its buffer is freed on the compute
+            # stream, ordered after its use, so the memory is back for the next phase.
+            g.slots[i] = None
+            g.free_event[i] = None
+        g.free.append(i)
+        u.slot, u.ready = None, None
 
     def _enter_phase(self, phase: str) -> None:
         """A unit of another component runs: free every other component's buffers (the plan
@@ -652,6 +663,36 @@ def profile_units(root: nn.Module, paths: Sequence[str], call, device: torch.dev
             secs = [(b - a) if not cuda else a.elapsed_time(b) / 1e3 for a, b in done]
             out[p] = sum(secs) / len(secs)
     return out
+
+
+_UNIT_ATTR = "_magi_zoo_offload_unit"  # on a streamed unit's module: (its runtime, its state)
+
+
+def streams(module: nn.Module) -> bool:
+    """Whether `module` is a unit whose weights stream under an applied offload plan."""
+    return _UNIT_ATTR in module.__dict__
+
+
+@contextlib.contextmanager
+def hold(module: nn.Module):
+    """Keep a streamed unit's weights on the card across the calls inside the block: one
+    copy serves them all, instead of one per call. For models that run a block several
+    times per step on different inputs (BAGEL's classifier-free guidance runs every layer
+    once per context): calling each layer for every context before the next layer, inside
+    `hold(layer)`, streams each layer once per step. A no-op for a module that does not
+    stream (resident, or no plan), so callers need not check."""
+    entry = module.__dict__.get(_UNIT_ATTR)
+    if entry is None:
+        yield
+        return
+    rt, u = entry
+    u.holds += 1
+    try:
+        yield
+    finally:
+        u.holds -= 1
+        if not u.holds and u.slot is not None and module not in rt._running:
+            rt._release(u)
 
 
 def runtime(root: nn.Module) -> OffloadRuntime | None:

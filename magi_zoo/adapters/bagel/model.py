@@ -186,24 +186,44 @@ class Bagel(nn.Module):
         """Guided velocity for one denoising step: the conditional context always, the
         no-text / no-image contexts only when their scale > 1 and t is inside the interval."""
         tt = torch.full((1,), float(t), device=x_t.device, dtype=torch.float32)
-
-        def vel(ctx: KVContext) -> torch.Tensor:
-            pos = torch.full((1,), ctx.rope, device=x_t.device, dtype=torch.long)
-            return self.denoise_step(x_t, tt, latent_pos_ids, pos, marker_ids, ctx.keys, ctx.values)
-
-        v_c = vel(full)
         active = cfg_active(float(t), cfg_interval)
         st = cfg_text_scale if active else 1.0
         si = cfg_img_scale if active else 1.0
-        if st <= 1.0:
-            return v_c
-        if no_text is None:
-            raise ValueError("cfg_text_scale > 1 needs the no-text context")
-        v_t = vel(no_text)
-        v_i = None
-        if si > 1.0:
-            if no_image is None:
-                raise ValueError("cfg_img_scale > 1 needs the no-image context")
-            v_i = vel(no_image)
-        return cfg_combine(v_c, v_t, v_i, text_scale=st, img_scale=si, renorm_type=cfg_renorm_type,
-                           renorm_min=cfg_renorm_min)
+        contexts = [full]
+        if st > 1.0:
+            if no_text is None:
+                raise ValueError("cfg_text_scale > 1 needs the no-text context")
+            contexts.append(no_text)
+            if si > 1.0:
+                if no_image is None:
+                    raise ValueError("cfg_img_scale > 1 needs the no-image context")
+                contexts.append(no_image)
+        vs = self._velocities(x_t, tt, latent_pos_ids, marker_ids, contexts)
+        if len(vs) == 1:
+            return vs[0]
+        return cfg_combine(vs[0], vs[1], vs[2] if len(vs) > 2 else None, text_scale=st, img_scale=si,
+                           renorm_type=cfg_renorm_type, renorm_min=cfg_renorm_min)
+
+    def _velocities(self, x_t: torch.Tensor, tt: torch.Tensor, latent_pos_ids: torch.Tensor,
+                    marker_ids: torch.Tensor, contexts: list[KVContext]) -> list[torch.Tensor]:
+        """The velocity against each context. Context by context through `denoise_step` (the
+        region the shipped plan compiles whole), unless layers stream their weights (offload):
+        then layer by layer, each layer run for every context while it is on the card
+        (`offload.hold`), so a streamed layer is copied once per step instead of once per
+        context. Same operations on the same inputs either way, only their order differs."""
+        from ...engine.offload import hold, streams
+
+        def pos(ctx: KVContext) -> torch.Tensor:
+            return torch.full((1,), ctx.rope, device=x_t.device, dtype=torch.long)
+
+        if not any(streams(layer) for layer in self.layers):
+            return [self.denoise_step(x_t, tt, latent_pos_ids, pos(c), marker_ids, c.keys, c.values) for c in contexts]
+        n = x_t.shape[0]
+        x, und_idx, gen_idx = self._latent_block(x_t, tt, latent_pos_ids, marker_ids)
+        xs = [x] * len(contexts)
+        rope = [rope_cos_sin(pos(c).expand(n + 2), self.head_dim, self.rope_theta, x.dtype) for c in contexts]
+        for i, layer in enumerate(self.layers):
+            with hold(layer):
+                for j, c in enumerate(contexts):
+                    xs[j], _, _ = layer(xs[j], c.keys[i], c.values[i], *rope[j], und_idx, gen_idx, None)
+        return [self.llm2vae(self.language_model.model.norm_moe_gen(x[1:n + 1])) for x in xs]
