@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 import traceback
 from pathlib import Path
@@ -98,7 +99,8 @@ def worker(args) -> dict[str, Any]:
     if args.model in CASE_COMPILE:
         compile_kw = {"compile": {**compile_kw.get("compile", {}), **CASE_COMPILE[args.model]}}
     over = None if cuda else NO_RESERVE
-    rec: dict[str, Any] = {"model": args.model, "strategy": args.strategy, "budget_gib": budget, "shape": shape}
+    rec: dict[str, Any] = {"model": args.model, "strategy": args.strategy, "budget_gib": budget, "shape": shape,
+                           "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
     adapter, variant = adapters.lookup(args.model)
     import time
 
@@ -313,6 +315,10 @@ def main(argv=None) -> int:
     p.add_argument("--row-timeout", type=float, default=3600,
                    help="seconds per row (one strategy at one budget, its own process); a row past it is recorded "
                         "as an error and the next one runs")
+    p.add_argument("--expandable-segments", action="store_true",
+                   help="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True for every row (set before CUDA starts): "
+                        "fewer reserved-but-unused blocks under the cap (the 24 GiB I2V generation failed with "
+                        "2.97 GiB reserved but unallocated); recorded in every row")
     p.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                    help="merge the results JSONs of split runs into one table and a speed-vs-budget chart")
     p.add_argument("--reference", default=None,
@@ -329,6 +335,10 @@ def main(argv=None) -> int:
     p.add_argument("--predict", default=None, help=argparse.SUPPRESS)
     p.set_defaults(pipeline=False)
     args = p.parse_args(argv)
+    if args.expandable_segments:  # read when CUDA's allocator starts; the rows' processes inherit it
+        conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+        if "expandable_segments" not in conf:
+            os.environ["PYTORCH_CUDA_ALLOC_CONF"] = ",".join(x for x in (conf, "expandable_segments:True") if x)
     if args.one:
         try:
             rec = {"status": "ok", **worker(args)}
