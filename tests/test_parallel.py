@@ -121,6 +121,11 @@ def test_two_processes_equal_one(tmp_path):
     # 4 blocks, one compiled frame and graph: the split's view is made fresh, so block 0
     # compiles like blocks 1..3; the all-to-alls are functional collectives inside the graph.
     assert (u["compiled_frames"], u["graphs"], u["breaks"], u["recompiles"]) == (1, 1, {}, []), u
+    # the same under inference_mode, where the split's views record no base (found on 2 GPUs:
+    # block 0 compiled for the view's strides, blocks 1.. for fresh tensors)
+    ui = r["ulysses_inference"]
+    assert ui["fwd_max_diff"] < 1e-5 and (ui["compiled_frames"], ui["graphs"], ui["breaks"], ui["recompiles"]) \
+        == (1, 1, {}, []), ui
     assert u["undo_exact"]
     assert "does not divide by the sequence-parallel degree 2" in r["uneven_refusal"]
     assert "or set uneven=true" in r["uneven_refusal"]

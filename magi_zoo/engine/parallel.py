@@ -153,6 +153,19 @@ def _make_cfg_hook(group, branch: int):
 
 
 # -- sequence (context) parallel ----------------------------------------------------------------
+def _split_view(t: Any) -> bool:
+    """Whether `t` is laid out as a piece of a larger tensor (a sequence chunk): an offset
+    into its storage or strides other than a fresh contiguous tensor's. Read from the layout,
+    not from `t._base`: views made under inference_mode record no base."""
+    if not isinstance(t, torch.Tensor):
+        return False
+    want, acc = [], 1
+    for d in reversed(t.shape):
+        want.append(acc)
+        acc *= d
+    return t.storage_offset() != 0 or tuple(reversed(want)) != t.stride()
+
+
 def _make_fresh_hook(names: list[str]):
     _, _, ModelHook, _ = _hooks()
 
@@ -175,11 +188,11 @@ def _make_fresh_hook(names: list[str]):
         def pre_forward(self, module, *args, **kwargs):
             args = list(args)
             for n in self.names:
-                if n in kwargs and isinstance(kwargs[n], torch.Tensor) and kwargs[n]._base is not None:
+                if n in kwargs and _split_view(kwargs[n]):
                     kwargs[n] = kwargs[n].clone(memory_format=torch.contiguous_format)
                 elif n in self.index and self.index[n] < len(args):
                     i = self.index[n]
-                    if isinstance(args[i], torch.Tensor) and args[i]._base is not None:
+                    if _split_view(args[i]):
                         # contiguous_format: a chunk keeps the full tensor's leading stride,
                         # which a static-shape compile guards on, like the view itself
                         args[i] = args[i].clone(memory_format=torch.contiguous_format)
