@@ -492,12 +492,14 @@ class OffloadRuntime:
         not run yet (it will be copied again on demand). Happens only when the calls do not
         follow the planned order."""
         for v in self.units.values():
-            if v is not u and v.group is u.group and v.slot is not None and v.spec.module not in self._running:
+            if (v is not u and v.group is u.group and v.slot is not None and v.spec.module not in self._running
+                    and not v.holds):  # a held unit's buffer still backs its weights
                 v.group.free.appendleft(v.slot)
                 v.slot, v.ready = None, None
                 return
         raise RuntimeError(f"offload: no free buffer for {u.spec.path}; every buffer of group "
-                           f"{u.group.label} is in use (a streamed unit called inside another of its group?)")
+                           f"{u.group.label} is in use (a streamed unit called inside another of its group, or more units "
+                           "of it held at once by offload.hold than the group has buffers?)")
 
     # -- hooks ------------------------------------------------------------------------------
     _running: set = frozenset()
