@@ -498,8 +498,8 @@ class OffloadRuntime:
                 v.slot, v.ready = None, None
                 return
         raise RuntimeError(f"offload: no free buffer for {u.spec.path}; every buffer of group "
-                           f"{u.group.label} is in use (a streamed unit called inside another of its group, or more units "
-                           "of it held at once by offload.hold than the group has buffers?)")
+                           f"{u.group.label} is in use (a streamed unit called inside another of its group, "
+                           "or more of its units held at once by offload.hold than it has buffers?)")
 
     # -- hooks ------------------------------------------------------------------------------
     _running: set = frozenset()
