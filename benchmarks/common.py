@@ -131,6 +131,14 @@ def spec_keys(adapter, gpu: str, section: str) -> set[str]:
     return {k for _, layer in spec_layers(adapter, get_profile(gpu)) for k in layer.entries(section)}
 
 
+def use_expandable_segments() -> None:
+    """PYTORCH_CUDA_ALLOC_CONF gains expandable_segments:True (kept if already set there):
+    read when CUDA's allocator starts, so call before any CUDA work; child processes inherit it."""
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    if "expandable_segments" not in conf:
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = ",".join(x for x in (conf, "expandable_segments:True") if x)
+
+
 def kill_tree(pid: int) -> None:
     """SIGKILL a process and all its descendants. They are found through /proc's parent links,
     not the process group: torchrun starts its workers in sessions of their own, so a group

@@ -336,10 +336,8 @@ def main(argv=None) -> int:
     p.add_argument("--predict", default=None, help=argparse.SUPPRESS)
     p.set_defaults(pipeline=False)
     args = p.parse_args(argv)
-    if args.expandable_segments:  # read when CUDA's allocator starts; the rows' processes inherit it
-        conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
-        if "expandable_segments" not in conf:
-            os.environ["PYTORCH_CUDA_ALLOC_CONF"] = ",".join(x for x in (conf, "expandable_segments:True") if x)
+    if args.expandable_segments:  # before any CUDA work; the rows' / ranks' processes inherit it
+        common.use_expandable_segments()
     if args.one:
         try:
             rec = {"status": "ok", **worker(args)}

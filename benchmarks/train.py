@@ -397,10 +397,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--result-file", default=None, help=argparse.SUPPRESS)
     p.add_argument("--out", default="benchmarks/results")
     args = p.parse_args(argv)
-    if args.expandable_segments:  # read when CUDA's allocator starts; child processes inherit it
-        conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
-        if "expandable_segments" not in conf:
-            os.environ["PYTORCH_CUDA_ALLOC_CONF"] = ",".join(x for x in (conf, "expandable_segments:True") if x)
+    if args.expandable_segments:  # before any CUDA work; the rows' / ranks' processes inherit it
+        common.use_expandable_segments()
     if args.smoke:
         args.device, args.gpu, args.backend = "cpu", "cpu", args.backend or "eager"
         args.runs, args.warmup = min(args.runs, 2), min(args.warmup, 1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -226,9 +227,16 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
         `magi_zoo.train.shard`, so the choice sees per-rank memory and load never runs the
         unsharded model's training forward. Until then a training forward is refused.
     """
-    import time
+    mark = time.perf_counter()
+    timings: dict[str, float] = {}
 
-    t0 = time.perf_counter()
+    def lap(phase: str | None = None) -> None:  # the seconds since the previous mark, under `phase`
+        nonlocal mark
+        now = time.perf_counter()
+        if phase is not None:
+            timings[phase] = now - mark
+        mark = now
+
     adapter, variant = adapters.lookup(name)
     profile = get_profile(gpu)
     dt = _dtype(dtype, profile)
@@ -266,9 +274,9 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
 
         layers = with_memory_budget(layers, memory_budget_gib)
     build_dev = _build_device(adapter, variant, layers, profile, dev, dt, compile, memory_budget_gib is not None)
-    timings = {"plan_s": time.perf_counter() - t0}
+    lap("plan_s")
     native = adapter.build(variant, weights=weights, dtype=dt, device=build_dev)
-    timings["build_s"] = time.perf_counter() - t0 - timings["plan_s"]
+    lap("build_s")
     modules = nn.ModuleDict(adapter.components(native))
     if train:
         from .train import set_train_mode
@@ -281,7 +289,7 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
 
         if runtime(modules) is None:  # the applied plan streams nothing after all (fp8 weights fit): place it whole
             modules.to(dev)
-    timings["apply_s"] = time.perf_counter() - t0 - timings["plan_s"] - timings["build_s"]
+    lap("apply_s")
     cache = None
     if report is not None and directory is not None:
         cache = CompileCache(directory, {
@@ -294,8 +302,8 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
     if auto and calibrate and report is not None:
         from .train import calibrate as calibrate_handle
 
-        t1 = time.perf_counter()
+        lap()  # the cache and the handle are not a phase of their own
         calibrate_handle(handle)  # recompute='auto': measure the blocks on the example inputs, choose
-        timings["calibrate_s"] = time.perf_counter() - t1
+        lap("calibrate_s")
     handle.timings = {k: round(v, 2) for k, v in timings.items()}
     return handle

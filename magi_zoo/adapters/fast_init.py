@@ -93,5 +93,5 @@ def parallel_fills(workers: int | None = None, via: torch.device | str | None = 
     if workers <= 1 and via is None:
         yield
         return
-    with ThreadPoolExecutor(max(1, workers)) as pool, _ParallelFills(pool, max(1, workers), via):
+    with ThreadPoolExecutor(workers) as pool, _ParallelFills(pool, workers, via):
         yield

@@ -43,7 +43,7 @@ from typing import Any, Sequence
 import torch
 import torch.nn as nn
 
-from .offload_plan import GIB, OffloadPlan, OffloadPlanError, Unit, plan_offload, size
+from .offload_plan import GIB, OffloadPlan, OffloadPlanError, Unit, phase_activations, plan_offload, size
 from .steps import StepContext, StepRecord, register_step
 
 _RUNTIME = "_magi_zoo_offload"  # root instance attr: the live OffloadRuntime
@@ -767,15 +767,6 @@ def offload_step(ctx: StepContext) -> StepRecord:
     return StepRecord("offload", did, undo, details)
 
 
-def _phase_reserves(units: Sequence[Unit]) -> dict[str, int]:
-    """phase -> the activation peak its units declare (phase_activation_gib), where any does."""
-    out: dict[str, int] = {}
-    for u in units:
-        if u.activation:
-            out[u.phase] = max(out.get(u.phase, 0), u.activation)
-    return out
-
-
 def describe_plan(root: nn.Module, resolved_plan, profile, budget_gib: float | None = None) -> str:
     """The offload plan as text (`magi-zoo spec`): budget, what stays, what streams, buffers,
     expected copy time per call and expected peak; or why there is none."""
@@ -804,5 +795,5 @@ def describe_plan(root: nn.Module, resolved_plan, profile, budget_gib: float | N
         lines.append(f"  prefetch: {plan.prefetch} copy/copies in flight ahead of use (host->device "
                      f"{settings.get('host_bandwidth_gbs', 55.0):g} GB/s assumed); pinned host memory "
                      f"{size(plan.streamed_bytes)}; activation reserve {size(plan.activation)}"
-                     + "".join(f"; {ph} phase {size(b)}" for ph, b in _phase_reserves(units).items()))
+                     + "".join(f"; {ph} phase {size(b)}" for ph, b in phase_activations(units, 0).items() if b))
     return "\n".join(lines)

@@ -136,6 +136,15 @@ def _groups(units: Sequence[Unit]) -> dict[str, list[Unit]]:
     return out
 
 
+def phase_activations(units: Sequence[Unit], activation: int) -> dict[str, int]:
+    """phase -> its activation reserve: the plan-wide `activation`, or more where a unit of the
+    phase declares more (`Unit.activation`, from phase_activation_gib)."""
+    out: dict[str, int] = {}
+    for u in units:
+        out[u.phase] = max(out.get(u.phase, activation), u.activation or 0)
+    return out
+
+
 def _peak(units: Sequence[Unit], streamed: set[str], *, fixed: int, activation: int,
           prefetch: int) -> tuple[int, dict[str, tuple[int, int]], int]:
     """(peak bytes, pools {group: (buffers, bytes)}, transient bytes) for one streamed set.
@@ -147,10 +156,8 @@ def _peak(units: Sequence[Unit], streamed: set[str], *, fixed: int, activation: 
     card through every phase."""
     resident = sum(u.nbytes for u in units if u.name not in streamed)
     pools: dict[str, tuple[int, int]] = {}
-    per_phase: dict[str, list[int]] = {}  # phase -> [pool bytes, largest transient, activations]
-    for u in units:
-        acc = per_phase.setdefault(u.phase, [0, 0, activation])
-        acc[2] = max(acc[2], u.activation or 0)
+    # phase -> [pool bytes, largest transient, activations]
+    per_phase = {ph: [0, 0, act] for ph, act in phase_activations(units, activation).items()}
     for g, us in _groups(units).items():
         n_str = sum(u.name in streamed for u in us)
         if not n_str:
@@ -211,7 +218,7 @@ def plan_offload(units: Sequence[Unit], *, fixed_bytes: int, activation_bytes: i
             f"a memory budget of {size(budget_bytes)} cannot hold this model even with every "
             f"streamable unit streamed: it needs at least {size(minimum)} (weights outside units "
             f"{size(fixed_bytes)} + pinned units {size(pins)} + streaming buffers (largest unit "
-            f"{size(biggest)}) + activations {size(max([activation_bytes, *(u.activation or 0 for u in units)]))}"
+            f"{size(biggest)}) + activations {size(max(phase_activations(units, activation_bytes).values()))}"
             f"{' in its largest phase' if any(u.activation for u in units) else ''}). Raise memory_budget_gib to "
             f">= {size(minimum)}, lower the activation reserve, or unpin units (mode='auto')", minimum)
 
