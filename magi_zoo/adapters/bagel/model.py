@@ -166,8 +166,12 @@ class Bagel(nn.Module):
         n = x_t.shape[0]
         x, und_idx, gen_idx = self._latent_block(x_t, t, latent_pos_ids, marker_ids)
         x, _, _ = self._run_layers(x, keys, values, position.expand(n + 2), und_idx, gen_idx)
-        h = self.language_model.model.norm_moe_gen(x[1:n + 1])
-        return self.llm2vae(h)
+        return self._velocity_head(x, n)
+
+    def _velocity_head(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        """The last layer's output of the query block -> the velocity of its n latents (the
+        markers dropped)."""
+        return self.llm2vae(self.language_model.model.norm_moe_gen(x[1:n + 1]))
 
     def decode_step(self, token: torch.Tensor, position: torch.Tensor, keys: list[torch.Tensor],
                     values: list[torch.Tensor]):
@@ -226,4 +230,4 @@ class Bagel(nn.Module):
             with hold(layer):
                 for j, c in enumerate(contexts):
                     xs[j], _, _ = layer(xs[j], c.keys[i], c.values[i], *rope[j], und_idx, gen_idx, None)
-        return [self.llm2vae(self.language_model.model.norm_moe_gen(x[1:n + 1])) for x in xs]
+        return [self._velocity_head(x, n) for x in xs]
