@@ -247,8 +247,13 @@ def _chart(rows: list[dict[str, Any]], path: Path, title: str) -> Path | None:
         return None
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
     for name, xy in sorted(pts.items()):
-        xy.sort()
-        ax.plot([x for x, _ in xy], [y for _, y in xy], marker="o", label=name)
+        by_budget: dict[float, list[float]] = {}
+        for x, y in xy:
+            by_budget.setdefault(x, []).append(y)
+        xs = sorted(by_budget)
+        line = ax.plot(xs, [sum(by_budget[x]) / len(by_budget[x]) for x in xs], marker="o", label=name)
+        # A budget measured in several runs: every measurement drawn, the line through their mean.
+        ax.scatter([x for x, _ in xy], [y for _, y in xy], s=12, color=line[0].get_color(), alpha=0.6)
     ax.axhline(1.0, color="gray", linestyle="--", linewidth=1, label="resident compiled")
     ax.set_xlabel("memory budget (GiB, hard cap)")
     ax.set_ylabel("speed vs resident compiled")
@@ -261,24 +266,40 @@ def _chart(rows: list[dict[str, Any]], path: Path, title: str) -> Path | None:
 
 
 def merge(files: list[str], out: Path) -> list[Path]:
-    """One table (and chart) from the JSONs of split runs of the same card: their rows, each
-    model's resident row once."""
-    rows, env = [], None
+    """One table (and chart) from the JSONs of split runs of the same card.
+
+    Every row keeps the file it came from and is compared with *that file's* resident row
+    (measured in the same run, or the earlier run a `--reference` file names): two runs'
+    resident speeds differ by a percent or two, and a ratio across runs would mix that in.
+    A resident row that several files carry (a `--reference` copy) is listed once."""
+    rows, env, seen, first_base, commits = [], None, set(), {}, []
     for f in files:
         rec = json.loads(Path(f).read_text())
         env = env or rec["environment"]
+        commits.append(f"{Path(f).name} ({rec['environment'].get('commit', '?')})")
+        base = {r["model"]: r.get("median_ms") for r in rec["rows"]
+                if r["strategy"] == "resident" and r.get("status") == "ok"}
+        for model, ms in base.items():
+            first_base.setdefault(model, ms)
+        # A file without a resident row (split off by hand before --reference existed) is
+        # compared with the first file's: list that file first, from the same run.
+        base = {**first_base, **base}
         for r in rec["rows"]:
-            if r["strategy"] == "resident" and any(x["strategy"] == "resident" and x["model"] == r["model"] for x in rows):
-                continue
+            r = {**r, "source": Path(f).name, "resident_ms": base.get(r["model"])}
+            if r["strategy"] == "resident":
+                if (r["model"], r.get("median_ms")) in seen:
+                    continue
+                seen.add((r["model"], r.get("median_ms")))
+            elif r["resident_ms"] and r.get("median_ms"):
+                r["speed_vs_resident"] = round(r["resident_ms"] / r["median_ms"], 3)
             rows.append(r)
-    resident = {r["model"]: r.get("median_ms") for r in rows if r["strategy"] == "resident" and r.get("status") == "ok"}
-    for r in rows:  # a row measured in another file than its model's resident row: its ratio here
-        if r.get("speed_vs_resident") is None and resident.get(r["model"]) and r.get("median_ms"):
-            r["speed_vs_resident"] = round(resident[r["model"]] / r["median_ms"], 3)
-    cols = ["model", "strategy", "budget_gib", "status", "median_ms", "speed_vs_resident", "timed_max_reserved_gib",
-            "expected_peak_gib", "streamed_units", "predicted_ms", "rel_err_vs_resident"]
+    cols = ["model", "strategy", "budget_gib", "status", "median_ms", "resident_ms", "speed_vs_resident",
+            "timed_max_reserved_gib", "expected_peak_gib", "streamed_units", "predicted_ms", "source"]
     md = ["# Weight offload: one transformer forward under a memory cap (merged runs)", "",
-          common.env_line(env), "", "Merged from: " + ", ".join(Path(f).name for f in files), "",
+          common.env_line(env), "",
+          "Merged from (commit): " + ", ".join(commits) + ". Each row's speed_vs_resident is "
+          "against resident_ms, the resident row of its own file (same run, or the run its --reference "
+          "named; the first file's where a file has none); the chart draws each budget's mean where a budget was measured more than once.", "",
           common.results_table(sorted(rows, key=lambda r: (r["model"], r.get("budget_gib") or 0, r["strategy"])), cols)]
     card = common.card_tag(env)
     written = common.write_results(out, f"offload_{card}_merged", {"environment": env, "rows": rows}, "\n".join(md))

@@ -179,6 +179,30 @@ def test_offload_benchmark_smoke_writes_after_every_row(tmp_path, monkeypatch):
     assert seen == list(range(len(seen)))  # row k started with k rows already in the file
 
 
+def test_offload_merge_compares_each_row_with_its_own_runs_resident(tmp_path):
+    """Split runs merged: a row is compared with the resident row of its own file (two runs'
+    resident speeds differ), a file without one with the first file's, a resident row copied
+    in by --reference is listed once, and a budget measured twice keeps both rows."""
+    from benchmarks import offload
+
+    env = {"card": "NVIDIA H100 80GB HBM3", "commit": "abc"}
+
+    def write(name, rows):
+        (tmp_path / name).write_text(json.dumps({"environment": env, "rows": rows}))
+        return str(tmp_path / name)
+
+    res_a = {"model": "m", "strategy": "resident", "status": "ok", "median_ms": 100.0}
+    res_b = {"model": "m", "strategy": "resident", "status": "ok", "median_ms": 110.0}
+    row = lambda b, ms: {"model": "m", "strategy": "magi_zoo", "status": "ok", "budget_gib": b, "median_ms": ms}
+    files = [write("a.json", [res_a]), write("b.json", [row(12, 125.0)]),          # no resident: a's
+             write("c.json", [res_b, row(16, 110.0)]), write("d.json", [res_a, row(16, 125.0)])]  # d: a --reference copy
+    offload.merge(files, tmp_path)
+    rows = json.loads((tmp_path / "offload_h100_merged.json").read_text())["rows"]
+    assert [r["median_ms"] for r in rows if r["strategy"] == "resident"] == [100.0, 110.0]
+    got = {(r["budget_gib"], r["source"]): (r["resident_ms"], r["speed_vs_resident"]) for r in rows if r["strategy"] != "resident"}
+    assert got == {(12, "b.json"): (100.0, 0.8), (16, "c.json"): (110.0, 1.0), (16, "d.json"): (100.0, 0.8)}
+
+
 def test_parallel_benchmark_row_past_its_timeout_is_an_error_row(tmp_path):
     """A configuration past --timeout: its whole torchrun job is killed (workers too, they
     would hold the GPUs through the next configuration), the row records why, and the
