@@ -20,6 +20,9 @@ Strategies, each in its own process (so peaks and caps are honest):
 - magi_zoo_fp8 (on request, `--strategies ...,magi_zoo_fp8`): the same with precision="fp8"
               (fp8 block linears: half the bytes to hold or stream; its error against the
               bf16 resident row is fp8's);
+- magi_zoo_refit (on request): magi_zoo, then `offload.refit` on the first call: the plan
+              re-made on the measured activation peak (x1.25, >= +0.25 GiB) instead of the
+              spec's reserve, more units resident where it is lower;
 - diffusers:  the transformer built in host memory, diffusers' `apply_group_offloading`
               (block level, one block per group, `use_stream=True`) and
               `compile_repeated_blocks(fullgraph=False)` (fullgraph=True fails: dynamo traces
@@ -72,7 +75,8 @@ NO_RESERVE = {"offload": {"": {"activation_gib": 0.0}, "vae.encoder": {"phase_ac
 SMOKE_CASES = [("wan2.1-tiny", {}, [0.00025])]  # 256 KiB: most of the tiny model streams
 PIPELINE_CASE = ("wan2.1-i2v-14b-480p", {"height": 480, "width": 832, "num_frames": 81}, [24])
 SMOKE_PIPELINE_CASE = ("wan2.1-tiny", {}, [0.00025])
-STRATEGIES = ("resident", "magi_zoo", "diffusers")  # the default; "magi_zoo_fp8" on request
+STRATEGIES = ("resident", "magi_zoo", "diffusers")  # the default
+KNOWN_STRATEGIES = (*STRATEGIES, "magi_zoo_fp8", "magi_zoo_refit")
 
 
 def _cap(budget_gib: float | None) -> None:
@@ -107,7 +111,7 @@ def worker(args) -> dict[str, Any]:
 
     t_build = time.perf_counter()
     torch.manual_seed(0)  # every row builds its random weights from the same seed
-    if args.strategy in ("resident", "magi_zoo", "magi_zoo_fp8"):
+    if args.strategy in ("resident", "magi_zoo", "magi_zoo_fp8", "magi_zoo_refit"):
         # magi_zoo_fp8: the same plan with the spec's fp8 linears (precision="fp8"): the
         # blocks stream half the bytes, so more of them stay resident at the same budget.
         fp8 = {"precision": "fp8"} if args.strategy == "magi_zoo_fp8" else {}
@@ -146,6 +150,14 @@ def worker(args) -> dict[str, Any]:
 
     out, first_s = common.first_call(call, dev)
     rec["first_call_s"] = round(first_s, 2)
+    if args.strategy == "magi_zoo_refit" and rt is not None:
+        t0 = time.perf_counter()
+        fit = off.refit(h.modules, call)
+        rec["refit"] = {"measured_gib": fit.get("measured_gib"), "reserve_gib": fit["reserve_gib"],
+                        "made_resident": len(fit["made_resident"]), "made_streamed": len(fit["made_streamed"]),
+                        "seconds": round(time.perf_counter() - t0, 2)}
+        rec["plan"] = rt.plan.to_dict()
+        print(f"[bench]   refit: {rec['refit']}", flush=True)
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     rec.update(common.time_calls(call, dev, warmup=args.warmup, runs=args.runs))
@@ -357,6 +369,17 @@ def main(argv=None) -> int:
     p.add_argument("--predict", default=None, help=argparse.SUPPRESS)
     p.set_defaults(pipeline=False)
     args = p.parse_args(argv)
+    if not args.one and not args.merge:
+        import difflib
+
+        for s in args.strategies.split(","):
+            if s not in KNOWN_STRATEGIES:
+                near = difflib.get_close_matches(s, KNOWN_STRATEGIES, n=1)
+                p.error(f"unknown strategy {s!r}{f' (did you mean {near[0]!r}?)' if near else ''}; "
+                        f"choose from {', '.join(KNOWN_STRATEGIES)}")
+        if args.pipeline and any(s in args.strategies.split(",") for s in ("magi_zoo_fp8", "magi_zoo_refit")):
+            p.error("--pipeline measures resident and magi_zoo only (a whole generation); drop magi_zoo_fp8 / "
+                    "magi_zoo_refit or measure them on one forward (without --pipeline)")
     if args.expandable_segments:  # before any CUDA work; the rows' / ranks' processes inherit it
         common.use_expandable_segments()
     if args.one:
@@ -392,7 +415,7 @@ def main(argv=None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="offload-bench-"))
     for model, shape, budgets in cases:
         plan = [("resident", None)] if "resident" in strategies else []
-        plan += [(s, b) for b in budgets for s in ("magi_zoo", "magi_zoo_fp8", "diffusers") if s in strategies
+        plan += [(s, b) for b in budgets for s in ("magi_zoo", "magi_zoo_refit", "magi_zoo_fp8", "diffusers") if s in strategies
                  and not (s == "diffusers" and model in NO_DIFFUSERS)]
         ref, ref_fp = None, None
         for strategy, budget in plan:
@@ -477,6 +500,11 @@ def _publish(args, rows: list[dict], device: str, quiet: bool = False) -> list[P
           "budget_gib (set_per_process_memory_fraction, set before the build). speed_vs_resident = resident ms / "
           "this row's ms; predicted_ms = resident ms + the planner's simulated wait for copies, from block times measured in the resident run. diffusers = group offload (block level, stream) + compile_repeated_blocks(fullgraph=False).",
           "", common.results_table(rows, cols)]
+    fits = [f"- {r['model']} {r['budget_gib']} GiB: measured activations {r['refit']['measured_gib']} GiB -> reserve "
+            f"{r['refit']['reserve_gib']}; {r['refit']['made_resident']} unit(s) made resident, "
+            f"{r['refit']['made_streamed']} made streamed ({r['refit']['seconds']} s)" for r in rows if r.get("refit")]
+    if fits:
+        md += ["", "Refit on the first call (magi_zoo_refit):", *fits]
     errors = [f"- {r['model']} {r['strategy']} {r.get('budget_gib')}: {r.get('error')}" for r in rows if r.get("status") != "ok"]
     if errors:
         md += ["", "Errors:", *errors]

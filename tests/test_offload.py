@@ -249,6 +249,63 @@ def test_streaming_compiled_blocks_no_recompile_exact_undo(fresh_dynamo):
         assert torch.equal(root.t(x), ref)
 
 
+def test_refit_moves_units_both_ways_without_recompiles(fresh_dynamo):
+    """A refit on another activation reserve re-plans and moves only the units whose place
+    changes: a lower reserve makes streamed blocks resident (their hooks gone), a higher one
+    streams more again; outputs stay exact and the compiled blocks never recompile."""
+    torch.manual_seed(0)
+    root = nn.ModuleDict({"t": Net()})
+    x = torch.randn(2, 32)
+    with torch.no_grad():
+        ref = root.t(x)
+    before = {k: v.clone() for k, v in root.state_dict().items()}
+    fixed = (32 * 32 + 32) * 4
+    spec = offload_plan(fixed + 5 * BLOCK)
+    spec["offload"][""]["activation_gib"] = 2 * BLOCK / GIB  # 1 resident + 2 buffers + 2 reserved
+    rep = apply(root, spec, gpu="cpu")
+    rt = off.runtime(root)
+    assert len(rt.plan.streamed) == 5
+    with torch.no_grad():
+        assert torch.equal(root.t(x), ref)
+    got = off.refit(root, activation_gib={"t": 0.0})  # the measured peak: nothing beyond the weights
+    assert len(got["made_resident"]) == 2 and not got["made_streamed"] and len(rt.plan.streamed) == 3
+    assert got["plan"]["measured_phases"] == ["t"] and got["plan"]["activation_gib_per_phase"] == {"t": 0.0}
+    for path in got["made_resident"]:
+        m = root.get_submodule(path)
+        assert not off.streams(m) and not m._forward_pre_hooks and not m._forward_hooks
+    with torch.no_grad():
+        outs = [root.t(x) for _ in range(2)]
+    assert all(torch.equal(o, ref) for o in outs)
+    streamed = set(rt.plan.streamed)
+    got = off.refit(root, activation_gib={"t": 2 * BLOCK / GIB})
+    assert len(got["made_streamed"]) == 2 and set(got["made_streamed"]) == set(rt.plan.streamed) - streamed
+    assert len(rt.plan.streamed) == 5 and all(off.streams(root.get_submodule(p)) for p in rt.plan.streamed)
+    with torch.no_grad():
+        assert torch.equal(root.t(x), ref)
+    r = rep.region("Block")
+    assert (r.counters.frames, len(r.counters.recompiles), r.counters.n_graph_breaks) == (1, 0, 0)
+    assert rt.counters.refits == 2
+    remove(root)
+    after = root.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert all(not m._forward_pre_hooks and not m._forward_hooks for m in root.modules())
+
+
+def test_refit_errors_say_what_to_pass():
+    root = nn.ModuleDict({"t": Net()})
+    with pytest.raises(ValueError, match="no weights stream"):
+        off.refit(root, activation_gib={"t": 0.0})
+    fixed = (32 * 32 + 32) * 4
+    apply(root, offload_plan(fixed + 5 * BLOCK), gpu="cpu")
+    with pytest.raises(ValueError, match=r"unknown phase\(s\) \['vae'\]; the plan's phases are \['t'\]"):
+        off.refit(root, activation_gib={"vae": 1.0})
+    with pytest.raises(ValueError, match="pass call"):
+        off.refit(root)
+    with pytest.raises(ValueError, match="needs CUDA"):
+        off.refit(root, lambda: None)
+    remove(root)
+
+
 def test_everything_fits_changes_nothing():
     root = nn.ModuleDict({"t": Net()})
     ptrs = [p.data_ptr() for p in root.parameters()]

@@ -237,6 +237,7 @@ class OffloadCounters:
     demand: int = 0  # copies started by the unit's own pre-hook (the compute waits for all of it)
     deferred: int = 0  # scheduled copies postponed because no buffer was free
     phase_changes: int = 0  # a unit of another component ran: the previous one's buffers were freed
+    refits: int = 0  # re-plans on measured activation peaks (`offload.refit`)
 
     def to_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
@@ -312,6 +313,7 @@ class _Group:
 class _Streamed:
     def __init__(self, spec: UnitSpec, group: _Group, host: list[torch.Tensor]):
         self.spec, self.group, self.host = spec, group, host
+        self.handles: list[Any] = []  # its pre/post hooks (removed when a refit makes it resident)
         self.slot: int | None = None
         self.ready: Any = None  # event recorded after its copy
         self.checks = 0
@@ -339,16 +341,19 @@ class OffloadRuntime:
     """The live state of one applied offload plan (see the module docstring)."""
 
     def __init__(self, root: nn.Module, plan: OffloadPlan, specs: list[UnitSpec], units: list[Unit],
-                 device: torch.device, budget_bytes: int):
+                 device: torch.device, budget_bytes: int, *, bandwidth_bytes_s: float = 55e9, prefetch: int = 1):
         self.root, self.plan, self.device, self.budget = root, plan, device, budget_bytes
+        # What a refit re-plans with: the planner's units and settings as first applied.
+        self.specs, self.plan_units = specs, units
+        self.bandwidth, self.prefetch = bandwidth_bytes_s, prefetch
         self.cuda = device.type == "cuda"
         self.counters = OffloadCounters()
         self.stream = torch.cuda.Stream(device) if self.cuda else None
         self._originals: list[tuple[torch.Tensor, torch.device]] = []  # (tensor, original device)
-        self._handles: list[Any] = []
         self._marked: list[nn.Module] = []  # components tagged with the execution device
         self.units: dict[str, _Streamed] = {}
         self.phase: str | None = None  # the component whose units ran last
+        self.phases_run: set[str] = set()  # components whose streamed units ran (refit clears it)
         sizes = [_nbytes(t) for s in specs if s.path in set(plan.streamed) for t in s.tensors]
         self.host = HostArenas(self.cuda, HostArenas.total(sizes))
         self.over_budget_warned = False
@@ -367,25 +372,17 @@ class OffloadRuntime:
         stream_ids = {id(t) for p in streamed for t in by_path[p].tensors}
         # Stream first, then move the rest: weights built on the card leave it before the
         # resident ones arrive from the host, so the peak never holds both.
-        groups: dict[str, _Group] = {}
+        groups = self._groups_for(self.plan)
         try:
             for path in self.plan.streamed:
                 s = by_path[path]
-                g = group_of[path]
-                if g not in groups:
-                    n, _ = self.plan.slots.get(g, (1, 0))
-                    groups[g] = _Group(g, s.layout, n, transient=g not in self.plan.slots, phase=_phase(path))
-                host = self._to_host(s.tensors)
-                self.units[path] = _Streamed(s, groups[g], host)
+                self.units[path] = _Streamed(s, groups[group_of[path]], self._to_host(s.tensors))
             with torch.no_grad():
                 for t, _ in self._originals:
                     if id(t) not in stream_ids and t.device != self.device:
                         t.data = t.data.to(self.device)
-            for path, u in self.units.items():
-                m = u.spec.module
-                self._handles.append(m.register_forward_pre_hook(self._pre_hook(u)))
-                self._handles.append(m.register_forward_hook(self._post_hook(u), always_call=True))
-                m.__dict__[_UNIT_ATTR] = (self, u)  # what `streams()` / `hold()` read
+            for u in self.units.values():
+                self._hook(u)
             self._mark_execution_device()
             if self.cuda:
                 torch.cuda.empty_cache()  # the weights that left: give their memory back
@@ -394,6 +391,79 @@ class OffloadRuntime:
         except BaseException:
             self.remove()
             raise
+
+    def _groups_for(self, plan: OffloadPlan) -> dict[str, _Group]:
+        """Fresh device-buffer groups (no buffer allocated yet) for a plan's streamed units."""
+        group_of = {u.name: u.group for u in self.plan_units}
+        by_path = {s.path: s for s in self.specs}
+        groups: dict[str, _Group] = {}
+        for path in plan.streamed:
+            g = group_of[path]
+            if g not in groups:
+                n, _ = plan.slots.get(g, (1, 0))
+                groups[g] = _Group(g, by_path[path].layout, n, transient=g not in plan.slots, phase=_phase(path))
+        return groups
+
+    def _hook(self, u: _Streamed) -> None:
+        m = u.spec.module
+        u.handles = [m.register_forward_pre_hook(self._pre_hook(u)),
+                     m.register_forward_hook(self._post_hook(u), always_call=True)]
+        m.__dict__[_UNIT_ATTR] = (self, u)  # what `streams()` / `hold()` read
+
+    def _unhook(self, u: _Streamed) -> None:
+        for h in u.handles:
+            h.remove()
+        u.handles = []
+        u.spec.module.__dict__.pop(_UNIT_ATTR, None)
+
+    def refit(self, phase_activation_bytes: dict[str, int]) -> tuple[list[str], list[str]]:
+        """Re-plan with these per-phase activation reserves (measured: `offload.refit`) and
+        move the units whose place changes: units the new plan keeps resident come onto the
+        card for good (hooks removed), units it streams go to host memory (hooks added).
+        Returns (made resident, made streamed). Between calls only: nothing may run or be
+        held. Parameters keep their shapes, dtypes and devices, so compiled blocks do not
+        recompile (tests count it)."""
+        if self._running or any(u.holds for u in self.units.values()):
+            raise RuntimeError("offload refit: a streamed unit is running or held; refit between calls")
+        new = plan_offload(self.plan_units, fixed_bytes=self.plan.fixed, activation_bytes=self.plan.activation,
+                           budget_bytes=self.budget, bandwidth_bytes_s=self.bandwidth, prefetch=self.prefetch,
+                           phase_activation_bytes=phase_activation_bytes)
+        if self.cuda:
+            torch.cuda.synchronize(self.device)  # no copy or kernel still reads a buffer
+        old, now = set(self.plan.streamed), set(new.streamed)
+        promote = [p for p in self.plan.streamed if p not in now]
+        demote = [p for p in new.streamed if p not in old]
+        by_path = {s.path: s for s in self.specs}
+        with torch.no_grad():
+            for u in self.units.values():  # every buffer dropped: the new plan sizes its own pools
+                if u.slot is not None:
+                    for t, h in zip(u.spec.tensors, u.host):
+                        t.data = h
+                    u.slot, u.ready = None, None
+            for path in demote:  # leave the card first, so the peak never holds both
+                s = by_path[path]
+                self.units[path] = _Streamed(s, None, self._to_host(s.tensors))  # type: ignore[arg-type]
+            for path in promote:
+                u = self.units.pop(path)
+                self._unhook(u)
+                for t, h in zip(u.spec.tensors, u.host):
+                    # Its host copy stays in the arena (arenas are not split); the card
+                    # holds the weights from now on.
+                    t.data = h.to(self.device, copy=True)
+        groups = self._groups_for(new)
+        group_of = {u.name: u.group for u in self.plan_units}
+        for path, u in self.units.items():
+            u.group = groups[group_of[path]]
+        for path in demote:
+            self._hook(self.units[path])
+        self.plan, self.phase = new, None
+        self.over_budget_warned = False  # the next calls check the measured peak again
+        for u in self.units.values():
+            u.checks = 0
+        if self.cuda:
+            torch.cuda.empty_cache()
+        self.weights_on_device = resident_bytes(self.root, self.device.type)
+        return promote, demote
 
     def _to_host(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         """Copy a unit's tensors into the host arenas (pinned when CUDA is there: only pinned
@@ -420,11 +490,8 @@ class OffloadRuntime:
 
     def remove(self) -> None:
         """Exact undo: every tensor back on its original device with its values, hooks gone."""
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
         for u in self.units.values():
-            u.spec.module.__dict__.pop(_UNIT_ATTR, None)
+            self._unhook(u)
         for comp in self._marked:
             if isinstance(comp.__dict__.get("_hf_hook"), _ExecutionDevice):
                 del comp.__dict__["_hf_hook"]
@@ -512,6 +579,7 @@ class OffloadRuntime:
                                    "it stays resident")
             if u.group.phase != self.phase:
                 self._enter_phase(u.group.phase)
+            self.phases_run.add(u.group.phase)
             if u.slot is None:
                 if not self._issue(u, demand=True):
                     self._steal(u)
@@ -697,6 +765,64 @@ def hold(module: nn.Module):
             rt._release(u)
 
 
+def refit(root: nn.Module, call=None, *, activation_gib: dict[str, float] | None = None,
+          margin: float = 0.25, floor_gib: float = 0.25) -> dict[str, Any]:
+    """Re-plan an applied offload on a measured activation peak, and move the units whose
+    place changes (the planner's reserves are estimates; the first real call tells).
+
+    With `call` (CUDA): runs `call()` once -- e.g. one denoiser forward on the real inputs,
+    under `torch.inference_mode()` -- resetting CUDA's peak memory statistics first, and takes
+    the peak *reserved* memory beyond the weights and streaming buffers (so the allocator's
+    cached, fragmented blocks count too) as the activations of every phase (component) the
+    call ran; each such phase's reserve becomes that x (1 + margin), at least `floor_gib`
+    above it. Phases the call did not run keep their declared reserves (a VAE decode at
+    1024^2 needs more than the denoiser). With `activation_gib` ({phase: GiB}): those
+    reserves as given, no call (any device).
+
+    A lower reserve keeps more units resident (fewer bytes copied per step); a higher one
+    streams more. Returns {"measured_gib", "reserve_gib", "made_resident", "made_streamed",
+    "plan"}. Raises ValueError when nothing streams under `root`."""
+    rt = runtime(root)
+    if rt is None:
+        raise ValueError("offload refit: no weights stream under this module (no applied offload plan, or everything "
+                         "fits); nothing to refit")
+    phases = {u.phase for u in rt.plan_units}
+    out: dict[str, Any] = {}
+    if activation_gib is not None:
+        unknown = sorted(set(activation_gib) - phases)
+        if unknown:
+            raise ValueError(f"offload refit: unknown phase(s) {unknown}; the plan's phases are {sorted(phases)}")
+        reserve = {ph: int(g * GIB) for ph, g in activation_gib.items()}
+    else:
+        if call is None:
+            raise ValueError("offload refit: pass call (a function that runs one call of the model, to measure) or "
+                             "activation_gib={phase: GiB}")
+        if not rt.cuda:
+            raise ValueError("offload refit: measuring a peak needs CUDA; on this device pass activation_gib={phase: GiB}")
+        torch.cuda.synchronize(rt.device)
+        torch.cuda.empty_cache()  # blocks cached since the build are not this call's activations
+        torch.cuda.reset_peak_memory_stats(rt.device)
+        rt.phases_run = set()
+        call()
+        torch.cuda.synchronize(rt.device)
+        ran = rt.phases_run
+        if not ran:
+            raise ValueError("offload refit: the call ran no streamed unit, so it says nothing about the phases that "
+                             "stream; pass a call of the streaming component (e.g. one denoiser forward)")
+        peak = torch.cuda.max_memory_reserved(rt.device)
+        buffers = sum({id(u.group): sum(_nbytes(t) for slot in u.group.slots if slot for t in slot)
+                       for u in rt.units.values()}.values())
+        act = max(0, peak - rt.weights_on_device - buffers)
+        out["measured_gib"] = round(act / GIB, 3)
+        value = int(max(act * (1 + margin), act + floor_gib * GIB))
+        reserve = {ph: value for ph in ran}
+    made_resident, made_streamed = rt.refit(reserve)
+    rt.counters.refits += 1
+    out.update({"reserve_gib": {ph: round(b / GIB, 3) for ph, b in reserve.items()},
+                "made_resident": made_resident, "made_streamed": made_streamed, "plan": rt.plan.to_dict()})
+    return out
+
+
 def runtime(root: nn.Module) -> OffloadRuntime | None:
     """The live offload runtime of an applied plan (None when nothing streams)."""
     return root.__dict__.get(_RUNTIME)
@@ -755,7 +881,9 @@ def offload_step(ctx: StepContext) -> StepRecord:
     details["pinned_host_gib"] = round(pinned / GIB, 3)
     if os.environ.get("MAGI_ZOO_SKIP_HOST_CHECK") != "1":
         check_host_memory(pinned, already_on_host=on_host)
-    rt = OffloadRuntime(ctx.root, plan, specs, units, device, plan.budget)
+    rt = OffloadRuntime(ctx.root, plan, specs, units, device, plan.budget,
+                        bandwidth_bytes_s=settings.get("host_bandwidth_gbs", 55.0) * 1e9,
+                        prefetch=settings.get("prefetch", 1))
     ctx.root.__dict__[_RUNTIME] = rt
     details["counters"] = rt.counters  # live: what the runtime did (`offload.runtime(root).stats()`)
 

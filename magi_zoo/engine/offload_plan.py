@@ -92,6 +92,8 @@ class OffloadPlan:
     streamed_bytes: int
     stall_s: dict[str, float] = dataclasses.field(default_factory=dict)  # phase -> simulated wait per call (times known)
     prefetch: int = 1  # copies in flight ahead of use (0: one buffer per group, copies never overlap)
+    phase_activation: dict[str, int] = dataclasses.field(default_factory=dict)  # phase -> the reserve planned with
+    measured_phases: tuple[str, ...] = ()  # phases whose reserve came from a measured peak (refit)
 
     @property
     def streams(self) -> bool:
@@ -123,6 +125,8 @@ class OffloadPlan:
                 "streamed": list(self.streamed),
                 "buffers": {k: {"count": n, "gib_each": g(b)} for k, (n, b) in self.slots.items()},
                 "transient_gib": g(self.transient), "prefetch": self.prefetch,
+                "activation_gib_per_phase": {p: g(b) for p, b in self.phase_activation.items()},
+                **({"measured_phases": list(self.measured_phases)} if self.measured_phases else {}),
                 "copy_ms_per_call": {p: round(s * 1e3, 2) for p, s in self.copy_s.items()},
                 **({"simulated_stall_ms_per_call": {p: round(s * 1e3, 2) for p, s in self.stall_s.items()}}
                    if self.stall_s else {}),
@@ -136,17 +140,22 @@ def _groups(units: Sequence[Unit]) -> dict[str, list[Unit]]:
     return out
 
 
-def phase_activations(units: Sequence[Unit], activation: int) -> dict[str, int]:
+def phase_activations(units: Sequence[Unit], activation: int,
+                      measured: dict[str, int] | None = None) -> dict[str, int]:
     """phase -> its activation reserve: the plan-wide `activation`, or more where a unit of the
-    phase declares more (`Unit.activation`, from phase_activation_gib)."""
+    phase declares more (`Unit.activation`, from phase_activation_gib); a phase in `measured`
+    (reserves from a measured peak, `offload.refit`) takes that instead, lower or higher."""
     out: dict[str, int] = {}
     for u in units:
         out[u.phase] = max(out.get(u.phase, activation), u.activation or 0)
+    for phase, nbytes in (measured or {}).items():
+        if phase in out:
+            out[phase] = int(nbytes)
     return out
 
 
 def _peak(units: Sequence[Unit], streamed: set[str], *, fixed: int, activation: int,
-          prefetch: int) -> tuple[int, dict[str, tuple[int, int]], int]:
+          prefetch: int, measured: dict[str, int] | None = None) -> tuple[int, dict[str, tuple[int, int]], int]:
     """(peak bytes, pools {group: (buffers, bytes)}, transient bytes) for one streamed set.
 
     Phases run one after another, and the runtime frees a phase's buffers when another
@@ -157,7 +166,7 @@ def _peak(units: Sequence[Unit], streamed: set[str], *, fixed: int, activation: 
     resident = sum(u.nbytes for u in units if u.name not in streamed)
     pools: dict[str, tuple[int, int]] = {}
     # phase -> [pool bytes, largest transient, activations]
-    per_phase = {ph: [0, 0, act] for ph, act in phase_activations(units, activation).items()}
+    per_phase = {ph: [0, 0, act] for ph, act in phase_activations(units, activation, measured).items()}
     for g, us in _groups(units).items():
         n_str = sum(u.name in streamed for u in us)
         if not n_str:
@@ -186,11 +195,14 @@ def _spread(n_total: int, n_streamed: int) -> list[int]:
 
 
 def plan_offload(units: Sequence[Unit], *, fixed_bytes: int, activation_bytes: int, budget_bytes: int,
-                 bandwidth_bytes_s: float = 55e9, prefetch: int = 1) -> OffloadPlan:
+                 bandwidth_bytes_s: float = 55e9, prefetch: int = 1,
+                 phase_activation_bytes: dict[str, int] | None = None) -> OffloadPlan:
     """Decide residency and the prefetch schedule (rules: module docstring).
 
-    `units` are in execution order within each phase. Raises `OffloadPlanError` (with
-    `.minimum_bytes`) when even streaming every streamable unit does not fit the budget.
+    `units` are in execution order within each phase. `phase_activation_bytes` replaces the
+    reserve of the phases it names (a measured peak: `offload.refit`). Raises
+    `OffloadPlanError` (with `.minimum_bytes`) when even streaming every streamable unit does
+    not fit the budget.
     """
     if prefetch < 0:
         raise ValueError("prefetch must be >= 0")
@@ -206,11 +218,12 @@ def plan_offload(units: Sequence[Unit], *, fixed_bytes: int, activation_bytes: i
     # The smallest plan streams everything streamable through one buffer per group (no
     # copy overlaps compute: slow, but it runs). A budget between that and the requested
     # prefetch depth gets the deepest prefetch that fits.
-    minimum, _, _ = _peak(units, every, fixed=fixed_bytes, activation=activation_bytes, prefetch=0)
+    measured = phase_activation_bytes
+    minimum, _, _ = _peak(units, every, fixed=fixed_bytes, activation=activation_bytes, prefetch=0, measured=measured)
     while prefetch > 0 and _peak(units, every, fixed=fixed_bytes, activation=activation_bytes,
-                                 prefetch=prefetch)[0] > budget_bytes:
+                                 prefetch=prefetch, measured=measured)[0] > budget_bytes:
         prefetch -= 1
-    kw = dict(fixed=fixed_bytes, activation=activation_bytes, prefetch=prefetch)
+    kw = dict(fixed=fixed_bytes, activation=activation_bytes, prefetch=prefetch, measured=measured)
     if minimum > budget_bytes:
         pins = sum(u.nbytes for u in units if u.mode == "resident")
         biggest = max((u.nbytes for u in units if u.name in every), default=0)
@@ -218,7 +231,7 @@ def plan_offload(units: Sequence[Unit], *, fixed_bytes: int, activation_bytes: i
             f"a memory budget of {size(budget_bytes)} cannot hold this model even with every "
             f"streamable unit streamed: it needs at least {size(minimum)} (weights outside units "
             f"{size(fixed_bytes)} + pinned units {size(pins)} + streaming buffers (largest unit "
-            f"{size(biggest)}) + activations {size(max(phase_activations(units, activation_bytes).values()))}"
+            f"{size(biggest)}) + activations {size(max(phase_activations(units, activation_bytes, measured).values()))}"
             f"{' in its largest phase' if any(u.activation for u in units) else ''}). Raise memory_budget_gib to "
             f">= {size(minimum)}, lower the activation reserve, or unpin units (mode='auto')", minimum)
 
@@ -280,7 +293,9 @@ def plan_offload(units: Sequence[Unit], *, fixed_bytes: int, activation_bytes: i
         resident=[u.name for u in units if u.name not in streamed], streamed=[u.name for u in units if u.name in streamed],
         slots=pools, transient=transient, schedule=schedule, copy_s=copy_s, expected_peak=peak,
         minimum_budget=minimum, resident_bytes=sum(u.nbytes for u in units if u.name not in streamed),
-        streamed_bytes=sum(u.nbytes for u in units if u.name in streamed), stall_s=stall, prefetch=prefetch)
+        streamed_bytes=sum(u.nbytes for u in units if u.name in streamed), stall_s=stall, prefetch=prefetch,
+        phase_activation=phase_activations(units, activation_bytes, measured),
+        measured_phases=tuple(p for p in (measured or {}) if p in copy_s))
 
 
 def prefetch_schedule(units: Sequence[Unit], streamed: set[str], prefetch: int,
