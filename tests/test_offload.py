@@ -370,6 +370,66 @@ def test_a_new_phase_frees_the_previous_ones_buffers():
     remove(root)
 
 
+class FakeMemory:
+    """Allocator statistics for a CPU run: `level` is what is reserved now; the peak is its
+    maximum since the last reset."""
+
+    def __init__(self):
+        self.level, self.peak, self.resets = 0, 0, 0
+
+    def set(self, level):
+        self.level = level
+        self.peak = max(self.peak, level)
+
+    sync = empty_cache = lambda self: None  # noqa: E731
+
+    def peak_reserved(self):
+        return self.peak
+
+    def reset_peak(self):
+        self.peak, self.resets = self.level, self.resets + 1
+
+
+def test_refit_measures_each_phase_of_one_call():
+    """refit's measuring call spans two components: each gets its own peak (the statistics
+    restart at the phase change), and the new plan is the planner's on those peaks."""
+    torch.manual_seed(0)
+    root = nn.ModuleDict({"a": Net(n=4), "b": Net(n=4)})
+    x = torch.randn(2, 32)
+    with torch.no_grad():
+        ref = root.b(root.a(x))
+    fixed = 2 * (32 * 32 + 32) * 4
+    plan = {"compile": {"Block": {"backend": "eager"}},
+            "offload": {"": {"memory_budget_gib": (fixed + 7 * BLOCK) / GIB, "activation_gib": 2 * BLOCK / GIB},
+                        "Block": "auto"}}
+    apply(root, plan, gpu="cpu")
+    rt = off.runtime(root)
+    mem = rt.memory = FakeMemory()
+    act = {"a": 3 * BLOCK, "b": BLOCK // 2}  # what each component's blocks "allocate" while they run
+    live = lambda: sum({id(u.group): sum(t.numel() * t.element_size() for sl in u.group.slots if sl for t in sl)  # noqa: E731
+                        for u in rt.units.values()}.values())
+    for name in ("a", "b"):
+        for blk in root[name].blocks:
+            blk.register_forward_pre_hook(lambda m, a, n=name: mem.set(rt.weights_on_device + live() + act[n]))
+            blk.register_forward_hook(lambda m, a, o: mem.set(rt.weights_on_device + live()))
+
+    def call():
+        with torch.no_grad():
+            return root.b(root.a(x))
+
+    units, old = rt.plan_units, rt.plan
+    got = off.refit(root, call, margin=0.0, floor_gib=0.0)
+    assert got["measured_gib"] == {"a": round(3 * BLOCK / GIB, 3), "b": round(BLOCK / 2 / GIB, 3)}
+    assert mem.resets >= 2  # at the start and at the phase change
+    want = plan_offload(units, fixed_bytes=old.fixed, activation_bytes=old.activation, budget_bytes=old.budget,
+                        phase_activation_bytes={"a": 3 * BLOCK, "b": BLOCK // 2})
+    assert rt.plan.streamed == want.streamed and rt.plan.phase_activation == {"a": 3 * BLOCK, "b": BLOCK // 2}
+    assert rt.plan.streamed != old.streamed  # the measured peaks moved units
+    with torch.no_grad():
+        assert torch.equal(call(), ref)
+    remove(root)
+
+
 def test_profile_units_feeds_the_planner():
     root = nn.ModuleDict({"t": Net(n=4)})
     x = torch.randn(2, 32)

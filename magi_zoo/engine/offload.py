@@ -337,6 +337,26 @@ class _ExecutionDevice:
         return module
 
 
+class _DeviceMemory:
+    """The CUDA allocator's statistics, as refit reads them (tests substitute a fake: a CPU
+    run has no allocator statistics)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def sync(self) -> None:
+        torch.cuda.synchronize(self.device)
+
+    def empty_cache(self) -> None:
+        torch.cuda.empty_cache()
+
+    def peak_reserved(self) -> int:
+        return torch.cuda.max_memory_reserved(self.device)
+
+    def reset_peak(self) -> None:
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+
 class OffloadRuntime:
     """The live state of one applied offload plan (see the module docstring)."""
 
@@ -353,7 +373,8 @@ class OffloadRuntime:
         self._marked: list[nn.Module] = []  # components tagged with the execution device
         self.units: dict[str, _Streamed] = {}
         self.phase: str | None = None  # the component whose units ran last
-        self.phases_run: set[str] = set()  # components whose streamed units ran (refit clears it)
+        self.measuring: dict[str, int] | None = None  # inside refit's measuring call: phase -> activation peak
+        self.memory: _DeviceMemory | None = _DeviceMemory(device) if self.cuda else None
         sizes = [_nbytes(t) for s in specs if s.path in set(plan.streamed) for t in s.tensors]
         self.host = HostArenas(self.cuda, HostArenas.total(sizes))
         self.over_budget_warned = False
@@ -579,7 +600,6 @@ class OffloadRuntime:
                                    "it stays resident")
             if u.group.phase != self.phase:
                 self._enter_phase(u.group.phase)
-            self.phases_run.add(u.group.phase)
             if u.slot is None:
                 if not self._issue(u, demand=True):
                     self._steal(u)
@@ -627,11 +647,26 @@ class OffloadRuntime:
         g.free.append(i)
         u.slot, u.ready = None, None
 
+    def _phase_peak(self) -> None:
+        """Inside refit's measuring call: the peak reserved memory since the current phase
+        began, beyond the weights on the card and the buffers alive now, is that phase's
+        activations (cached-but-free blocks count: the cap counts them too); the peak
+        statistics restart for the next phase. Allocator statistics are host-side: no sync."""
+        if self.measuring is None or self.phase is None:
+            return
+        buffers = sum({id(u.group): sum(_nbytes(t) for slot in u.group.slots if slot for t in slot)
+                       for u in self.units.values()}.values())
+        act = max(0, self.memory.peak_reserved() - self.weights_on_device - buffers)
+        self.measuring[self.phase] = max(self.measuring.get(self.phase, 0), act)
+        self.memory.reset_peak()
+
     def _enter_phase(self, phase: str) -> None:
         """A unit of another component runs: free every other component's buffers (the plan
         counts buffers per phase). Copies still in flight into them (the next call's first
         blocks, prefetched) are dropped; the compute stream first waits for the side stream,
         so the memory is reused only after those copies finished."""
+        if self.measuring is not None:
+            self._phase_peak()
         if self.cuda and self.phase is not None:
             torch.cuda.current_stream(self.device).wait_stream(self.stream)
         for v in self.units.values():
@@ -770,13 +805,14 @@ def refit(root: nn.Module, call=None, *, activation_gib: dict[str, float] | None
     """Re-plan an applied offload on a measured activation peak, and move the units whose
     place changes (the planner's reserves are estimates; the first real call tells).
 
-    With `call` (CUDA): runs `call()` once -- e.g. one denoiser forward on the real inputs,
-    under `torch.inference_mode()` -- resetting CUDA's peak memory statistics first, and takes
-    the peak *reserved* memory beyond the weights and streaming buffers (so the allocator's
-    cached, fragmented blocks count too) as the activations of every phase (component) the
-    call ran; each such phase's reserve becomes that x (1 + margin), at least `floor_gib`
-    above it. Phases the call did not run keep their declared reserves (a VAE decode at
-    1024^2 needs more than the denoiser). With `activation_gib` ({phase: GiB}): those
+    With `call` (CUDA): runs `call()` once -- one denoiser forward on the real inputs, or one
+    whole (e.g. one-step) generation to measure every component -- and measures, per phase
+    (component) whose streamed units ran, the peak *reserved* memory beyond the weights and
+    streaming buffers (so the allocator's cached, fragmented blocks count too). CUDA's peak
+    memory statistics are reset at the start and at every phase change of that call. Each
+    measured phase's reserve becomes its peak x (1 + margin), at least `floor_gib` above it;
+    phases the call did not run keep their declared reserves. (Work between phases -- e.g.
+    a resident encoder before the first streamed block -- counts toward the phase before.) With `activation_gib` ({phase: GiB}): those
     reserves as given, no call (any device).
 
     A lower reserve keeps more units resident (fewer bytes copied per step); a higher one
@@ -797,25 +833,26 @@ def refit(root: nn.Module, call=None, *, activation_gib: dict[str, float] | None
         if call is None:
             raise ValueError("offload refit: pass call (a function that runs one call of the model, to measure) or "
                              "activation_gib={phase: GiB}")
-        if not rt.cuda:
+        mem = rt.memory
+        if mem is None:
             raise ValueError("offload refit: measuring a peak needs CUDA; on this device pass activation_gib={phase: GiB}")
-        torch.cuda.synchronize(rt.device)
-        torch.cuda.empty_cache()  # blocks cached since the build are not this call's activations
-        torch.cuda.reset_peak_memory_stats(rt.device)
-        rt.phases_run = set()
-        call()
-        torch.cuda.synchronize(rt.device)
-        ran = rt.phases_run
-        if not ran:
+        mem.sync()
+        mem.empty_cache()  # blocks cached since the build are not this call's activations
+        mem.reset_peak()
+        rt.measuring = {}
+        try:
+            call()
+            mem.sync()
+            rt._phase_peak()
+            measured = rt.measuring
+        finally:
+            rt.measuring = None
+        if not measured:
             raise ValueError("offload refit: the call ran no streamed unit, so it says nothing about the phases that "
-                             "stream; pass a call of the streaming component (e.g. one denoiser forward)")
-        peak = torch.cuda.max_memory_reserved(rt.device)
-        buffers = sum({id(u.group): sum(_nbytes(t) for slot in u.group.slots if slot for t in slot)
-                       for u in rt.units.values()}.values())
-        act = max(0, peak - rt.weights_on_device - buffers)
-        out["measured_gib"] = round(act / GIB, 3)
-        value = int(max(act * (1 + margin), act + floor_gib * GIB))
-        reserve = {ph: value for ph in ran}
+                             "stream; pass a call of the streaming component (one denoiser forward, or one whole "
+                             "generation to measure every component)")
+        out["measured_gib"] = {ph: round(b / GIB, 3) for ph, b in measured.items()}
+        reserve = {ph: int(max(b * (1 + margin), b + floor_gib * GIB)) for ph, b in measured.items()}
     made_resident, made_streamed = rt.refit(reserve)
     rt.counters.refits += 1
     out.update({"reserve_gib": {ph: round(b / GIB, 3) for ph, b in reserve.items()},
