@@ -853,8 +853,25 @@ def refit(root: nn.Module, call=None, *, activation_gib: dict[str, float] | None
                              "generation to measure every component)")
         out["measured_gib"] = {ph: round(b / GIB, 3) for ph, b in measured.items()}
         reserve = {ph: int(max(b * (1 + margin), b + floor_gib * GIB)) for ph, b in measured.items()}
+    before = {ph: rt.plan.phase_activation.get(ph, rt.plan.activation) for ph in reserve}
     made_resident, made_streamed = rt.refit(reserve)
     rt.counters.refits += 1
+    if call is not None and rt.memory is not None:
+        # Check the new plan on the same call: units made resident change the allocator's
+        # layout (its fragmentation), which the measured peak did not see. Out of memory
+        # (under a hard cap): back to the plan before, and say so.
+        try:
+            call()
+            rt.memory.sync()
+        except torch.OutOfMemoryError as e:
+            rt.refit(before)
+            rt.memory.empty_cache()
+            warnings.warn(f"magi_zoo offload refit: the re-made plan ran out of memory on the measuring call "
+                          f"({str(e).splitlines()[0]}); the previous plan is back. Refit with a larger margin "
+                          "(margin=, floor_gib=) or set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before "
+                          "CUDA starts (less fragmentation)", RuntimeWarning, stacklevel=2)
+            out["reverted"] = True
+            made_resident, made_streamed = [], []
     out.update({"reserve_gib": {ph: round(b / GIB, 3) for ph, b in reserve.items()},
                 "made_resident": made_resident, "made_streamed": made_streamed, "plan": rt.plan.to_dict()})
     return out
