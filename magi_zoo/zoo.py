@@ -86,6 +86,19 @@ class ZooPipeline:
         yield from self.pipe.stream(*args, **{**self.call_defaults(), **kwargs})
         self._maybe_save_cache()
 
+    def refit_offload(self, *args, activation_gib: dict[str, float] | None = None, margin: float = 0.25,
+                      floor_gib: float = 0.25, **kwargs) -> dict[str, Any]:
+        """Re-plan the weight offload on measured activation peaks (`offload.refit`): runs one
+        generation with these arguments (call defaults filled in; e.g. the resolution you will
+        use and num_inference_steps=1), measures each component's peak, and keeps more blocks
+        resident where the spec's reserves were generous (fewer where they were short). With
+        `activation_gib={component: GiB}` no generation runs: those reserves as given.
+        Returns what moved. ValueError when nothing streams."""
+        from .engine import offload
+
+        run = None if activation_gib is not None else (lambda: self(*args, **kwargs))
+        return offload.refit(self.modules, run, activation_gib=activation_gib, margin=margin, floor_gib=floor_gib)
+
     def _maybe_save_cache(self) -> None:
         # Save after the first compile, and again whenever later calls compiled more
         # (a new shape); calls that compiled nothing cost one integer comparison.

@@ -535,6 +535,16 @@ def test_load_tiny_wan_with_a_budget_generates_the_same_video():
     assert rt.counters.copies > 0
     rec = h.report().step("offload")
     assert "streamed" in rec.did and rec.details["plan"]["streamed"]
+    # refit through the handle measures one generation phase by phase (allocator statistics
+    # faked on CPU: no activations, so with no margin the plan stays as it is).
+    rt.memory = FakeMemory()
+    fit = h.refit_offload(prompt="a corgi", output_type="np", num_inference_steps=1, margin=0.0, floor_gib=0.0)
+    streamed_phases = {p.split(".")[0] for p in rt.plan.streamed}
+    assert set(fit["measured_gib"]) == streamed_phases and {"text_encoder", "transformer"} <= streamed_phases
+    assert not fit["made_resident"] and not fit["made_streamed"] and rt.counters.refits == 1
+    assert (h(generator=torch.Generator().manual_seed(0), **call).frames == want).all()
+    with pytest.raises(ValueError, match=r"unknown phase\(s\) \['transformerr'\] \(did you mean \['transformer'\]\?\)"):
+        h.refit_offload(activation_gib={"transformerr": 1.0})
 
 
 def test_bagel_tiny_streams_its_mot_layers_exactly():

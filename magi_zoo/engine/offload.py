@@ -812,7 +812,10 @@ def refit(root: nn.Module, call=None, *, activation_gib: dict[str, float] | None
     memory statistics are reset at the start and at every phase change of that call. Each
     measured phase's reserve becomes its peak x (1 + margin), at least `floor_gib` above it;
     phases the call did not run keep their declared reserves. (Work between phases -- e.g.
-    a resident encoder before the first streamed block -- counts toward the phase before.) With `activation_gib` ({phase: GiB}): those
+    a resident encoder before the first streamed block -- counts toward the phase before.)
+    The re-made plan then runs `call()` once more: units made resident change the
+    allocator's layout, and if that call runs out of memory the previous plan comes back
+    (a warning says so; the result has "reverted": True). With `activation_gib` ({phase: GiB}): those
     reserves as given, no call (any device).
 
     A lower reserve keeps more units resident (fewer bytes copied per step); a higher one
@@ -827,7 +830,11 @@ def refit(root: nn.Module, call=None, *, activation_gib: dict[str, float] | None
     if activation_gib is not None:
         unknown = sorted(set(activation_gib) - phases)
         if unknown:
-            raise ValueError(f"offload refit: unknown phase(s) {unknown}; the plan's phases are {sorted(phases)}")
+            import difflib
+
+            near = [m for u in unknown for m in difflib.get_close_matches(u, sorted(phases), n=1)]
+            raise ValueError(f"offload refit: unknown phase(s) {unknown}"
+                             f"{f' (did you mean {near}?)' if near else ''}; the plan's phases are {sorted(phases)}")
         reserve = {ph: int(g * GIB) for ph, g in activation_gib.items()}
     else:
         if call is None:
