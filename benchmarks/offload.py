@@ -104,8 +104,12 @@ def worker(args) -> dict[str, Any]:
     if args.model in CASE_COMPILE:
         compile_kw = {"compile": {**compile_kw.get("compile", {}), **CASE_COMPILE[args.model]}}
     over = None if cuda else NO_RESERVE
+    if args.phase_residency and args.strategy != "resident":
+        over = {"offload": {**(over or {}).get("offload", {}),
+                            "": {**(over or {}).get("offload", {}).get("", {}), "phase_residency": True}}}
     rec: dict[str, Any] = {"model": args.model, "strategy": args.strategy, "budget_gib": budget, "shape": shape,
-                           "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
+                           "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+                           "phase_residency": bool(args.phase_residency and args.strategy != "resident")}
     adapter, variant = adapters.lookup(args.model)
     import time
 
@@ -377,6 +381,9 @@ def main(argv=None) -> int:
                    help="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True for every row (set before CUDA starts): "
                         "fewer reserved-but-unused blocks under the cap (the 24 GiB I2V generation failed with "
                         "2.97 GiB reserved but unallocated); recorded in every row")
+    p.add_argument("--phase-residency", action="store_true",
+                   help="the magi_zoo rows with the offload section's phase_residency = true (resident blocks "
+                        "leave the card while another component, e.g. the VAE, needs the room); recorded per row")
     p.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                    help="merge the results JSONs of split runs into one table and a speed-vs-budget chart")
     p.add_argument("--reference", default=None,
@@ -451,6 +458,7 @@ def main(argv=None) -> int:
                 "--tmp", str(tmp), "--tag", tag, "--result", str(result), "--device", device,
                 "--warmup", str(warm), "--runs", str(runs), *(["--budget", str(budget)] if budget else []),
                 *(["--pipeline", "--steps", str(args.steps)] if args.pipeline else []),
+                *(["--phase-residency"] if args.phase_residency else []),
                 *(["--predict", ",".join(map(str, budgets))] if strategy == "resident" and not args.pipeline else [])],
                 result_file=result, timeout=args.row_timeout)
             rec.setdefault("model", model)

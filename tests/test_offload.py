@@ -154,6 +154,23 @@ def test_simulate_counts_waits():
 
 # -- the spec section -----------------------------------------------------------------------
 
+def test_plan_phase_residency_evicts_for_the_phase_that_needs_it():
+    # A VAE phase needing 4 GiB of activations beside 10 x 1 GiB blocks at a 10 GiB budget:
+    # without phase residency it decides how many blocks stay; with it, two resident blocks
+    # leave the card while the VAE runs and the denoiser's own needs decide.
+    us = blocks(10) + [Unit("vae.decoder", GIB // 4, "Dec", "vae", once=True, activation=4 * GIB)]
+    plain = plan_offload(us, fixed_bytes=GIB, activation_bytes=GIB, budget_bytes=10 * GIB)
+    p = plan_offload(us, fixed_bytes=GIB, activation_bytes=GIB, budget_bytes=10 * GIB, phase_residency=True)
+    assert (len(plain.streamed), len(p.streamed)) == (7, 5) and not plain.evict
+    # denoiser phase: 1 fixed + 6 resident + 2 buffers + 1 activations = 10; VAE phase:
+    # 1 + 6 + 0.25 decoder + 4 = 11.25 -> the last two resident blocks leave (2 GiB).
+    assert p.expected_peak == 10 * GIB and p.evict == {"vae": ["t.blocks.8", "t.blocks.6"]}
+    assert p.reload_s == {"t": pytest.approx(2 * GIB / 55e9)}
+    assert p.to_dict()["evict"] == {"vae": ["t.blocks.8", "t.blocks.6"]}
+    roomy = plan_offload(us, fixed_bytes=GIB, activation_bytes=GIB, budget_bytes=20 * GIB, phase_residency=True)
+    assert not roomy.streamed and not roomy.evict  # everything fits in place: nothing moves
+
+
 def test_spec_validation():
     assert OffloadSpec.from_shorthand("once").once and OffloadSpec.from_shorthand("stream").mode == "stream"
     with pytest.raises(ValueError, match="choices: auto, resident, stream"):
@@ -304,6 +321,49 @@ def test_refit_errors_say_what_to_pass():
     with pytest.raises(ValueError, match="needs CUDA"):
         off.refit(root, lambda: None)
     remove(root)
+
+
+def test_phase_residency_moves_resident_blocks_out_and_back():
+    """While the one-block component "v" runs (declared to need a large activation reserve),
+    the denoiser's resident blocks the plan evicts point at their host copies; they are back
+    before the denoiser runs again (and "v", run once per generation, leaves while the
+    denoiser runs: the whole model never has to fit at once); outputs stay exact, nothing
+    streams per step, nothing recompiles, remove undoes all."""
+    torch.manual_seed(0)
+    root = nn.ModuleDict({"t": Net(n=6), "v": Block()})
+    x = torch.randn(2, 32)
+    with torch.no_grad():
+        ref_t, ref_v = root.t(x), root.v(x)
+    before = {k: v.clone() for k, v in root.state_dict().items()}
+    fixed = (32 * 32 + 32) * 4
+    spec = {"compile": {"Block": {"backend": "eager", "fullgraph": True}},
+            "offload": {"": {"memory_budget_gib": (fixed + 6 * BLOCK) / GIB, "activation_gib": 0.0,
+                             "phase_residency": True},
+                        "Block": "auto", "v": {"once": True, "phase_activation_gib": 3 * BLOCK / GIB}}}
+    rep = apply(root, spec, gpu="cpu")
+    rt = off.runtime(root)
+    assert not rt.plan.streamed and rt.plan.evict == {"t": ["v"], "v": [f"t.blocks.{i}" for i in (5, 4, 3, 2)]}
+    gone = rt.plan.evict["v"]
+    seen = {}
+    root.v.register_forward_pre_hook(lambda m, a: seen.update(
+        v={p: all(any(t.data_ptr() == h.data_ptr() for h in rt.evict_host[p]) for t in root.get_submodule(p).parameters())
+           for p in gone}))
+    with torch.no_grad():
+        for _ in range(2):
+            assert torch.equal(root.t(x), ref_t)
+            assert rt.evicted == {"v"}
+            assert torch.equal(root.v(x), ref_v)
+            assert rt.evicted == set(gone) and all(seen["v"].values())  # host copies while v ran
+    with torch.no_grad():
+        assert torch.equal(root.t(x), ref_t) and rt.evicted == {"v"}  # t's blocks back before they ran
+    c = rt.counters
+    assert c.copies == 0 and c.reloads == 2 + 2 * len(gone) and c.evictions == c.reloads + len(rt.evicted)
+    r = rep.region("Block")
+    assert (len(r.counters.recompiles), r.counters.n_graph_breaks) == (0, 0)
+    remove(root)
+    after = root.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert all(not m._forward_pre_hooks and not m._forward_hooks for m in root.modules() if m is not root.v)
 
 
 def test_everything_fits_changes_nothing():
@@ -622,8 +682,8 @@ def test_streamed_pipeline_executes_on_the_card():
     h = magi_zoo.load("wan2.1-tiny", gpu="cpu", compile=False)
     assert h.pipe._execution_device == torch.device("cpu")
     rt = off.OffloadRuntime.__new__(off.OffloadRuntime)
-    rt.root, rt.device, rt._handles, rt.cuda = h.modules, torch.device("cuda", 0), [], False
-    rt._originals, rt.units, rt._marked = [], {}, []
+    rt.root, rt.device, rt.cuda = h.modules, torch.device("cuda", 0), False
+    rt._originals, rt.units, rt._marked, rt.evicted, rt._evict_hooks = [], {}, [], set(), []
     rt._mark_execution_device()
     assert h.pipe._execution_device == torch.device("cuda", 0)
     h.pipe.remove_all_hooks()  # the diffusers API still works with the mark in place

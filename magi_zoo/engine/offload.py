@@ -50,6 +50,11 @@ _RUNTIME = "_magi_zoo_offload"  # root instance attr: the live OffloadRuntime
 _ALIGN = 256  # byte alignment of each tensor inside a unit's host buffer
 
 
+def _evictable_paths(plan: OffloadPlan) -> set[str]:
+    """Resident units the plan may evict for another phase (they keep a host copy)."""
+    return {p for names in plan.evict.values() for p in names}
+
+
 def resident_bytes(root: nn.Module, device_type: str) -> int:
     """Bytes of parameters and buffers on `device_type` under `root` (shared tensors once)."""
     seen, total = set(), 0
@@ -186,7 +191,7 @@ def plan_units(root: nn.Module, resolved_plan, profile, *, budget_gib: float | N
     plan = plan_offload(units, fixed_bytes=fixed, activation_bytes=int(activation * GIB),
                         budget_bytes=int(budget * GIB),
                         bandwidth_bytes_s=settings.get("host_bandwidth_gbs", 55.0) * 1e9,
-                        prefetch=settings.get("prefetch", 1))
+                        prefetch=settings.get("prefetch", 1), phase_residency=settings.get("phase_residency", False))
     return plan, specs, units, {**settings, "memory_budget_gib": budget, "activation_gib": activation}
 
 
@@ -238,6 +243,9 @@ class OffloadCounters:
     deferred: int = 0  # scheduled copies postponed because no buffer was free
     phase_changes: int = 0  # a unit of another component ran: the previous one's buffers were freed
     refits: int = 0  # re-plans on measured activation peaks (`offload.refit`)
+    evictions: int = 0  # phase residency: resident units that left the card for another phase
+    reloads: int = 0  # ... and came back before their own phase ran again
+    bytes_reloaded: int = 0
 
     def to_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
@@ -361,11 +369,17 @@ class OffloadRuntime:
     """The live state of one applied offload plan (see the module docstring)."""
 
     def __init__(self, root: nn.Module, plan: OffloadPlan, specs: list[UnitSpec], units: list[Unit],
-                 device: torch.device, budget_bytes: int, *, bandwidth_bytes_s: float = 55e9, prefetch: int = 1):
+                 device: torch.device, budget_bytes: int, *, bandwidth_bytes_s: float = 55e9, prefetch: int = 1,
+                 phase_residency: bool = False):
         self.root, self.plan, self.device, self.budget = root, plan, device, budget_bytes
         # What a refit re-plans with: the planner's units and settings as first applied.
         self.specs, self.plan_units = specs, units
-        self.bandwidth, self.prefetch = bandwidth_bytes_s, prefetch
+        self.bandwidth, self.prefetch, self.phase_residency = bandwidth_bytes_s, prefetch, phase_residency
+        # Phase residency: host copies of the resident units that may leave the card, which
+        # of them are off it now, and their pre-hooks (they mark their phase's start).
+        self.evict_host: dict[str, list[torch.Tensor]] = {}
+        self.evicted: set[str] = set()
+        self._evict_hooks: list[Any] = []
         self.cuda = device.type == "cuda"
         self.counters = OffloadCounters()
         self.stream = torch.cuda.Stream(device) if self.cuda else None
@@ -375,7 +389,7 @@ class OffloadRuntime:
         self.phase: str | None = None  # the component whose units ran last
         self.measuring: dict[str, int] | None = None  # inside refit's measuring call: phase -> activation peak
         self.memory: _DeviceMemory | None = _DeviceMemory(device) if self.cuda else None
-        sizes = [_nbytes(t) for s in specs if s.path in set(plan.streamed) for t in s.tensors]
+        sizes = [_nbytes(t) for s in specs if s.path in set(plan.streamed) | _evictable_paths(plan) for t in s.tensors]
         self.host = HostArenas(self.cuda, HostArenas.total(sizes))
         self.over_budget_warned = False
         self._install(specs, units)
@@ -398,6 +412,7 @@ class OffloadRuntime:
             for path in self.plan.streamed:
                 s = by_path[path]
                 self.units[path] = _Streamed(s, groups[group_of[path]], self._to_host(s.tensors))
+            self._setup_residency()
             with torch.no_grad():
                 for t, _ in self._originals:
                     if id(t) not in stream_ids and t.device != self.device:
@@ -425,6 +440,62 @@ class OffloadRuntime:
                 groups[g] = _Group(g, by_path[path].layout, n, transient=g not in plan.slots, phase=_phase(path))
         return groups
 
+    # -- phase residency --------------------------------------------------------------------
+    def _setup_residency(self) -> None:
+        """Host copies (kept) of the resident units the plan may evict, and a pre-hook on each
+        that marks its phase's start (its phase may begin with resident units only)."""
+        by_path = {s.path: s for s in self.specs}
+        phase_of = {u.name: u.phase for u in self.plan_units}
+        for path in sorted(_evictable_paths(self.plan)):
+            s = by_path[path]
+            if path not in self.evict_host:
+                views = []
+                with torch.no_grad():
+                    for t in s.tensors:
+                        v = self.host.take(_nbytes(t)).view(t.dtype).view(t.shape)
+                        v.copy_(t.data)
+                        views.append(v)
+                self.evict_host[path] = views
+            ph = phase_of[path]
+            self._evict_hooks.append(s.module.register_forward_pre_hook(
+                lambda m, a, ph=ph: None if ph == self.phase else self._enter_phase(ph)))
+
+    def _teardown_residency(self) -> None:
+        """Every evicted unit back on the card, the residency hooks gone (refit, remove)."""
+        self._reload([p for p in self.evicted])
+        for h in self._evict_hooks:
+            h.remove()
+        self._evict_hooks = []
+
+    def _reload(self, paths: list[str]) -> None:
+        if not paths:
+            return
+        by_path = {s.path: s for s in self.specs}
+        with torch.no_grad():
+            for path in paths:
+                for t, h in zip(by_path[path].tensors, self.evict_host[path]):
+                    # On the compute stream, before the unit's kernels: ordered, no event needed.
+                    t.data = h.to(self.device, non_blocking=True, copy=True)
+                self.evicted.discard(path)
+                self.counters.reloads += 1
+                self.counters.bytes_reloaded += by_path[path].nbytes
+
+    def _residency(self, phase: str) -> None:
+        """Entering `phase`: the units the plan evicts for it leave the card (their weights
+        point at their host copies; the device memory returns to the allocator, reusable by
+        this phase at once, since the compute stream orders it after their last kernels); the
+        units of `phase` that another phase evicted come back."""
+        by_path = {s.path: s for s in self.specs}
+        with torch.no_grad():
+            for path in self.plan.evict.get(phase, ()):
+                if path not in self.evicted:
+                    for t, h in zip(by_path[path].tensors, self.evict_host[path]):
+                        t.data = h
+                    self.evicted.add(path)
+                    self.counters.evictions += 1
+        phase_of = {u.name: u.phase for u in self.plan_units}
+        self._reload([p for p in self.evicted if phase_of[p] == phase])
+
     def _hook(self, u: _Streamed) -> None:
         m = u.spec.module
         u.handles = [m.register_forward_pre_hook(self._pre_hook(u)),
@@ -448,9 +519,10 @@ class OffloadRuntime:
             raise RuntimeError("offload refit: a streamed unit is running or held; refit between calls")
         new = plan_offload(self.plan_units, fixed_bytes=self.plan.fixed, activation_bytes=self.plan.activation,
                            budget_bytes=self.budget, bandwidth_bytes_s=self.bandwidth, prefetch=self.prefetch,
-                           phase_activation_bytes=phase_activation_bytes)
+                           phase_activation_bytes=phase_activation_bytes, phase_residency=self.phase_residency)
         if self.cuda:
             torch.cuda.synchronize(self.device)  # no copy or kernel still reads a buffer
+        self._teardown_residency()  # every resident unit on the card while units move
         old, now = set(self.plan.streamed), set(new.streamed)
         promote = [p for p in self.plan.streamed if p not in now]
         demote = [p for p in new.streamed if p not in old]
@@ -478,6 +550,8 @@ class OffloadRuntime:
         for path in demote:
             self._hook(self.units[path])
         self.plan, self.phase = new, None
+        self.evict_host = {p: v for p, v in self.evict_host.items() if p not in now}  # streamed: own host copy
+        self._setup_residency()
         self.over_budget_warned = False  # the next calls check the measured peak again
         for u in self.units.values():
             u.checks = 0
@@ -511,6 +585,7 @@ class OffloadRuntime:
 
     def remove(self) -> None:
         """Exact undo: every tensor back on its original device with its values, hooks gone."""
+        self._teardown_residency()
         for u in self.units.values():
             self._unhook(u)
         for comp in self._marked:
@@ -683,6 +758,8 @@ class OffloadRuntime:
                 g.free = collections.deque(range(len(g.slots)))
         self.phase = phase
         self.counters.phase_changes += 1
+        if self.plan.evict or self.evicted:
+            self._residency(phase)
 
     def _check_peak(self) -> None:
         peak = torch.cuda.max_memory_reserved(self.device)
@@ -927,7 +1004,7 @@ def offload_step(ctx: StepContext) -> StepRecord:
     details = {"plan": plan.to_dict(), "settings": settings}
     if not plan.streams:
         return StepRecord("offload", plan.summary(units), None, details)
-    _check_compile(ctx, plan.streamed)
+    _check_compile(ctx, [*plan.streamed, *sorted(_evictable_paths(plan))])
     if getattr(ctx, "train", False):
         raise ValueError(f"the offload plan streams {len(plan.streamed)} unit(s) to fit {size(plan.budget)}, but weight "
                          "streaming is inference-only and this is a training apply (train=True); raise "
@@ -936,7 +1013,7 @@ def offload_step(ctx: StepContext) -> StepRecord:
     device = torch.device(p.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(f"offload for profile {p.name!r} needs CUDA, which is not available here")
-    streamed = [t for s in specs if s.path in set(plan.streamed) for t in s.tensors]
+    streamed = [t for s in specs if s.path in set(plan.streamed) | _evictable_paths(plan) for t in s.tensors]
     pinned = HostArenas.rounded([_nbytes(t) for t in streamed], pinned=device.type == "cuda")
     on_host = sum(_nbytes(t) for t in streamed if t.device.type == "cpu")
     details["pinned_host_gib"] = round(pinned / GIB, 3)
@@ -944,7 +1021,7 @@ def offload_step(ctx: StepContext) -> StepRecord:
         check_host_memory(pinned, already_on_host=on_host)
     rt = OffloadRuntime(ctx.root, plan, specs, units, device, plan.budget,
                         bandwidth_bytes_s=settings.get("host_bandwidth_gbs", 55.0) * 1e9,
-                        prefetch=settings.get("prefetch", 1))
+                        prefetch=settings.get("prefetch", 1), phase_residency=settings.get("phase_residency", False))
     ctx.root.__dict__[_RUNTIME] = rt
     details["counters"] = rt.counters  # live: what the runtime did (`offload.runtime(root).stats()`)
 
@@ -985,4 +1062,10 @@ def describe_plan(root: nn.Module, resolved_plan, profile, budget_gib: float | N
                      f"{settings.get('host_bandwidth_gbs', 55.0):g} GB/s assumed); pinned host memory "
                      f"{size(plan.streamed_bytes)}; activation reserve {size(plan.activation)}"
                      + "".join(f"; {ph} phase {size(b)}" for ph, b in phase_activations(units, 0).items() if b))
+        for ph, names in plan.evict.items():
+            lines.append(f"  phase residency: while {ph} runs, {len(names)} resident unit(s) leave the card "
+                         f"({size(sum(u.nbytes for u in units if u.name in set(names)))}: "
+                         f"{', '.join(n.rsplit('.', 2)[-2] + '.' + n.rsplit('.', 1)[-1] if '.' in n else n for n in names[:6])}"
+                         f"{' ...' if len(names) > 6 else ''}); copied back before their phase runs again "
+                         + ", ".join(f"({p} {s * 1e3:.0f} ms)" for p, s in plan.reload_s.items()))
     return "\n".join(lines)

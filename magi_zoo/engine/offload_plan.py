@@ -94,16 +94,23 @@ class OffloadPlan:
     prefetch: int = 1  # copies in flight ahead of use (0: one buffer per group, copies never overlap)
     phase_activation: dict[str, int] = dataclasses.field(default_factory=dict)  # phase -> the reserve planned with
     measured_phases: tuple[str, ...] = ()  # phases whose reserve came from a measured peak (refit)
+    # Phase residency: phase -> resident units of other phases that leave the card when it
+    # starts; phase -> seconds to copy its evicted units back when it runs again (once per
+    # return, e.g. once per generation for the denoiser after the VAE).
+    evict: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    reload_s: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def streams(self) -> bool:
-        return bool(self.streamed)
+        """Whether any weights move during a generation (streamed, or evicted for a phase)."""
+        return bool(self.streamed or self.evict)
 
     def summary(self, units: Sequence[Unit] | None = None) -> str:
         """One line for the report."""
+        moves = "".join(f"; while {ph} runs {len(v)} resident unit(s) leave the card" for ph, v in self.evict.items())
         if not self.streamed:
             return (f"all weights resident: {size(self.resident_bytes)} in units + {size(self.fixed)} "
-                    f"other, expected peak {size(self.expected_peak)} of {size(self.budget)} budget")
+                    f"other, expected peak {size(self.expected_peak)} of {size(self.budget)} budget{moves}")
         by_group: dict[str, list[int]] = {}
         if units is not None:
             for u in units:
@@ -114,7 +121,7 @@ class OffloadPlan:
         return (f"budget {size(self.budget)}: {len(self.resident)} unit(s) resident "
                 f"({size(self.resident_bytes)}), {len(self.streamed)} streamed "
                 f"({size(self.streamed_bytes)} from host memory){f' [{groups}]' if groups else ''}; "
-                f"expected copy per call: {copy}; expected peak {size(self.expected_peak)}")
+                f"expected copy per call: {copy}; expected peak {size(self.expected_peak)}{moves}")
 
     def to_dict(self) -> dict:
         g = lambda b: round(b / GIB, 3)  # noqa: E731
@@ -127,6 +134,8 @@ class OffloadPlan:
                 "transient_gib": g(self.transient), "prefetch": self.prefetch,
                 "activation_gib_per_phase": {p: g(b) for p, b in self.phase_activation.items()},
                 **({"measured_phases": list(self.measured_phases)} if self.measured_phases else {}),
+                **({"evict": {p: list(v) for p, v in self.evict.items()},
+                    "reload_ms": {p: round(s * 1e3, 2) for p, s in self.reload_s.items()}} if self.evict else {}),
                 "copy_ms_per_call": {p: round(s * 1e3, 2) for p, s in self.copy_s.items()},
                 **({"simulated_stall_ms_per_call": {p: round(s * 1e3, 2) for p, s in self.stall_s.items()}}
                    if self.stall_s else {}),
@@ -155,7 +164,8 @@ def phase_activations(units: Sequence[Unit], activation: int,
 
 
 def _peak(units: Sequence[Unit], streamed: set[str], *, fixed: int, activation: int,
-          prefetch: int, measured: dict[str, int] | None = None) -> tuple[int, dict[str, tuple[int, int]], int]:
+          prefetch: int, measured: dict[str, int] | None = None,
+          evict_within: int | None = None) -> tuple[int, dict[str, tuple[int, int]], int]:
     """(peak bytes, pools {group: (buffers, bytes)}, transient bytes) for one streamed set.
 
     Phases run one after another, and the runtime frees a phase's buffers when another
@@ -178,9 +188,54 @@ def _peak(units: Sequence[Unit], streamed: set[str], *, fixed: int, activation: 
         else:
             pools[g] = (min(prefetch + 1, n_str), size)
             acc[0] += pools[g][0] * size
-    phase_peak = max((a + b + c for a, b, c in per_phase.values()), default=activation)
     transient = max((b for _, b, _ in per_phase.values()), default=0)
-    return fixed + resident + phase_peak, pools, transient
+    totals = {ph: fixed + resident + a + b + c for ph, (a, b, c) in per_phase.items()}
+    if evict_within is not None:
+        # Phase residency: while a phase runs, resident units of other phases may leave the
+        # card (they come back before their own phase runs again), as far as the phase needs.
+        for ph in totals:
+            spare = sum(u.nbytes for u in units if _evictable(u, ph, streamed))
+            totals[ph] -= min(spare, max(0, totals[ph] - evict_within))
+    return max(totals.values(), default=fixed + resident + activation), pools, transient
+
+
+def _evictable(u: Unit, phase: str, streamed: set[str]) -> bool:
+    """May `u` leave the card while `phase` runs (phase residency)? A resident unit of
+    another phase that is not pinned."""
+    return u.phase != phase and u.mode == "auto" and u.name not in streamed
+
+
+def evictions(units: Sequence[Unit], streamed: set[str], *, fixed: int, activation: int, prefetch: int,
+              budget: int, measured: dict[str, int] | None = None) -> dict[str, list[str]]:
+    """phase -> the resident units of other phases that leave the card when it starts, so
+    that its peak fits `budget` (the last-running ones first: their phase needs them back
+    last). Empty when every phase fits with everything resident in place."""
+    out: dict[str, list[str]] = {}
+    for ph in dict.fromkeys(u.phase for u in units):
+        need = _phase_total(units, streamed, ph, fixed=fixed, activation=activation, prefetch=prefetch,
+                            measured=measured) - budget
+        picked: list[str] = []
+        for u in reversed(units):
+            if need <= 0:
+                break
+            if _evictable(u, ph, streamed):
+                picked.append(u.name)
+                need -= u.nbytes
+        if picked:
+            out[ph] = picked
+    return out
+
+
+def _phase_total(units: Sequence[Unit], streamed: set[str], phase: str, *, fixed: int, activation: int,
+                 prefetch: int, measured: dict[str, int] | None = None) -> int:
+    """One phase's peak with every resident unit in place (no eviction)."""
+    only = [u for u in units if u.phase == phase]
+    _, pools, _ = _peak(only, streamed, fixed=0, activation=activation, prefetch=prefetch, measured=measured)
+    act = phase_activations(units, activation, measured).get(phase, activation)
+    transient = max((u.nbytes for u in only if u.name in streamed and
+                     sum(v.group == u.group for v in units) == 1), default=0)
+    resident = sum(u.nbytes for u in units if u.name not in streamed)
+    return fixed + resident + sum(n * b for n, b in pools.values()) + transient + act
 
 
 def _spread(n_total: int, n_streamed: int) -> list[int]:
@@ -196,11 +251,14 @@ def _spread(n_total: int, n_streamed: int) -> list[int]:
 
 def plan_offload(units: Sequence[Unit], *, fixed_bytes: int, activation_bytes: int, budget_bytes: int,
                  bandwidth_bytes_s: float = 55e9, prefetch: int = 1,
-                 phase_activation_bytes: dict[str, int] | None = None) -> OffloadPlan:
+                 phase_activation_bytes: dict[str, int] | None = None, phase_residency: bool = False) -> OffloadPlan:
     """Decide residency and the prefetch schedule (rules: module docstring).
 
     `units` are in execution order within each phase. `phase_activation_bytes` replaces the
-    reserve of the phases it names (a measured peak: `offload.refit`). Raises
+    reserve of the phases it names (a measured peak: `offload.refit`). `phase_residency`:
+    while a phase runs, resident units of other phases may leave the card to make room for
+    its peak (copied back before their phase runs again; `OffloadPlan.evict`), so only the
+    phases' own needs -- not the largest other phase's -- limit what stays resident. Raises
     `OffloadPlanError` (with `.minimum_bytes`) when even streaming every streamable unit does
     not fit the budget.
     """
@@ -219,11 +277,13 @@ def plan_offload(units: Sequence[Unit], *, fixed_bytes: int, activation_bytes: i
     # copy overlaps compute: slow, but it runs). A budget between that and the requested
     # prefetch depth gets the deepest prefetch that fits.
     measured = phase_activation_bytes
+    within = budget_bytes if phase_residency else None
     minimum, _, _ = _peak(units, every, fixed=fixed_bytes, activation=activation_bytes, prefetch=0, measured=measured)
     while prefetch > 0 and _peak(units, every, fixed=fixed_bytes, activation=activation_bytes,
                                  prefetch=prefetch, measured=measured)[0] > budget_bytes:
         prefetch -= 1
-    kw = dict(fixed=fixed_bytes, activation=activation_bytes, prefetch=prefetch, measured=measured)
+    kw = dict(fixed=fixed_bytes, activation=activation_bytes, prefetch=prefetch, measured=measured,
+              evict_within=within)
     if minimum > budget_bytes:
         pins = sum(u.nbytes for u in units if u.mode == "resident")
         biggest = max((u.nbytes for u in units if u.name in every), default=0)
@@ -288,7 +348,15 @@ def plan_offload(units: Sequence[Unit], *, fixed_bytes: int, activation_bytes: i
         us = [u for u in units if u.phase == phase]
         if copy_s[phase] and all(u.time_s is not None for u in us):
             stall[phase] = simulate(us, streamed, schedule, pools, bandwidth_bytes_s)
+    evict = (evictions(units, streamed, fixed=fixed_bytes, activation=activation_bytes, prefetch=prefetch,
+                       budget=budget_bytes, measured=measured) if phase_residency else {})
+    size_of = {u.name: u for u in units}
+    reload_s: dict[str, float] = {}
+    for name in dict.fromkeys(n for names in evict.values() for n in names):
+        u = size_of[name]
+        reload_s[u.phase] = reload_s.get(u.phase, 0.0) + u.nbytes / bandwidth_bytes_s
     return OffloadPlan(
+        evict=evict, reload_s=reload_s,
         budget=budget_bytes, fixed=fixed_bytes, activation=activation_bytes,
         resident=[u.name for u in units if u.name not in streamed], streamed=[u.name for u in units if u.name in streamed],
         slots=pools, transient=transient, schedule=schedule, copy_s=copy_s, expected_peak=peak,

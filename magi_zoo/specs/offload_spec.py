@@ -27,7 +27,7 @@ from pydantic import Field, field_validator
 from .section import SectionSpec, register_section
 
 OFFLOAD_MODES = ("auto", "resident", "stream")
-ROOT_FIELDS = ("memory_budget_gib", "activation_gib", "prefetch", "host_bandwidth_gbs")  # root key "" only
+ROOT_FIELDS = ("memory_budget_gib", "activation_gib", "prefetch", "host_bandwidth_gbs", "phase_residency")  # root key "" only
 
 
 @register_section
@@ -77,6 +77,15 @@ class OffloadSpec(SectionSpec):
         55.0,
         description="Root key only. Pinned host->device copy rate the planner assumes, GB/s "
         "(measured 55 on an H100 over PCIe 5; pageable memory gives ~4.4).",
+    )
+
+    phase_residency: bool = Field(
+        False,
+        description="Root key only. While one component runs (the VAE decoding, the text encoder), "
+        "resident blocks of another component (the denoiser) may leave the card to make room for "
+        "its peak, and come back (a copy, once per return) before their component runs again: "
+        "then only each component's own needs limit how many blocks stay resident. Costs pinned "
+        "host memory for the blocks that may leave.",
     )
 
     @field_validator("memory_budget_gib", "host_bandwidth_gbs")
