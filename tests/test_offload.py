@@ -229,13 +229,25 @@ def test_spec_keys_in_the_wrong_place():
 
 # -- mechanics on CPU -----------------------------------------------------------------------
 
-def test_streaming_compiled_blocks_no_recompile_exact_undo(fresh_dynamo):
+def tiny_net(n=6):
+    """A seeded Net in a ModuleDict, an input, its output and its weights before any plan."""
     torch.manual_seed(0)
-    root = nn.ModuleDict({"t": Net()})
+    root = nn.ModuleDict({"t": Net(n=n)})
     x = torch.randn(2, 32)
     with torch.no_grad():
         ref = root.t(x)
-    before = {k: v.clone() for k, v in root.state_dict().items()}
+    return root, x, ref, {k: v.clone() for k, v in root.state_dict().items()}
+
+
+def assert_undone(root, before):
+    """After remove: every weight as before, no hook left."""
+    after = root.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert all(not m._forward_pre_hooks and not m._forward_hooks for m in root.modules())
+
+
+def test_streaming_compiled_blocks_no_recompile_exact_undo(fresh_dynamo):
+    root, x, ref, before = tiny_net()
     # fixed = emb (32*32+32)*4 B; 3 blocks resident + 2 buffers: 3 streamed of 6.
     fixed = (32 * 32 + 32) * 4
     rep = apply(root, offload_plan(fixed + 5 * BLOCK), gpu="cpu")
@@ -259,9 +271,7 @@ def test_streaming_compiled_blocks_no_recompile_exact_undo(fresh_dynamo):
                .group.slots if s for q in s)
     remove(root)
     assert off.runtime(root) is None
-    after = root.state_dict()
-    assert all(torch.equal(before[k], after[k]) for k in before)
-    assert all(not m._forward_pre_hooks and not m._forward_hooks for m in root.modules())
+    assert_undone(root, before)
     with torch.no_grad():
         assert torch.equal(root.t(x), ref)
 
@@ -270,12 +280,7 @@ def test_refit_moves_units_both_ways_without_recompiles(fresh_dynamo):
     """A refit on another activation reserve re-plans and moves only the units whose place
     changes: a lower reserve makes streamed blocks resident (their hooks gone), a higher one
     streams more again; outputs stay exact and the compiled blocks never recompile."""
-    torch.manual_seed(0)
-    root = nn.ModuleDict({"t": Net()})
-    x = torch.randn(2, 32)
-    with torch.no_grad():
-        ref = root.t(x)
-    before = {k: v.clone() for k, v in root.state_dict().items()}
+    root, x, ref, before = tiny_net()
     fixed = (32 * 32 + 32) * 4
     spec = offload_plan(fixed + 5 * BLOCK)
     spec["offload"][""]["activation_gib"] = 2 * BLOCK / GIB  # 1 resident + 2 buffers + 2 reserved
@@ -303,9 +308,7 @@ def test_refit_moves_units_both_ways_without_recompiles(fresh_dynamo):
     assert (r.counters.frames, len(r.counters.recompiles), r.counters.n_graph_breaks) == (1, 0, 0)
     assert rt.counters.refits == 2
     remove(root)
-    after = root.state_dict()
-    assert all(torch.equal(before[k], after[k]) for k in before)
-    assert all(not m._forward_pre_hooks and not m._forward_hooks for m in root.modules())
+    assert_undone(root, before)
 
 
 def test_refit_errors_say_what_to_pass():
@@ -405,13 +408,19 @@ def test_nested_component_unit_and_grad_guard():
     remove(root)
 
 
-def test_a_new_phase_frees_the_previous_ones_buffers():
+def two_components():
+    """Two 4-block Nets as two components ("a" then "b"), an input, their chained output,
+    and the bytes outside blocks (the two embeddings)."""
     torch.manual_seed(0)
     root = nn.ModuleDict({"a": Net(n=4), "b": Net(n=4)})
     x = torch.randn(2, 32)
     with torch.no_grad():
         ref = root.b(root.a(x))
-    fixed = 2 * (32 * 32 + 32) * 4
+    return root, x, ref, 2 * (32 * 32 + 32) * 4
+
+
+def test_a_new_phase_frees_the_previous_ones_buffers():
+    root, x, ref, fixed = two_components()
     plan = {"compile": {"Block": {"backend": "eager"}},
             "offload": {"": {"memory_budget_gib": (fixed + 2 * BLOCK) / GIB, "activation_gib": 0.0}, "Block": "auto"}}
     apply(root, plan, gpu="cpu")
@@ -453,12 +462,7 @@ class FakeMemory:
 def test_refit_measures_each_phase_of_one_call():
     """refit's measuring call spans two components: each gets its own peak (the statistics
     restart at the phase change), and the new plan is the planner's on those peaks."""
-    torch.manual_seed(0)
-    root = nn.ModuleDict({"a": Net(n=4), "b": Net(n=4)})
-    x = torch.randn(2, 32)
-    with torch.no_grad():
-        ref = root.b(root.a(x))
-    fixed = 2 * (32 * 32 + 32) * 4
+    root, x, ref, fixed = two_components()
     plan = {"compile": {"Block": {"backend": "eager"}},
             "offload": {"": {"memory_budget_gib": (fixed + 7 * BLOCK) / GIB, "activation_gib": 2 * BLOCK / GIB},
                         "Block": "auto"}}

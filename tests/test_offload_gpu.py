@@ -1,6 +1,8 @@
 """Weight streaming on a CUDA card (skipped in CI): copies on the side stream, outputs equal to
 resident, regional compile without recompiles, and the measured peak under a hard cap."""
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn as nn
@@ -39,10 +41,10 @@ class Net(nn.Module):
 NO_RESERVE = {"offload": {"": {"activation_gib": 0.0}, "vae.encoder": {"phase_activation_gib": 0.0},
                           "vae.decoder": {"phase_activation_gib": 0.0}}}
 
-def test_streams_under_a_hard_cap(fresh_dynamo):
-    # Blocks of 2 x 2048 x 8192 bf16 = 64 MiB; 8 of them = 512 MiB. Budget 600 MiB with a
-    # 256 MiB activation reserve: emb 8 + reserve 256 + 2 buffers 128 = 392, so 3 blocks stay
-    # and 5 stream.
+@contextlib.contextmanager
+def capped_net(budget_mib: int):
+    """8 blocks of 64 MiB (bf16) in host memory, their resident output on x, and the process
+    capped at `budget_mib` (set_per_process_memory_fraction) until the block ends."""
     torch.manual_seed(0)
     root = nn.ModuleDict({"t": Net().to(torch.bfloat16)})
     x = torch.randn(4096, 2048, dtype=torch.bfloat16, device="cuda")
@@ -50,10 +52,19 @@ def test_streams_under_a_hard_cap(fresh_dynamo):
         ref = root.cuda().t(x).float().cpu()
     root.cpu()
     torch.cuda.empty_cache()
-    budget = 600 * MIB
     total = torch.cuda.get_device_properties(0).total_memory
-    torch.cuda.set_per_process_memory_fraction(budget / total)
+    torch.cuda.set_per_process_memory_fraction(budget_mib * MIB / total)
     try:
+        yield root, x, ref, budget_mib * MIB
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+
+
+def test_streams_under_a_hard_cap(fresh_dynamo):
+    # Blocks of 2 x 2048 x 8192 bf16 = 64 MiB; 8 of them = 512 MiB. Budget 600 MiB with a
+    # 256 MiB activation reserve: emb 8 + reserve 256 + 2 buffers 128 = 392, so 3 blocks stay
+    # and 5 stream.
+    with capped_net(600) as (root, x, ref, budget):
         torch.cuda.reset_peak_memory_stats()
         plan = {"compile": {"Block": {"fullgraph": True}},
                 "offload": {"": {"memory_budget_gib": budget / 2**30, "activation_gib": 0.25}, "Block": "auto"}}
@@ -72,26 +83,14 @@ def test_streams_under_a_hard_cap(fresh_dynamo):
         assert torch.cuda.max_memory_reserved() <= budget
         remove(root)
         assert all(p.device.type == "cpu" for p in root.parameters())
-    finally:
-        torch.cuda.set_per_process_memory_fraction(1.0)
 
 
 def test_refit_on_the_measured_peak_under_a_hard_cap(fresh_dynamo):
-    # The same 8 blocks of 64 MiB under 800 MiB with a too generous 0.6 GiB reserve: emb 8 + 2
-    # buffers 128 + 614 leave no room, all 8 stream. The call's real activations (the 4096 x 8192 GELU input
-    # is 64 MiB) are far below it: refit measures them and keeps blocks resident, still under
-    # the cap, with the same output and no recompile.
-    torch.manual_seed(0)
-    root = nn.ModuleDict({"t": Net().to(torch.bfloat16)})
-    x = torch.randn(4096, 2048, dtype=torch.bfloat16, device="cuda")
-    with torch.inference_mode():
-        ref = root.cuda().t(x).float().cpu()
-    root.cpu()
-    torch.cuda.empty_cache()
-    budget = 800 * MIB
-    total = torch.cuda.get_device_properties(0).total_memory
-    torch.cuda.set_per_process_memory_fraction(budget / total)
-    try:
+    # The same 8 blocks of 64 MiB under 800 MiB with a too generous 0.6 GiB reserve: emb 8 +
+    # 2 buffers 128 + 614 leave no room, all 8 stream. The call's real activations (the 4096 x
+    # 8192 GELU input is 64 MiB) are far below it: refit measures them and keeps blocks
+    # resident, still under the cap, with the same output and no recompile.
+    with capped_net(800) as (root, x, ref, budget):
         plan = {"compile": {"Block": {"fullgraph": True}},
                 "offload": {"": {"memory_budget_gib": budget / 2**30, "activation_gib": 0.6}, "Block": "auto"}}
         rep = apply(root, plan, gpu="h100")
@@ -116,8 +115,6 @@ def test_refit_on_the_measured_peak_under_a_hard_cap(fresh_dynamo):
         r = rep.region("Block")
         assert (len(r.counters.recompiles), r.counters.n_graph_breaks) == (0, 0)
         remove(root)
-    finally:
-        torch.cuda.set_per_process_memory_fraction(1.0)
 
 
 def test_tiny_wan_pipeline_streams_on_cuda(fresh_dynamo):
