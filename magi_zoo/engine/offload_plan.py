@@ -22,9 +22,14 @@ encoder's buffers are gone before the denoising loop, the transformer's before t
 
 Which units stay: all of them if they fit. Otherwise units are demoted to streaming until
 the peak fits, one-of-a-kind units (components, run once per generation) first, largest
-first; then repeated blocks (run every step), largest first. Within a group the streamed
-instances are spread evenly over the depth, so every streamed block is followed by resident
-ones whose compute hides its copy.
+first; then repeated blocks (run every step), one at a time from the group whose streamed
+share stays smallest ("balanced": Flux's double- and single-stream blocks stream the same
+share, so copies are spread over the whole call instead of crowding the double-block
+stretch while the copy engine idles behind resident single blocks). With per-block times
+the planner also makes the largest-blocks-first choice (fewest bytes when only one group
+need stream) and keeps whichever the simulation says waits less. Within a group the
+streamed instances are spread evenly over the depth, so every streamed block is followed by
+resident ones whose compute hides its copy.
 
 When each copy starts ("JIT prefetch"): as late as possible but finished before use. With
 per-unit times, the copy of streamed unit j is issued at the start of the latest unit b
@@ -249,6 +254,61 @@ def _spread(n_total: int, n_streamed: int) -> list[int]:
     return sorted({n_total - 1 - int(i * n_total / n_streamed) for i in range(n_streamed)})
 
 
+def _demote(units: Sequence[Unit], forced: set[str], auto: list[Unit], kw: dict, budget: int, *,
+            balanced: bool) -> set[str]:
+    """The streamed set: units demoted from resident until the peak fits `budget`.
+
+    Order: what runs once per generation before what runs every step (a copy once vs a copy
+    per step); within each, one-of-a-kind units (whole components) before repeated blocks,
+    largest first. Repeated blocks go one at a time, from the group whose streamed share
+    would then be smallest (`balanced`: every group of blocks streams the same share, so the
+    copies spread over the whole call and the copy engine never idles behind a stretch of
+    resident blocks while another stretch waits for its copies) or from the group with the
+    largest blocks (fewest units streamed); ties go to the larger blocks, and among groups
+    of one size (Wan2.2's two experts) to the smaller share, so equal groups stream
+    equally. A group's streamed blocks are spread evenly over its depth."""
+    streamed = set(forced)
+    peak, _, _ = _peak(units, streamed, **kw)
+    groups = _groups(units)
+    for once in (True, False):
+        if peak <= budget:
+            break
+        singles = sorted((u for u in auto if u.once == once and len(groups[u.group]) == 1), key=lambda u: -u.nbytes)
+        for u in singles:
+            streamed.add(u.name)
+            peak, _, _ = _peak(units, streamed, **kw)
+            if peak <= budget:
+                break
+        if peak <= budget:
+            break
+        cands = {g: [u for u in us if u.mode == "auto" and u.once == once]
+                 for g, us in groups.items() if len(us) > 1}
+        order = sorted((g for g in cands if cands[g]), key=lambda g: -max(u.nbytes for u in cands[g]))
+        count: dict[str, int] = {}
+        base = set(streamed)
+
+        def chosen() -> set[str]:
+            out = set(base)
+            for g, n in count.items():
+                out |= {cands[g][i].name for i in _spread(len(cands[g]), n)}
+            return out
+
+        def share(g: str) -> float:  # the group's streamed share after one more
+            return (count.get(g, 0) + 1) / len(cands[g])
+
+        while peak > budget:
+            left = [g for g in order if count.get(g, 0) < len(cands[g])]
+            if not left:
+                break
+            big = lambda g: max(u.nbytes for u in cands[g])  # noqa: E731
+            g = (min(left, key=lambda g: (share(g), -big(g))) if balanced
+                 else max(left, key=lambda g: (big(g), -share(g))))
+            count[g] = count.get(g, 0) + 1
+            peak, _, _ = _peak(units, chosen(), **kw)
+        streamed = chosen()
+    return streamed
+
+
 def plan_offload(units: Sequence[Unit], *, fixed_bytes: int, activation_bytes: int, budget_bytes: int,
                  bandwidth_bytes_s: float = 55e9, prefetch: int = 1,
                  phase_activation_bytes: dict[str, int] | None = None, phase_residency: bool = False) -> OffloadPlan:
@@ -295,46 +355,20 @@ def plan_offload(units: Sequence[Unit], *, fixed_bytes: int, activation_bytes: i
             f"{' in its largest phase' if any(u.activation for u in units) else ''}). Raise memory_budget_gib to "
             f">= {size(minimum)}, lower the activation reserve, or unpin units (mode='auto')", minimum)
 
-    streamed = set(forced)
-    peak, _, _ = _peak(units, streamed, **kw)
-    groups = _groups(units)
-    # Demotion order: what runs once per generation before what runs every step (a copy
-    # once vs a copy per step); within each, one-of-a-kind units (whole components) before
-    # repeated blocks, largest first; a group's streamed blocks spread over its depth.
-    for once in (True, False):
-        if peak <= budget_bytes:
-            break
-        singles = sorted((u for u in auto if u.once == once and len(groups[u.group]) == 1), key=lambda u: -u.nbytes)
-        for u in singles:
-            streamed.add(u.name)
-            peak, _, _ = _peak(units, streamed, **kw)
-            if peak <= budget_bytes:
-                break
-        if peak <= budget_bytes:
-            break
-        cands = {g: [u for u in us if u.mode == "auto" and u.once == once]
-                 for g, us in groups.items() if len(us) > 1}
-        order = sorted((g for g in cands if cands[g]), key=lambda g: -max(u.nbytes for u in cands[g]))
-        count: dict[str, int] = {}
-        base = set(streamed)
-
-        def chosen() -> set[str]:
-            out = set(base)
-            for g, n in count.items():
-                out |= {cands[g][i].name for i in _spread(len(cands[g]), n)}
-            return out
-
-        # One block at a time: from the group with the largest blocks; among groups of one
-        # size (Wan2.2's two experts), the one with the smallest share streamed so far, so
-        # equal groups stream equally.
-        while peak > budget_bytes:
-            left = [g for g in order if count.get(g, 0) < len(cands[g])]
-            if not left:
-                break
-            g = max(left, key=lambda g: (max(u.nbytes for u in cands[g]), -count.get(g, 0) / len(cands[g])))
-            count[g] = count.get(g, 0) + 1
-            peak, _, _ = _peak(units, chosen(), **kw)
-        streamed = chosen()
+    streamed = _demote(units, forced, auto, kw, budget_bytes, balanced=True)
+    if all(u.time_s is not None for u in units if u.phase in {x.phase for x in units if x.name in streamed}):
+        # Per-block times known: a measurement decides between the balanced choice and the
+        # largest-blocks-first one (less simulated wait; then fewer bytes to copy).
+        other = _demote(units, forced, auto, kw, budget_bytes, balanced=False)
+        if other != streamed:
+            def cost(st):
+                _, pools_, _ = _peak(units, st, **kw)
+                sched = prefetch_schedule(units, st, prefetch, bandwidth_bytes_s)
+                phases = {u.phase for u in units if u.name in st}
+                wait = sum(simulate([u for u in units if u.phase == ph], st, sched, pools_, bandwidth_bytes_s)
+                           for ph in phases)
+                return round(wait, 6), sum(u.nbytes for u in units if u.name in st)
+            streamed = min((streamed, other), key=cost)
     peak, pools, transient = _peak(units, streamed, **kw)
     assert peak <= budget_bytes  # guaranteed by the minimum check: streaming everything fits
     schedule = prefetch_schedule(units, streamed, prefetch, bandwidth_bytes_s)
