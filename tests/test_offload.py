@@ -394,6 +394,39 @@ def test_phase_residency_moves_resident_blocks_out_and_back():
     assert all(not m._forward_pre_hooks and not m._forward_hooks for m in root.modules() if m is not root.v)
 
 
+def test_refit_with_phase_residency_rebuilds_the_evictions():
+    """A refit under phase residency: every evicted unit comes back first, the new plan's
+    evictions (here: none, "v"'s measured reserve is small) replace the old ones, units move,
+    and the outputs stay exact through it."""
+    torch.manual_seed(0)
+    root = nn.ModuleDict({"t": Net(n=6), "v": Block()})
+    x = torch.randn(2, 32)
+    with torch.no_grad():
+        ref_t, ref_v = root.t(x), root.v(x)
+    fixed = (32 * 32 + 32) * 4
+    spec = {"compile": {"Block": {"backend": "eager"}},
+            "offload": {"": {"memory_budget_gib": (fixed + 8 * BLOCK) / GIB, "activation_gib": 0.0,
+                             "phase_residency": True},
+                        "Block": "auto", "v": {"once": True, "phase_activation_gib": 3 * BLOCK / GIB}}}
+    apply(root, spec, gpu="cpu")
+    rt = off.runtime(root)
+    assert rt.plan.evict.get("v")
+    with torch.no_grad():
+        root.t(x), root.v(x)  # v ran last: its evictions are in force
+    assert rt.evicted == set(rt.plan.evict["v"])
+    got = off.refit(root, activation_gib={"v": 0.0})
+    assert not rt.plan.evict and not rt.evicted and not rt._evict_hooks and not rt.plan.streamed
+    assert got["made_resident"] == [] and got["made_streamed"] == []
+    with torch.no_grad():
+        assert torch.equal(root.t(x), ref_t) and torch.equal(root.v(x), ref_v)
+    off.refit(root, activation_gib={"v": 3 * BLOCK / GIB})  # and back: the evictions return
+    assert rt.plan.evict.get("v")
+    with torch.no_grad():
+        assert torch.equal(root.v(x), ref_v) and rt.evicted == set(rt.plan.evict["v"])
+        assert torch.equal(root.t(x), ref_t)
+    remove(root)
+
+
 def test_everything_fits_changes_nothing():
     root = nn.ModuleDict({"t": Net()})
     ptrs = [p.data_ptr() for p in root.parameters()]

@@ -442,13 +442,17 @@ class OffloadRuntime:
 
     # -- phase residency --------------------------------------------------------------------
     def _setup_residency(self) -> None:
-        """Host copies (kept) of the resident units the plan may evict, and a pre-hook on each
-        that marks its phase's start (its phase may begin with resident units only)."""
+        """Host copies (kept) of the resident units the plan may evict, and a pre-hook that
+        marks its phase's start on each resident unit that may leave or whose phase evicts
+        others (a phase may begin with resident units only: streamed units' hooks alone
+        would not see it start)."""
         by_path = {s.path: s for s in self.specs}
         phase_of = {u.name: u.phase for u in self.plan_units}
-        for path in sorted(_evictable_paths(self.plan)):
+        movable = _evictable_paths(self.plan)
+        marks = [p for p in self.plan.resident if p in movable or phase_of[p] in self.plan.evict]
+        for path in marks:
             s = by_path[path]
-            if path not in self.evict_host:
+            if path in movable and path not in self.evict_host:
                 views = []
                 with torch.no_grad():
                     for t in s.tensors:
