@@ -29,6 +29,9 @@ Strategies, each in its own process (so peaks and caps are honest):
               the onload hook), under the same cap. It streams every block and holds only the
               transformer (magi_zoo's plan also budgets the text encoder, image encoder and VAE).
 
+`--phase-residency`: the magi_zoo rows with the offload root's phase_residency = true (resident
+blocks leave the card while another component needs the room; recorded per row).
+
 `--pipeline`: the whole Wan2.1-I2V-14B-480P generation (text and image encoders, N denoising
 steps with CFG, VAE decode; default 4 steps) resident vs magi_zoo at 24 GiB, under the cap
 for the whole generation: seconds per step (median of steps 2..N) and the process's
