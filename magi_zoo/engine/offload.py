@@ -1064,7 +1064,8 @@ def describe_plan(root: nn.Module, resolved_plan, profile, budget_gib: float | N
             lines.append(f"  buffers {g}: {n} x {b / GIB:.3f} GiB")
         lines.append(f"  prefetch: {plan.prefetch} copy/copies in flight ahead of use (host->device "
                      f"{settings.get('host_bandwidth_gbs', 55.0):g} GB/s assumed); pinned host memory "
-                     f"{size(plan.streamed_bytes)}; activation reserve {size(plan.activation)}"
+                     f"{size(plan.streamed_bytes + sum(u.nbytes for u in units if u.name in _evictable_paths(plan)))}"
+                     f"; activation reserve {size(plan.activation)}"
                      + "".join(f"; {ph} phase {size(b)}" for ph, b in phase_activations(units, 0).items() if b))
         for ph, names in plan.evict.items():
             lines.append(f"  phase residency: while {ph} runs, {len(names)} resident unit(s) leave the card "
