@@ -107,12 +107,12 @@ def worker(args) -> dict[str, Any]:
     if args.model in CASE_COMPILE:
         compile_kw = {"compile": {**compile_kw.get("compile", {}), **CASE_COMPILE[args.model]}}
     over = None if cuda else NO_RESERVE
-    if args.phase_residency and args.strategy != "resident":
-        over = {"offload": {**(over or {}).get("offload", {}),
-                            "": {**(over or {}).get("offload", {}).get("", {}), "phase_residency": True}}}
+    residency = bool(args.phase_residency and args.strategy != "resident")
+    if residency:
+        section = (over or {}).get("offload", {})
+        over = {"offload": {**section, "": {**section.get("", {}), "phase_residency": True}}}
     rec: dict[str, Any] = {"model": args.model, "strategy": args.strategy, "budget_gib": budget, "shape": shape,
-                           "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
-                           "phase_residency": bool(args.phase_residency and args.strategy != "resident")}
+                           "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), "phase_residency": residency}
     adapter, variant = adapters.lookup(args.model)
     import time
 
@@ -159,9 +159,10 @@ def worker(args) -> dict[str, Any]:
     rec["first_call_s"] = round(first_s, 2)
     if args.strategy == "magi_zoo_refit" and rt is not None:
         t0 = time.perf_counter()
-        fit = off.refit(h.modules, _refit_call(h, shape, call))
+        generation = _refit_call(h, shape)
+        fit = off.refit(h.modules, generation or call)
         rec["refit"] = {"measured_gib": fit.get("measured_gib"), "measured_on": "one 1-step generation"
-                        if _refit_call(h, shape, None) else "one forward", "reserve_gib": fit["reserve_gib"],
+                        if generation else "one forward", "reserve_gib": fit["reserve_gib"],
                         "made_resident": len(fit["made_resident"]), "made_streamed": len(fit["made_streamed"]),
                         "seconds": round(time.perf_counter() - t0, 2)}
         rec["plan"] = rt.plan.to_dict()
@@ -184,10 +185,10 @@ def worker(args) -> dict[str, Any]:
     return rec
 
 
-def _refit_call(h, shape: dict, fallback):
-    """refit's measuring call: one 1-step generation through a diffusers pipeline (every
-    component runs, so each phase -- text encoder, denoiser, VAE -- gets its measured
-    reserve); `fallback` (one forward: the denoiser's phase only) for other pipelines."""
+def _generation_kwargs(h, shape: dict) -> dict[str, Any]:
+    """A whole generation's call through the handle at `shape`: the prompt, the size the
+    pipeline takes (a forward shape's `frames` as `num_frames`), a random input image where
+    the pipeline wants one, numpy output, a seeded generator."""
     import inspect
 
     import numpy as np
@@ -195,16 +196,26 @@ def _refit_call(h, shape: dict, fallback):
     from PIL import Image
 
     params = inspect.signature(h.pipe.__call__).parameters
-    if not {"prompt", "num_inference_steps"} <= set(params):
-        return fallback
-    kw = {k: v for k, v in shape.items() if k in params}
+    kw: dict[str, Any] = {k: v for k, v in shape.items() if k in params}
     if "frames" in shape and "num_frames" in params:
         kw["num_frames"] = shape["frames"]
     if "image" in params:
         w, hh = shape.get("width", 64), shape.get("height", 64)
         kw["image"] = Image.fromarray((np.random.default_rng(0).random((hh, w, 3)) * 255).astype("uint8"))
-    return lambda: h(prompt="a corgi surfing a wave at sunset", num_inference_steps=1, output_type="np",
-                     generator=torch.Generator().manual_seed(0), **kw)
+    return dict(prompt="a corgi surfing a wave at sunset", output_type="np",
+                generator=torch.Generator().manual_seed(0), **kw)
+
+
+def _refit_call(h, shape: dict):
+    """refit's measuring call: one 1-step generation through a diffusers pipeline (every
+    component runs, so each phase -- text encoder, denoiser, VAE -- gets its measured
+    reserve); None for other pipelines (then one forward measures the denoiser's phase)."""
+    import inspect
+
+    if not {"prompt", "num_inference_steps"} <= set(inspect.signature(h.pipe.__call__).parameters):
+        return None
+    kw = _generation_kwargs(h, shape)
+    return lambda: h(num_inference_steps=1, **kw)
 
 
 def _predict(h, module, call, dev, gpu: str, budgets: list[float]) -> dict[str, Any]:
@@ -240,7 +251,6 @@ def _pipeline_row(h, shape: dict, steps: int, dev) -> dict[str, Any]:
 
     import numpy as np
     import torch
-    from PIL import Image
 
     from magi_zoo.engine import offload as off
 
@@ -251,11 +261,7 @@ def _pipeline_row(h, shape: dict, steps: int, dev) -> dict[str, Any]:
         stamps.append(time.perf_counter())
         return {}
 
-    call = dict(prompt="a corgi surfing a wave at sunset", num_inference_steps=steps, output_type="np",
-                callback_on_step_end=on_step, generator=torch.Generator().manual_seed(0), **shape)
-    if "image" in __import__("inspect").signature(h.pipe.__call__).parameters:
-        hw = (shape.get("width", 64), shape.get("height", 64))
-        call["image"] = Image.fromarray((np.random.default_rng(0).random((hw[1], hw[0], 3)) * 255).astype("uint8"))
+    call = dict(num_inference_steps=steps, callback_on_step_end=on_step, **_generation_kwargs(h, shape))
     t0 = time.perf_counter()
     out = h(**call)
     common.sync(dev)

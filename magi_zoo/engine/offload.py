@@ -55,6 +55,11 @@ def _evictable_paths(plan: OffloadPlan) -> set[str]:
     return {p for names in plan.evict.values() for p in names}
 
 
+def _host_held_paths(plan: OffloadPlan) -> set[str]:
+    """Units with a copy in pinned host memory: the streamed ones and those that may be evicted."""
+    return set(plan.streamed) | _evictable_paths(plan)
+
+
 def resident_bytes(root: nn.Module, device_type: str) -> int:
     """Bytes of parameters and buffers on `device_type` under `root` (shared tensors once)."""
     seen, total = set(), 0
@@ -372,8 +377,12 @@ class OffloadRuntime:
                  device: torch.device, budget_bytes: int, *, bandwidth_bytes_s: float = 55e9, prefetch: int = 1,
                  phase_residency: bool = False):
         self.root, self.plan, self.device, self.budget = root, plan, device, budget_bytes
-        # What a refit re-plans with: the planner's units and settings as first applied.
+        # What a refit re-plans with: the planner's units and settings as first applied; and
+        # lookups by unit path (units never change, only where they live).
         self.specs, self.plan_units = specs, units
+        self._spec_of = {s.path: s for s in specs}
+        self._phase_of = {u.name: u.phase for u in units}
+        self._group_of = {u.name: u.group for u in units}
         self.bandwidth, self.prefetch, self.phase_residency = bandwidth_bytes_s, prefetch, phase_residency
         # Phase residency: host copies of the resident units that may leave the card, which
         # of them are off it now, and their pre-hooks (they mark their phase's start).
@@ -389,29 +398,27 @@ class OffloadRuntime:
         self.phase: str | None = None  # the component whose units ran last
         self.measuring: dict[str, int] | None = None  # inside refit's measuring call: phase -> activation peak
         self.memory: _DeviceMemory | None = _DeviceMemory(device) if self.cuda else None
-        sizes = [_nbytes(t) for s in specs if s.path in set(plan.streamed) | _evictable_paths(plan) for t in s.tensors]
+        sizes = [_nbytes(t) for s in specs if s.path in _host_held_paths(plan) for t in s.tensors]
         self.host = HostArenas(self.cuda, HostArenas.total(sizes))
         self.over_budget_warned = False
-        self._install(specs, units)
+        self._install()
 
     # -- setup / undo -----------------------------------------------------------------------
-    def _install(self, specs: list[UnitSpec], units: list[Unit]) -> None:
+    def _install(self) -> None:
         streamed = set(self.plan.streamed)
-        group_of = {u.name: u.group for u in units}
-        by_path = {s.path: s for s in specs}
         seen: set[int] = set()
         for t in [*self.root.parameters(), *self.root.buffers()]:
             if id(t) not in seen:
                 seen.add(id(t))
                 self._originals.append((t, t.device))
-        stream_ids = {id(t) for p in streamed for t in by_path[p].tensors}
+        stream_ids = {id(t) for p in streamed for t in self._spec_of[p].tensors}
         # Stream first, then move the rest: weights built on the card leave it before the
         # resident ones arrive from the host, so the peak never holds both.
         groups = self._groups_for(self.plan)
         try:
             for path in self.plan.streamed:
-                s = by_path[path]
-                self.units[path] = _Streamed(s, groups[group_of[path]], self._to_host(s.tensors))
+                s = self._spec_of[path]
+                self.units[path] = _Streamed(s, groups[self._group_of[path]], self._to_host(s.tensors))
             self._setup_residency()
             with torch.no_grad():
                 for t, _ in self._originals:
@@ -430,14 +437,13 @@ class OffloadRuntime:
 
     def _groups_for(self, plan: OffloadPlan) -> dict[str, _Group]:
         """Fresh device-buffer groups (no buffer allocated yet) for a plan's streamed units."""
-        group_of = {u.name: u.group for u in self.plan_units}
-        by_path = {s.path: s for s in self.specs}
         groups: dict[str, _Group] = {}
         for path in plan.streamed:
-            g = group_of[path]
+            g = self._group_of[path]
             if g not in groups:
                 n, _ = plan.slots.get(g, (1, 0))
-                groups[g] = _Group(g, by_path[path].layout, n, transient=g not in plan.slots, phase=_phase(path))
+                groups[g] = _Group(g, self._spec_of[path].layout, n, transient=g not in plan.slots,
+                                   phase=self._phase_of[path])
         return groups
 
     # -- phase residency --------------------------------------------------------------------
@@ -446,59 +452,46 @@ class OffloadRuntime:
         marks its phase's start on each resident unit that may leave or whose phase evicts
         others (a phase may begin with resident units only: streamed units' hooks alone
         would not see it start)."""
-        by_path = {s.path: s for s in self.specs}
-        phase_of = {u.name: u.phase for u in self.plan_units}
         movable = _evictable_paths(self.plan)
-        marks = [p for p in self.plan.resident if p in movable or phase_of[p] in self.plan.evict]
+        marks = [p for p in self.plan.resident if p in movable or self._phase_of[p] in self.plan.evict]
         for path in marks:
-            s = by_path[path]
+            s = self._spec_of[path]
             if path in movable and path not in self.evict_host:
-                views = []
-                with torch.no_grad():
-                    for t in s.tensors:
-                        v = self.host.take(_nbytes(t)).view(t.dtype).view(t.shape)
-                        v.copy_(t.data)
-                        views.append(v)
-                self.evict_host[path] = views
-            ph = phase_of[path]
+                self.evict_host[path] = self._host_copy(s.tensors)
+            ph = self._phase_of[path]
             self._evict_hooks.append(s.module.register_forward_pre_hook(
                 lambda m, a, ph=ph: None if ph == self.phase else self._enter_phase(ph)))
 
     def _teardown_residency(self) -> None:
         """Every evicted unit back on the card, the residency hooks gone (refit, remove)."""
-        self._reload([p for p in self.evicted])
+        self._reload(list(self.evicted))
         for h in self._evict_hooks:
             h.remove()
         self._evict_hooks = []
 
     def _reload(self, paths: list[str]) -> None:
-        if not paths:
-            return
-        by_path = {s.path: s for s in self.specs}
         with torch.no_grad():
             for path in paths:
-                for t, h in zip(by_path[path].tensors, self.evict_host[path]):
+                for t, h in zip(self._spec_of[path].tensors, self.evict_host[path]):
                     # On the compute stream, before the unit's kernels: ordered, no event needed.
                     t.data = h.to(self.device, non_blocking=True, copy=True)
                 self.evicted.discard(path)
                 self.counters.reloads += 1
-                self.counters.bytes_reloaded += by_path[path].nbytes
+                self.counters.bytes_reloaded += self._spec_of[path].nbytes
 
     def _residency(self, phase: str) -> None:
         """Entering `phase`: the units the plan evicts for it leave the card (their weights
         point at their host copies; the device memory returns to the allocator, reusable by
         this phase at once, since the compute stream orders it after their last kernels); the
         units of `phase` that another phase evicted come back."""
-        by_path = {s.path: s for s in self.specs}
         with torch.no_grad():
             for path in self.plan.evict.get(phase, ()):
                 if path not in self.evicted:
-                    for t, h in zip(by_path[path].tensors, self.evict_host[path]):
+                    for t, h in zip(self._spec_of[path].tensors, self.evict_host[path]):
                         t.data = h
                     self.evicted.add(path)
                     self.counters.evictions += 1
-        phase_of = {u.name: u.phase for u in self.plan_units}
-        self._reload([p for p in self.evicted if phase_of[p] == phase])
+        self._reload([p for p in self.evicted if self._phase_of[p] == phase])
 
     def _hook(self, u: _Streamed) -> None:
         m = u.spec.module
@@ -530,7 +523,6 @@ class OffloadRuntime:
         old, now = set(self.plan.streamed), set(new.streamed)
         promote = [p for p in self.plan.streamed if p not in now]
         demote = [p for p in new.streamed if p not in old]
-        by_path = {s.path: s for s in self.specs}
         with torch.no_grad():
             for u in self.units.values():  # every buffer dropped: the new plan sizes its own pools
                 if u.slot is not None:
@@ -538,7 +530,7 @@ class OffloadRuntime:
                         t.data = h
                     u.slot, u.ready = None, None
             for path in demote:  # leave the card first, so the peak never holds both
-                s = by_path[path]
+                s = self._spec_of[path]
                 self.units[path] = _Streamed(s, None, self._to_host(s.tensors))  # type: ignore[arg-type]
             for path in promote:
                 u = self.units.pop(path)
@@ -548,9 +540,8 @@ class OffloadRuntime:
                     # holds the weights from now on.
                     t.data = h.to(self.device, copy=True)
         groups = self._groups_for(new)
-        group_of = {u.name: u.group for u in self.plan_units}
         for path, u in self.units.items():
-            u.group = groups[group_of[path]]
+            u.group = groups[self._group_of[path]]
         for path in demote:
             self._hook(self.units[path])
         self.plan, self.phase = new, None
@@ -564,17 +555,23 @@ class OffloadRuntime:
         self.weights_on_device = resident_bytes(self.root, self.device.type)
         return promote, demote
 
-    def _to_host(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    def _host_copy(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         """Copy a unit's tensors into the host arenas (pinned when CUDA is there: only pinned
-        memory copies asynchronously, ~55 GB/s against ~4.4 pageable); returns the views and
-        points each tensor's .data at its view."""
+        memory copies asynchronously, ~55 GB/s against ~4.4 pageable); returns the views."""
         views = []
         with torch.no_grad():
             for t in tensors:
                 v = self.host.take(_nbytes(t)).view(t.dtype).view(t.shape)
                 v.copy_(t.data)
-                t.data = v
                 views.append(v)
+        return views
+
+    def _to_host(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """`_host_copy`, then each tensor's .data points at its view (the unit streams)."""
+        views = self._host_copy(tensors)
+        with torch.no_grad():
+            for t, v in zip(tensors, views):
+                t.data = v
         return views
 
     def _mark_execution_device(self) -> None:
@@ -733,11 +730,14 @@ class OffloadRuntime:
         statistics restart for the next phase. Allocator statistics are host-side: no sync."""
         if self.measuring is None or self.phase is None:
             return
-        buffers = sum({id(u.group): sum(_nbytes(t) for slot in u.group.slots if slot for t in slot)
-                       for u in self.units.values()}.values())
-        act = max(0, self.memory.peak_reserved() - self.weights_on_device - buffers)
+        act = max(0, self.memory.peak_reserved() - self.weights_on_device - self._buffer_bytes())
         self.measuring[self.phase] = max(self.measuring.get(self.phase, 0), act)
         self.memory.reset_peak()
+
+    def _buffer_bytes(self) -> int:
+        """Bytes of the streaming buffers allocated now (each group once)."""
+        return sum({id(u.group): sum(_nbytes(t) for slot in u.group.slots if slot for t in slot)
+                    for u in self.units.values()}.values())
 
     def _enter_phase(self, phase: str) -> None:
         """A unit of another component runs: free every other component's buffers (the plan
@@ -781,8 +781,7 @@ class OffloadRuntime:
         """Counters, plus the measured device peaks on CUDA (since apply)."""
         out: dict[str, Any] = self.counters.to_dict()
         out["pinned_host_gib" if self.cuda else "host_gib"] = round(self.host.bytes / GIB, 3)
-        buffers = sum({id(u.group): sum(_nbytes(t) for slot in u.group.slots if slot for t in slot)
-                       for u in self.units.values()}.values())
+        buffers = self._buffer_bytes()
         if self.cuda:
             peak = torch.cuda.max_memory_allocated(self.device)
             out["max_allocated_gib"] = round(peak / GIB, 3)
@@ -1017,7 +1016,7 @@ def offload_step(ctx: StepContext) -> StepRecord:
     device = torch.device(p.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(f"offload for profile {p.name!r} needs CUDA, which is not available here")
-    streamed = [t for s in specs if s.path in set(plan.streamed) | _evictable_paths(plan) for t in s.tensors]
+    streamed = [t for s in specs if s.path in _host_held_paths(plan) for t in s.tensors]
     pinned = HostArenas.rounded([_nbytes(t) for t in streamed], pinned=device.type == "cuda")
     on_host = sum(_nbytes(t) for t in streamed if t.device.type == "cpu")
     details["pinned_host_gib"] = round(pinned / GIB, 3)
@@ -1064,7 +1063,7 @@ def describe_plan(root: nn.Module, resolved_plan, profile, budget_gib: float | N
             lines.append(f"  buffers {g}: {n} x {b / GIB:.3f} GiB")
         lines.append(f"  prefetch: {plan.prefetch} copy/copies in flight ahead of use (host->device "
                      f"{settings.get('host_bandwidth_gbs', 55.0):g} GB/s assumed); pinned host memory "
-                     f"{size(plan.streamed_bytes + sum(u.nbytes for u in units if u.name in _evictable_paths(plan)))}"
+                     f"{size(sum(u.nbytes for u in units if u.name in _host_held_paths(plan)))}"
                      f"; activation reserve {size(plan.activation)}"
                      + "".join(f"; {ph} phase {size(b)}" for ph, b in phase_activations(units, 0).items() if b))
         for ph, names in plan.evict.items():

@@ -168,16 +168,16 @@ def phase_activations(units: Sequence[Unit], activation: int,
     return out
 
 
-def _peak(units: Sequence[Unit], streamed: set[str], *, fixed: int, activation: int,
-          prefetch: int, measured: dict[str, int] | None = None,
-          evict_within: int | None = None) -> tuple[int, dict[str, tuple[int, int]], int]:
-    """(peak bytes, pools {group: (buffers, bytes)}, transient bytes) for one streamed set.
+def _phase_totals(units: Sequence[Unit], streamed: set[str], *, fixed: int, activation: int, prefetch: int,
+                  measured: dict[str, int] | None = None) -> tuple[dict[str, int], dict[str, tuple[int, int]], int]:
+    """({phase: its peak with every resident unit in place}, pools {group: (buffers, bytes)},
+    largest transient bytes) for one streamed set.
 
     Phases run one after another, and the runtime frees a phase's buffers when another
-    phase starts, so buffers count per phase: the peak takes the largest phase's pools plus
-    its largest one-of-a-kind unit plus its activations (`activation`, or more where a unit
-    of the phase declares more: a VAE decoding a whole video); resident weights stay on the
-    card through every phase."""
+    phase starts, so buffers count per phase: a phase's peak is the fixed and resident
+    weights plus its pools plus its largest one-of-a-kind unit plus its activations
+    (`activation`, or more where a unit of the phase declares more: a VAE decoding a whole
+    video); resident weights stay on the card through every phase."""
     resident = sum(u.nbytes for u in units if u.name not in streamed)
     pools: dict[str, tuple[int, int]] = {}
     # phase -> [pool bytes, largest transient, activations]
@@ -194,13 +194,23 @@ def _peak(units: Sequence[Unit], streamed: set[str], *, fixed: int, activation: 
             pools[g] = (min(prefetch + 1, n_str), size)
             acc[0] += pools[g][0] * size
     transient = max((b for _, b, _ in per_phase.values()), default=0)
-    totals = {ph: fixed + resident + a + b + c for ph, (a, b, c) in per_phase.items()}
+    return {ph: fixed + resident + a + b + c for ph, (a, b, c) in per_phase.items()}, pools, transient
+
+
+def _peak(units: Sequence[Unit], streamed: set[str], *, fixed: int, activation: int,
+          prefetch: int, measured: dict[str, int] | None = None,
+          evict_within: int | None = None) -> tuple[int, dict[str, tuple[int, int]], int]:
+    """(peak bytes, pools, transient bytes) for one streamed set: the largest phase's peak
+    (`_phase_totals`). With `evict_within` (phase residency, the budget), while a phase runs,
+    resident units of other phases may leave the card (they come back before their own
+    phase runs again), as far as that phase needs to fit."""
+    totals, pools, transient = _phase_totals(units, streamed, fixed=fixed, activation=activation,
+                                             prefetch=prefetch, measured=measured)
     if evict_within is not None:
-        # Phase residency: while a phase runs, resident units of other phases may leave the
-        # card (they come back before their own phase runs again), as far as the phase needs.
         for ph in totals:
             spare = sum(u.nbytes for u in units if _evictable(u, ph, streamed))
             totals[ph] -= min(spare, max(0, totals[ph] - evict_within))
+    resident = sum(u.nbytes for u in units if u.name not in streamed)
     return max(totals.values(), default=fixed + resident + activation), pools, transient
 
 
@@ -215,10 +225,11 @@ def evictions(units: Sequence[Unit], streamed: set[str], *, fixed: int, activati
     """phase -> the resident units of other phases that leave the card when it starts, so
     that its peak fits `budget` (the last-running ones first: their phase needs them back
     last). Empty when every phase fits with everything resident in place."""
+    totals, _, _ = _phase_totals(units, streamed, fixed=fixed, activation=activation, prefetch=prefetch,
+                                 measured=measured)
     out: dict[str, list[str]] = {}
-    for ph in dict.fromkeys(u.phase for u in units):
-        need = _phase_total(units, streamed, ph, fixed=fixed, activation=activation, prefetch=prefetch,
-                            measured=measured) - budget
+    for ph, total in totals.items():
+        need = total - budget
         picked: list[str] = []
         for u in reversed(units):
             if need <= 0:
@@ -229,18 +240,6 @@ def evictions(units: Sequence[Unit], streamed: set[str], *, fixed: int, activati
         if picked:
             out[ph] = picked
     return out
-
-
-def _phase_total(units: Sequence[Unit], streamed: set[str], phase: str, *, fixed: int, activation: int,
-                 prefetch: int, measured: dict[str, int] | None = None) -> int:
-    """One phase's peak with every resident unit in place (no eviction)."""
-    only = [u for u in units if u.phase == phase]
-    _, pools, _ = _peak(only, streamed, fixed=0, activation=activation, prefetch=prefetch, measured=measured)
-    act = phase_activations(units, activation, measured).get(phase, activation)
-    transient = max((u.nbytes for u in only if u.name in streamed and
-                     sum(v.group == u.group for v in units) == 1), default=0)
-    resident = sum(u.nbytes for u in units if u.name not in streamed)
-    return fixed + resident + sum(n * b for n, b in pools.values()) + transient + act
 
 
 def _spread(n_total: int, n_streamed: int) -> list[int]:
