@@ -9,8 +9,9 @@ says so. Otherwise `OffloadRuntime` moves the weights:
 - resident units and every weight outside a unit go to the device;
 - a streamed unit's weights live in pinned host arenas (`HostArenas`); its parameters'
   `.data` point there between uses;
-- a forward pre-hook on the unit binds its parameters to a device buffer of its group
-  (buffers are allocated once per phase and reused, so nothing fragments), waiting on the
+- a forward pre-hook on the unit binds its parameters to views of a device buffer of its
+  phase's pool (one flat buffer per slot, shared by every group of blocks of the phase;
+  allocated once per phase and reused, so nothing fragments), waiting on the
   event of the copy that filled it, and issues the copies the schedule starts at this unit
   on a side CUDA stream; a forward post-hook points the parameters back to the host and
   records the event after which the buffer may be overwritten. Events, never synchronizes;
@@ -20,9 +21,9 @@ says so. Otherwise `OffloadRuntime` moves the weights:
 Why hooks work with regional compile: the compile step installs the compiled `forward` on
 each block *instance*; `nn.Module.__call__` runs the module's hooks around it, so the
 copies happen outside the compiled region, never traced into. Dynamo guards a parameter by
-its metadata (shape, stride, dtype, device), not its storage, and each group's buffers
-have the layout of the weights they replace, so swapping storages recompiles nothing (tests
-count it). Regions that would trace *into* a streamed unit (a compiled ancestor) and
+its metadata (shape, stride, dtype, device), not its storage, and the views a unit gets
+have the layout of the weights they replace (each at a 256-byte aligned offset, as inductor
+wants), so swapping storages recompiles nothing (tests count it). Regions that would trace *into* a streamed unit (a compiled ancestor) and
 CUDA graphs (which bake weight addresses into the graph) are refused.
 
 On a CPU profile the same code runs with the host as the "device" (copies are synchronous
@@ -43,7 +44,7 @@ from typing import Any, Sequence
 import torch
 import torch.nn as nn
 
-from .offload_plan import GIB, OffloadPlan, OffloadPlanError, Unit, phase_activations, plan_offload, size
+from .offload_plan import GIB, OffloadPlan, OffloadPlanError, Unit, phase_activations, plan_offload, pool_of, POOL_SEP, size
 from .steps import StepContext, StepRecord, register_step
 
 _RUNTIME = "_magi_zoo_offload"  # root instance attr: the live OffloadRuntime
@@ -313,14 +314,52 @@ class HostArenas:
         return None if buf is None else buf[off:off + nbytes]
 
 
-class _Group:
-    """Device buffers shared by the streamed units of one layout."""
+def _offsets(layout: tuple) -> tuple[list[int], int]:
+    """Byte offsets of a layout's tensors packed in one flat buffer (each aligned), and its size."""
+    offs, n = [], 0
+    for shape, dtype in layout:
+        offs.append(n)
+        n += (_numel(shape) * dtype.itemsize + _ALIGN - 1) // _ALIGN * _ALIGN
+    return offs, n
 
-    def __init__(self, label: str, layout: tuple, n_slots: int, transient: bool, phase: str):
-        self.label, self.layout, self.transient, self.phase = label, layout, transient, phase
-        self.slots: list[list[torch.Tensor] | None] = [None] * n_slots
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+class _Group:
+    """A pool of device buffers (slots) shared by the streamed units of one phase (a
+    one-of-a-kind unit has its own). A slot is one flat byte buffer of the pool's largest
+    unit; a unit runs on views of it laid out like its weights."""
+
+    def __init__(self, label: str, nbytes: int, n_slots: int, transient: bool, phase: str):
+        self.label, self.nbytes, self.transient, self.phase = label, nbytes, transient, phase
+        self.slots: list[torch.Tensor | None] = [None] * n_slots
+        self.views: dict[tuple[int, tuple], list[torch.Tensor]] = {}  # (slot, layout) -> its tensor views
         self.free = collections.deque(range(n_slots))
         self.free_event: list[Any] = [None] * n_slots  # event after which the slot may be overwritten
+
+    def drop(self, i: int | None = None) -> None:
+        """Forget slot i's buffer (every slot's when None): freed once its last view goes."""
+        for k in range(len(self.slots)) if i is None else (i,):
+            self.slots[k] = None
+            self.free_event[k] = None
+        self.views = {key: v for key, v in self.views.items() if i is not None and key[0] != i}
+
+    def bind(self, i: int, layout: tuple) -> list[torch.Tensor]:
+        """Slot i's buffer seen as tensors of `layout` (cached while the buffer lives)."""
+        key = (i, layout)
+        if key not in self.views:
+            buf, (offs, _) = self.slots[i], _offsets(layout)
+            with torch.inference_mode(False), torch.no_grad():
+                # Plain tensors even inside inference_mode: the parameters must keep the same
+                # dispatch keys call after call, or dynamo's guards would see a new tensor kind.
+                self.views[key] = [buf[o:o + _numel(shape) * dtype.itemsize].view(dtype).view(shape)
+                                   for o, (shape, dtype) in zip(offs, layout)]
+        return self.views[key]
 
 
 class _Streamed:
@@ -436,15 +475,22 @@ class OffloadRuntime:
             raise
 
     def _groups_for(self, plan: OffloadPlan) -> dict[str, _Group]:
-        """Fresh device-buffer groups (no buffer allocated yet) for a plan's streamed units."""
-        groups: dict[str, _Group] = {}
+        """group label -> its fresh buffer pool (no buffer allocated yet), for a plan's
+        streamed units: the plan's pools (one per phase, shared by its groups of blocks),
+        and one pool of one buffer per streamed one-of-a-kind unit."""
+        shared = pool_of(plan.slots)
+        pools: dict[str, _Group] = {}
+        out: dict[str, _Group] = {}
         for path in plan.streamed:
             g = self._group_of[path]
-            if g not in groups:
-                n, _ = plan.slots.get(g, (1, 0))
-                groups[g] = _Group(g, self._spec_of[path].layout, n, transient=g not in plan.slots,
-                                   phase=self._phase_of[path])
-        return groups
+            label = shared.get(g, g)
+            nbytes = _offsets(self._spec_of[path].layout)[1]
+            if label not in pools:
+                n, _ = plan.slots.get(label, (1, 0))
+                pools[label] = _Group(label, nbytes, n, transient=label not in plan.slots, phase=self._phase_of[path])
+            pools[label].nbytes = max(pools[label].nbytes, nbytes)
+            out[g] = pools[label]
+        return out
 
     # -- phase residency --------------------------------------------------------------------
     def _setup_residency(self) -> None:
@@ -609,11 +655,9 @@ class OffloadRuntime:
             torch.cuda.empty_cache()
 
     # -- copies -----------------------------------------------------------------------------
-    def _alloc(self, g: _Group) -> list[torch.Tensor]:
-        with torch.inference_mode(False), torch.no_grad():
-            # Plain tensors even inside inference_mode: the parameters must keep the same
-            # dispatch keys call after call, or dynamo's guards would see a new tensor kind.
-            return [torch.empty(shape, dtype=dtype, device=self.device) for shape, dtype in g.layout]
+    def _alloc(self, g: _Group) -> torch.Tensor:
+        with torch.inference_mode(False), torch.no_grad():  # a plain tensor (see _Group.bind)
+            return torch.empty(g.nbytes, dtype=torch.uint8, device=self.device)
 
     def _issue(self, u: _Streamed, demand: bool) -> bool:
         """Start the copy of `u` into a free buffer of its group; False if none is free."""
@@ -624,7 +668,7 @@ class OffloadRuntime:
         fresh = g.slots[i] is None
         if fresh:
             g.slots[i] = self._alloc(g)
-        dst = g.slots[i]
+        dst = g.bind(i, u.spec.layout)
         if self.cuda:
             compute = torch.cuda.current_stream(self.device)
             with torch.cuda.stream(self.stream):
@@ -683,7 +727,7 @@ class OffloadRuntime:
             if self.cuda:
                 torch.cuda.current_stream(self.device).wait_event(u.ready)
             with torch.no_grad():
-                for t, d in zip(u.spec.tensors, u.group.slots[u.slot]):
+                for t, d in zip(u.spec.tensors, u.group.bind(u.slot, u.spec.layout)):
                     t.data = d
             self._running = self._running | {module}
             for name in self.plan.schedule.get(u.spec.path, ()):
@@ -718,8 +762,7 @@ class OffloadRuntime:
         if g.transient:
             # A one-of-a-kind unit (a component): its buffer is freed on the compute
             # stream, ordered after its use, so the memory is back for the next phase.
-            g.slots[i] = None
-            g.free_event[i] = None
+            g.drop(i)
         g.free.append(i)
         u.slot, u.ready = None, None
 
@@ -736,7 +779,7 @@ class OffloadRuntime:
 
     def _buffer_bytes(self) -> int:
         """Bytes of the streaming buffers allocated now (each group once)."""
-        return sum({id(u.group): sum(_nbytes(t) for slot in u.group.slots if slot for t in slot)
+        return sum({id(u.group): sum(b.numel() for b in u.group.slots if b is not None)
                     for u in self.units.values()}.values())
 
     def _enter_phase(self, phase: str) -> None:
@@ -757,8 +800,7 @@ class OffloadRuntime:
                 v.slot, v.ready = None, None
         for g in {id(v.group): v.group for v in self.units.values()}.values():
             if g.phase != phase and len(g.free) == len(g.slots):  # nothing of it runs or holds data
-                g.slots = [None] * len(g.slots)
-                g.free_event = [None] * len(g.slots)
+                g.drop()
                 g.free = collections.deque(range(len(g.slots)))
         self.phase = phase
         self.counters.phase_changes += 1
@@ -1060,7 +1102,8 @@ def describe_plan(root: nn.Module, resolved_plan, profile, budget_gib: float | N
                 lines.append(f"  {g}: {'all ' if len(names) > 1 else ''}{'resident' if res else 'streamed'}"
                              f"{f' ({len(names)})' if len(names) > 1 else ''}")
         for g, (n, b) in plan.slots.items():
-            lines.append(f"  buffers {g}: {n} x {b / GIB:.3f} GiB")
+            label = f"(one pool shared by {', '.join(g.split(POOL_SEP))})" if POOL_SEP in g else g
+            lines.append(f"  buffers {label}: {n} x {b / GIB:.3f} GiB")
         lines.append(f"  prefetch: {plan.prefetch} copy/copies in flight ahead of use (host->device "
                      f"{settings.get('host_bandwidth_gbs', 55.0):g} GB/s assumed); pinned host memory "
                      f"{size(sum(u.nbytes for u in units if u.name in _host_held_paths(plan)))}"

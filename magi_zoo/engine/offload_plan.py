@@ -3,8 +3,8 @@
 Pure functions of sizes and timings (no torch), so every decision is unit-tested on CPU.
 
 Inputs: the units that may stream (one per repeated block instance, or a whole component),
-each with its weight bytes, a *group* (units with one parameter layout share device
-buffers: all WanTransformerBlocks are one group), a *phase* (the component it belongs to:
+each with its weight bytes, a *group* (units with one parameter layout: all
+WanTransformerBlocks are one group), a *phase* (the component it belongs to:
 units of different phases never run interleaved) and optionally its compute time per call;
 the bytes that are always on the card (everything not in a unit); the activation peak; the
 budget; the host->device copy rate.
@@ -12,10 +12,16 @@ budget; the host->device copy rate.
 Memory model (what `expected_peak` adds up)::
 
     peak = fixed (weights outside units) + resident units
-         + the largest phase's buffers: its streaming pools (per group with streamed units:
-           (prefetch + 1) buffers of one unit) + its largest streamed one-of-a-kind unit (a
-           component streamed whole: its buffer exists only while it runs)
+         + the largest phase's buffers: its streaming pool ((prefetch + 1) buffers, each the
+           size of its largest streamed block; one pool per phase, shared by all its groups
+           of blocks) + its largest streamed one-of-a-kind unit (a component streamed whole:
+           its buffer exists only while it runs)
          + activations
+
+(One pool per phase, not one per group: the schedule never has more than `prefetch` copies
+in flight ahead of the running block, whatever their groups, so prefetch + 1 buffers hold
+every streamed block of the phase. Flux's double- and single-stream blocks share 2 x 0.63 GiB
+instead of 2 x 0.63 + 2 x 0.26: room for two more resident single blocks at 12 GiB.)
 
 (The runtime frees a phase's buffers when a unit of another phase starts: the text
 encoder's buffers are gone before the denoising loop, the transformer's before the VAE.)
@@ -87,7 +93,7 @@ class OffloadPlan:
     activation: int
     resident: list[str]
     streamed: list[str]
-    slots: dict[str, tuple[int, int]]  # group -> (buffers, bytes per buffer), for groups that stream
+    slots: dict[str, tuple[int, int]]  # pool -> (buffers, bytes per buffer); pool label: its groups joined by '+' (`pool_of`)
     transient: int  # largest streamed one-of-a-kind unit (its buffer lives only while it runs)
     schedule: dict[str, list[str]]  # unit name -> streamed units whose copy starts at its pre-hook
     copy_s: dict[str, float]  # phase -> copy seconds per call of that phase
@@ -118,8 +124,9 @@ class OffloadPlan:
                     f"other, expected peak {size(self.expected_peak)} of {size(self.budget)} budget{moves}")
         by_group: dict[str, list[int]] = {}
         if units is not None:
+            pooled = pool_of(self.slots)
             for u in units:
-                if u.group in self.slots or u.name in self.streamed:
+                if u.group in pooled or u.name in self.streamed:
                     by_group.setdefault(u.group, [0, 0])[u.name in self.streamed] += 1
         groups = ", ".join(f"{g}: {n_res} resident / {n_str} streamed" for g, (n_res, n_str) in by_group.items())
         copy = ", ".join(f"{p} {s * 1e3:.0f} ms" for p, s in self.copy_s.items() if s)
@@ -154,6 +161,14 @@ def _groups(units: Sequence[Unit]) -> dict[str, list[Unit]]:
     return out
 
 
+POOL_SEP = "+"  # group labels (class names, '#k', 'component/') never contain it
+
+
+def pool_of(pools: dict[str, tuple[int, int]]) -> dict[str, str]:
+    """group -> the label of the streaming pool its blocks share (`OffloadPlan.slots`)."""
+    return {g: label for label in pools for g in label.split(POOL_SEP)}
+
+
 def phase_activations(units: Sequence[Unit], activation: int,
                       measured: dict[str, int] | None = None) -> dict[str, int]:
     """phase -> its activation reserve: the plan-wide `activation`, or more where a unit of the
@@ -179,20 +194,25 @@ def _phase_totals(units: Sequence[Unit], streamed: set[str], *, fixed: int, acti
     (`activation`, or more where a unit of the phase declares more: a VAE decoding a whole
     video); resident weights stay on the card through every phase."""
     resident = sum(u.nbytes for u in units if u.name not in streamed)
-    pools: dict[str, tuple[int, int]] = {}
     # phase -> [pool bytes, largest transient, activations]
     per_phase = {ph: [0, 0, act] for ph, act in phase_activations(units, activation, measured).items()}
+    members: dict[str, list[tuple[str, int, int]]] = {}  # phase -> (group, streamed count, block bytes)
     for g, us in _groups(units).items():
         n_str = sum(u.name in streamed for u in us)
         if not n_str:
             continue
         size = max(u.nbytes for u in us)
-        acc = per_phase[us[0].phase]
         if len(us) == 1:  # one of a kind: a buffer only while it runs
+            acc = per_phase[us[0].phase]
             acc[1] = max(acc[1], size)
         else:
-            pools[g] = (min(prefetch + 1, n_str), size)
-            acc[0] += pools[g][0] * size
+            members.setdefault(us[0].phase, []).append((g, n_str, size))
+    pools: dict[str, tuple[int, int]] = {}
+    for ph, gs in members.items():  # one pool per phase, shared by its groups (module docstring)
+        n = min(prefetch + 1, sum(n for _, n, _ in gs))
+        size = max(b for _, _, b in gs)
+        pools[POOL_SEP.join(g for g, _, _ in gs)] = (n, size)
+        per_phase[ph][0] += n * size
     transient = max((b for _, b, _ in per_phase.values()), default=0)
     return {ph: fixed + resident + a + b + c for ph, (a, b, c) in per_phase.items()}, pools, transient
 
@@ -445,13 +465,14 @@ def simulate(units: Sequence[Unit], streamed: set[str], schedule: dict[str, list
              pools: dict[str, tuple[int, int]], bandwidth_bytes_s: float, calls: int = 3) -> float:
     """Simulated wait for copies per call in steady state (the last of `calls` calls), in
     seconds: compute runs units in order; one copy engine runs copies in issue order; a
-    copy needs a free buffer of its group (freed when the unit that held it finishes); a
+    copy needs a free buffer of its pool (freed when the unit that held it finishes); a
     streamed unit waits for its copy. Times must be known."""
     t = 0.0  # compute clock
     engine = 0.0  # copy engine clock
     ready: dict[str, float] = {}  # unit -> time its copy finishes
     busy: dict[str, list[float]] = {g: [0.0] * n for g, (n, _) in pools.items()}  # buffer free times
-    group = {u.name: u.group for u in units}
+    shared = pool_of(pools)
+    group = {u.name: shared.get(u.group, u.group) for u in units}  # unit -> its pool
     nbytes = {u.name: u.nbytes for u in units}
     held: dict[str, int] = {}
     wait_last = 0.0
@@ -469,9 +490,9 @@ def simulate(units: Sequence[Unit], streamed: set[str], schedule: dict[str, list
                 engine = start + nbytes[v] / bandwidth_bytes_s
                 ready[v], held[v] = engine, i
                 slots[i] = float("inf")
-            if u.name in streamed and u.group in pools:
+            if u.name in streamed and group[u.name] in pools:
                 if u.name not in ready:  # not prefetched: a demand copy
-                    slots = busy[u.group]
+                    slots = busy[group[u.name]]
                     i = min(range(len(slots)), key=lambda k: slots[k])
                     start = max(t, engine, slots[i])
                     engine = start + u.nbytes / bandwidth_bytes_s
@@ -481,7 +502,7 @@ def simulate(units: Sequence[Unit], streamed: set[str], schedule: dict[str, list
                     wait += ready[u.name] - t
                     t = ready[u.name]
                 t += u.time_s
-                busy[u.group][held.pop(u.name)] = t
+                busy[group[u.name]][held.pop(u.name)] = t
                 del ready[u.name]
             elif u.name in streamed:  # one of a kind: loaded on demand
                 start = max(t, engine)
