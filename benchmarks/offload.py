@@ -178,6 +178,9 @@ def worker(args) -> dict[str, Any]:
     torch.save(out.float().cpu(), Path(args.tmp) / f"{args.tag}.pt")
     if report is not None:
         rec["frames_compiled"], rec["graph_breaks"], rec["recompiles"] = report.frames, report.graph_breaks, report.recompiles
+        reasons = [f"{r.name}: {why}" for r in report.regions for why in r.counters.recompiles]
+        if reasons:  # what a recompile guarded on, so a row never shows a bare count
+            rec["recompile_reasons"] = reasons
     if rt is not None:
         rec["offload_counters"] = rt.stats()
     if args.strategy == "resident" and args.predict and h is not None:
@@ -214,8 +217,17 @@ def _refit_call(h, shape: dict):
 
     if not {"prompt", "num_inference_steps"} <= set(inspect.signature(h.pipe.__call__).parameters):
         return None
+    import torch
+
     kw = _generation_kwargs(h, shape)
-    return lambda: h(num_inference_steps=1, **kw)
+
+    def call():
+        # Under inference_mode like the timed forwards: a pipeline's own no_grad would hand
+        # the compiled blocks normal tensors where they were compiled for inference tensors
+        # (a dispatch-key guard: one recompile per block class, seen on H100 at cfac6fe).
+        with torch.inference_mode():
+            return h(num_inference_steps=1, **kw)
+    return call
 
 
 def _predict(h, module, call, dev, gpu: str, budgets: list[float]) -> dict[str, Any]:
