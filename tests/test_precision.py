@@ -77,6 +77,34 @@ def test_fp8_region_swaps_block_linears_traces_whole_and_undoes(wan, fresh_dynam
     torch.testing.assert_close(_forward(wan), ref, rtol=0, atol=0)
 
 
+def test_fp8_attention_takes_fa3_for_layers_nobody_chose_a_backend_for(wan, monkeypatch):
+    """Asking for fp8 attention asks for its kernel: layers on the library default move to fp8
+    FA3 when fa3 can run (here: pretended), and back on undo; layers on a backend the plan
+    chose stay bf16 with a warning."""
+    from magi_zoo.engine import attention as att
+    from magi_zoo.engine.kernels import fa3
+
+    monkeypatch.setattr(att, "_unavailable", lambda name, profile: None)
+    monkeypatch.setattr(fa3, "register_fp8", lambda: "fp8-slot")
+    procs = att._processors(wan.pipe.transformer)
+    assert procs and all(p._attention_backend is None for p in procs)
+    layers = with_precision([("model default", PlanLayer(precision={"WanTransformerBlock": "bf16"},
+                                                         compile={"": False}))], "fp8")
+    rep = magi_zoo.apply(wan.modules, layers=layers, gpu=CPU_FP8)
+    assert all(p._attention_backend == "fp8-slot" for p in procs)
+    assert rep.step("precision").details["fp8_attention_layers"] == len(procs)
+    assert f"({len(procs)} layers, fa3 e4m3, per-head scales, K/V smoothed; {len(procs)} from the library default)" \
+        in rep.step("precision").did
+    remove(wan.modules)
+    assert all(p._attention_backend is None for p in procs)
+    chosen = [("model default", PlanLayer(precision={"WanTransformerBlock": "bf16"}, compile={"": False},
+                                          attention={"WanTransformer3DModel": {"backend": "native"}}))]
+    with pytest.warns(RuntimeWarning, match="attention stays bf16: its attention layers use native"):
+        rep = magi_zoo.apply(wan.modules, layers=with_precision(chosen, "fp8"), gpu=CPU_FP8)
+    assert rep.step("precision").details["fp8_attention_layers"] == 0
+    remove(wan.modules)
+
+
 def test_fp8_refused_without_fp8_matmuls(wan):
     with pytest.raises(ValueError, match="precision='fp8' needs a card with fp8 matmuls.*profile 'cpu'"):
         magi_zoo.load("wan2.1-tiny", gpu="cpu", precision="fp8")

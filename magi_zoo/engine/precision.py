@@ -90,30 +90,41 @@ def _fa3_member():
 
 
 def _fp8_attention(key: str, targets, ctx: StepContext, backends: list) -> str:
-    """Switch the region's fa3 attention layers to fp8 FA3 (the attention step ran before
-    this one and chose the backend). Layers on another backend stay bf16, with a warning:
-    fp8 attention exists only on fa3. Returns the report fragment."""
+    """Switch the region's attention layers to fp8 FA3 (the attention step ran before this
+    one and chose the backends). fp8 attention exists only on fa3, so: layers on fa3 switch;
+    layers nobody chose a backend for (the library default) switch too when fa3 can run here
+    (asking for fp8 attention is asking for its kernel: Flux's plan leaves bf16 attention on
+    the library default, where fa3 gains nothing); layers on a backend someone chose stay
+    bf16, with a warning, as do all when fa3 cannot run. Returns the report fragment."""
     import warnings
 
-    from .attention import _processors
+    from .attention import _processors, _unavailable
     from .kernels import fa3
 
     fa3_member = _fa3_member()
     procs = [p for t in targets for p in _processors(t.module)]
     on_fa3 = [p for p in procs if p._attention_backend == fa3_member]
-    if not on_fa3:
+    default = [p for p in procs if p._attention_backend is None]
+    blocked = _unavailable("fa3", ctx.profile) if default else None
+    promoted = default if default and blocked is None else []
+    if not on_fa3 and not promoted:
         others = sorted({"the library default" if p._attention_backend is None
                          else getattr(p._attention_backend, "value", str(p._attention_backend)) for p in procs})
         why = (f"its attention layers use {', '.join(others)}; fp8 attention runs "
-               "on the fa3 backend only (the `hopper` extra on a Hopper card)") if procs else "it has no attention layer"
+               "on the fa3 backend only (the `hopper` extra on a Hopper card)"
+               + (f", and fa3 cannot run here: {blocked}" if blocked else "")) if procs else "it has no attention layer"
         warnings.warn(f"magi_zoo: precision key {key!r}: attention stays bf16: {why}", RuntimeWarning, stacklevel=4)
         return f"attention on {key or '<root>'} stays bf16 ({why})"
     member = fa3.register_fp8()
-    for p in on_fa3:
+    for p in on_fa3 + promoted:
         backends.append((p, p._attention_backend))
         p._attention_backend = member
-    kept = len(procs) - len(on_fa3)
-    return (f"fp8 attention on {key or '<root>'} ({len(on_fa3)} layers, fa3 e4m3, per-head scales, K/V smoothed"
+    kept = len(procs) - len(on_fa3) - len(promoted)
+    if kept:
+        warnings.warn(f"magi_zoo: precision key {key!r}: {kept} attention layer(s) on a backend other than fa3 "
+                      "stay bf16 (fp8 attention runs on fa3 only)", RuntimeWarning, stacklevel=4)
+    return (f"fp8 attention on {key or '<root>'} ({len(on_fa3) + len(promoted)} layers, fa3 e4m3, per-head scales, "
+            f"K/V smoothed{f'; {len(promoted)} from the library default' if promoted else ''}"
             + (f"; {kept} non-fa3 layer(s) kept bf16)" if kept else ")"))
 
 
