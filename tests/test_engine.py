@@ -256,3 +256,20 @@ def test_public_api_names_what_the_readme_documents():
     # README "The API": these are reachable from the top-level package
     for name in ("apply", "remove", "load", "TorchCompileSpec", "AttentionSpec", "PrecisionSpec", "PlanLayer"):
         assert hasattr(magi_zoo, name), name
+
+
+def test_cuda_graphs_on_repeated_blocks_refused_whole_model_allowed():
+    """CUDA graphs on a region of several instances are refused before anything is installed
+    (their replays overwrite each other's outputs); one instance (the whole model) may."""
+    net = Net()
+    for spec in ({"mode": "reduce-overhead"}, {"mode": "max-autotune"}, {"options": {"triton.cudagraphs": True}}):
+        with pytest.raises(ValueError, match=r"'Block' \(forward, 6 instances\) asks for CUDA graphs.*"
+                                             r"max-autotune-no-cudagraphs"):
+            magi_zoo.apply(net, {"compile": {"Block": spec}}, gpu="cpu")
+        assert installed(net) == []
+    rep = magi_zoo.apply(net, {"compile": {"Block": {"mode": "max-autotune-no-cudagraphs"}}}, gpu="cpu")
+    assert len(installed(net)) == 6
+    remove(net)
+    rep = magi_zoo.apply(net, {"compile": {"": {"mode": "reduce-overhead"}}}, gpu="cpu")
+    assert [r.name for r in rep.regions] == [""] and len(installed(net)) == 1
+    remove(net)

@@ -115,12 +115,38 @@ def installed(root: nn.Module) -> list[tuple[str, str]]:
     return [(path, m) for path, mod in root.named_modules() for m in mod.__dict__.get(_ORIGINALS, {})]
 
 
+def captures_cuda_graphs(spec) -> bool:
+    """Whether a compile spec makes inductor capture CUDA graphs (its mode or its options)."""
+    if spec.backend != "inductor":
+        return False
+    options = spec.options or {}
+    if "triton.cudagraphs" in options:
+        return bool(options["triton.cudagraphs"])
+    return spec.mode in ("reduce-overhead", "max-autotune")
+
+
+def _check_cuda_graphs(key: str, method: str, targets) -> None:
+    """Refuse CUDA graphs on a region of several instances (repeated blocks). They share one
+    compiled graph, and CUDA graph trees treat each call of it as a new replay that reuses
+    the previous call's output memory: block i+1 then reads block i's output after block
+    i+1's own replay overwrote it (measured on Flux.1-dev, H100, torch 2.11: "accessing tensor
+    output of CUDAGraphs that has been overwritten by a subsequent run" on the second block)."""
+    if len(targets) > 1 and targets[0].spec.enabled and captures_cuda_graphs(targets[0].spec):
+        raise ValueError(
+            f"compile region {key!r} ({method}, {len(targets)} instances) asks for CUDA graphs "
+            f"(mode={targets[0].spec.mode!r}{', options triton.cudagraphs' if (targets[0].spec.options or {}).get('triton.cudagraphs') else ''}): "
+            "repeated blocks share one graph and each replay overwrites the previous block's output. "
+            "Use mode='default' or 'max-autotune-no-cudagraphs' on the blocks, or capture the whole "
+            "model (a region of one instance, e.g. the transformer's forward or a step method)")
+
+
 @register_step("compile")
 def compile_step(ctx: StepContext) -> StepRecord:
     """Install every compile region of the plan; regions are booked for the report."""
     installed_on: list[nn.Module] = []
     try:
         for (key, method), targets in ctx.plan.regions().items():
+            _check_cuda_graphs(key, method, targets)
             t0 = targets[0]
             stats = RegionStats(name=key, method=method, spec=t0.spec, modules=[t.path for t in targets],
                                 cls_name=t0.cls_name, layers=t0.layers)
