@@ -643,6 +643,8 @@ def test_compiled_ancestor_and_cudagraphs_refused():
         apply(root, plan, gpu="cpu")
     with pytest.raises(ValueError, match="CUDA graphs"):
         apply(root, offload_plan(3 * BLOCK, mode="reduce-overhead"), gpu="cpu")
+    with pytest.raises(ValueError, match="uses options triton.cudagraphs \\(CUDA graphs\\)"):
+        apply(root, offload_plan(3 * BLOCK, options={"triton.cudagraphs": True}), gpu="cpu")
     assert not any(m._forward_pre_hooks for m in root.modules())
 
 

@@ -115,14 +115,22 @@ def installed(root: nn.Module) -> list[tuple[str, str]]:
     return [(path, m) for path, mod in root.named_modules() for m in mod.__dict__.get(_ORIGINALS, {})]
 
 
-def captures_cuda_graphs(spec) -> bool:
-    """Whether a compile spec makes inductor capture CUDA graphs (its mode or its options)."""
-    if spec.backend != "inductor":
-        return False
+def cuda_graphs_by(spec) -> str | None:
+    """What in a compile spec makes inductor capture CUDA graphs ("mode='reduce-overhead'",
+    "options triton.cudagraphs"), or None when nothing does. The mode is expanded the way
+    torch.compile expands it (`partition_at_boundaries` reads it the same way); an explicit
+    option overrides the mode's."""
+    from . import _torch_compat as tc
+
     options = spec.options or {}
     if "triton.cudagraphs" in options:
-        return bool(options["triton.cudagraphs"])
-    return spec.mode in ("reduce-overhead", "max-autotune")
+        return "options triton.cudagraphs" if options["triton.cudagraphs"] else None
+    if spec.mode is None:
+        return None
+    expanded = tc.inductor_mode_options(spec.mode, spec.dynamic)
+    captures = (expanded.get("triton.cudagraphs") if expanded is not None
+                else spec.mode in ("reduce-overhead", "max-autotune"))  # a torch that cannot say
+    return f"mode={spec.mode!r}" if captures else None
 
 
 def _check_cuda_graphs(key: str, method: str, targets) -> None:
@@ -131,10 +139,11 @@ def _check_cuda_graphs(key: str, method: str, targets) -> None:
     the previous call's output memory: block i+1 then reads block i's output after block
     i+1's own replay overwrote it (measured on Flux.1-dev, H100, torch 2.11: "accessing tensor
     output of CUDAGraphs that has been overwritten by a subsequent run" on the second block)."""
-    if len(targets) > 1 and targets[0].spec.enabled and captures_cuda_graphs(targets[0].spec):
+    spec = targets[0].spec
+    by = cuda_graphs_by(spec) if len(targets) > 1 and spec.enabled and spec.backend == "inductor" else None
+    if by:
         raise ValueError(
-            f"compile region {key!r} ({method}, {len(targets)} instances) asks for CUDA graphs "
-            f"(mode={targets[0].spec.mode!r}{', options triton.cudagraphs' if (targets[0].spec.options or {}).get('triton.cudagraphs') else ''}): "
+            f"compile region {key!r} ({method}, {len(targets)} instances) asks for CUDA graphs ({by}): "
             "repeated blocks share one graph and each replay overwrites the previous block's output. "
             "Use mode='default' or 'max-autotune-no-cudagraphs' on the blocks, or capture the whole "
             "model (a region of one instance, e.g. the transformer's forward or a step method)")

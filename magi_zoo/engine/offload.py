@@ -45,6 +45,7 @@ import torch
 import torch.nn as nn
 
 from .offload_plan import GIB, OffloadPlan, OffloadPlanError, Unit, phase_activations, plan_offload, pool_of, POOL_SEP, size
+from .compile import cuda_graphs_by
 from .steps import StepContext, StepRecord, register_step
 
 _RUNTIME = "_magi_zoo_offload"  # root instance attr: the live OffloadRuntime
@@ -1025,9 +1026,10 @@ def _check_compile(ctx: StepContext, streamed: Sequence[str]) -> None:
                     f"offload streams {s!r}, which is inside the compiled region {t.key!r} ({t.path or '<root>'}): "
                     "its weight copies would be traced into the graph. Compile the repeated blocks (regional "
                     f"compile) instead of an enclosing module, or pin {s!r} (mode='resident')")
-            if under_or_at and t.spec.mode in ("reduce-overhead", "max-autotune"):
+            graphs = cuda_graphs_by(t.spec) if under_or_at else None
+            if graphs:
                 raise ValueError(
-                    f"compile region {t.key!r} uses mode={t.spec.mode!r} (CUDA graphs) on the streamed unit {s!r}: "
+                    f"compile region {t.key!r} uses {graphs} (CUDA graphs) on the streamed unit {s!r}: "
                     "a graph replays fixed weight addresses, but streamed weights move between buffers. Use "
                     "mode='default' or 'max-autotune-no-cudagraphs' there, or pin the unit")
 
