@@ -196,10 +196,15 @@ def plan_units(root: nn.Module, resolved_plan, profile, *, budget_gib: float | N
                   None if u.phase_activation_gib is None else int(u.phase_activation_gib * GIB))
              for u in specs]
     plan = plan_offload(units, fixed_bytes=fixed, activation_bytes=int(activation * GIB),
-                        budget_bytes=int(budget * GIB),
-                        bandwidth_bytes_s=settings.get("host_bandwidth_gbs", 55.0) * 1e9,
-                        prefetch=settings.get("prefetch", 1), phase_residency=settings.get("phase_residency", False))
+                        budget_bytes=int(budget * GIB), **planner_settings(settings))
     return plan, specs, units, {**settings, "memory_budget_gib": budget, "activation_gib": activation}
+
+
+def planner_settings(settings: dict) -> dict[str, Any]:
+    """The offload root's settings `plan_offload` takes (copy rate, prefetch depth, phase
+    residency), defaults filled in: one reading for the first plan and every refit."""
+    return {"bandwidth_bytes_s": settings.get("host_bandwidth_gbs", 55.0) * 1e9,
+            "prefetch": settings.get("prefetch", 1), "phase_residency": settings.get("phase_residency", False)}
 
 
 # -- host memory ------------------------------------------------------------------------------
@@ -414,8 +419,7 @@ class OffloadRuntime:
     """The live state of one applied offload plan (see the module docstring)."""
 
     def __init__(self, root: nn.Module, plan: OffloadPlan, specs: list[UnitSpec], units: list[Unit],
-                 device: torch.device, budget_bytes: int, *, bandwidth_bytes_s: float = 55e9, prefetch: int = 1,
-                 phase_residency: bool = False):
+                 device: torch.device, budget_bytes: int, planner: dict[str, Any] | None = None):
         self.root, self.plan, self.device, self.budget = root, plan, device, budget_bytes
         # What a refit re-plans with: the planner's units and settings as first applied; and
         # lookups by unit path (units never change, only where they live).
@@ -423,7 +427,7 @@ class OffloadRuntime:
         self._spec_of = {s.path: s for s in specs}
         self._phase_of = {u.name: u.phase for u in units}
         self._group_of = {u.name: u.group for u in units}
-        self.bandwidth, self.prefetch, self.phase_residency = bandwidth_bytes_s, prefetch, phase_residency
+        self.planner = planner_settings({}) if planner is None else planner  # plan_offload's settings
         # Phase residency: host copies of the resident units that may leave the card, which
         # of them are off it now, and their pre-hooks (they mark their phase's start).
         self.evict_host: dict[str, list[torch.Tensor]] = {}
@@ -562,8 +566,7 @@ class OffloadRuntime:
         if self._running or any(u.holds for u in self.units.values()):
             raise RuntimeError("offload refit: a streamed unit is running or held; refit between calls")
         new = plan_offload(self.plan_units, fixed_bytes=self.plan.fixed, activation_bytes=self.plan.activation,
-                           budget_bytes=self.budget, bandwidth_bytes_s=self.bandwidth, prefetch=self.prefetch,
-                           phase_activation_bytes=phase_activation_bytes, phase_residency=self.phase_residency)
+                           budget_bytes=self.budget, phase_activation_bytes=phase_activation_bytes, **self.planner)
         if self.cuda:
             torch.cuda.synchronize(self.device)  # no copy or kernel still reads a buffer
         self._teardown_residency()  # every resident unit on the card while units move
@@ -1066,9 +1069,7 @@ def offload_step(ctx: StepContext) -> StepRecord:
     details["pinned_host_gib"] = round(pinned / GIB, 3)
     if os.environ.get("MAGI_ZOO_SKIP_HOST_CHECK") != "1":
         check_host_memory(pinned, already_on_host=on_host)
-    rt = OffloadRuntime(ctx.root, plan, specs, units, device, plan.budget,
-                        bandwidth_bytes_s=settings.get("host_bandwidth_gbs", 55.0) * 1e9,
-                        prefetch=settings.get("prefetch", 1), phase_residency=settings.get("phase_residency", False))
+    rt = OffloadRuntime(ctx.root, plan, specs, units, device, plan.budget, planner_settings(settings))
     ctx.root.__dict__[_RUNTIME] = rt
     details["counters"] = rt.counters  # live: what the runtime did (`offload.runtime(root).stats()`)
 
@@ -1107,7 +1108,7 @@ def describe_plan(root: nn.Module, resolved_plan, profile, budget_gib: float | N
             label = f"(one pool shared by {', '.join(g.split(POOL_SEP))})" if POOL_SEP in g else g
             lines.append(f"  buffers {label}: {n} x {b / GIB:.3f} GiB")
         lines.append(f"  prefetch: {plan.prefetch} copy/copies in flight ahead of use (host->device "
-                     f"{settings.get('host_bandwidth_gbs', 55.0):g} GB/s assumed); pinned host memory "
+                     f"{planner_settings(settings)['bandwidth_bytes_s'] / 1e9:g} GB/s assumed); pinned host memory "
                      f"{size(sum(u.nbytes for u in units if u.name in _host_held_paths(plan)))}"
                      f"; activation reserve {size(plan.activation)}"
                      + "".join(f"; {ph} phase {size(b)}" for ph, b in phase_activations(units, 0).items() if b))
