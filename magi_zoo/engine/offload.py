@@ -37,6 +37,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import math
 import os
 import warnings
 from typing import Any, Sequence
@@ -325,15 +326,8 @@ def _offsets(layout: tuple) -> tuple[list[int], int]:
     offs, n = [], 0
     for shape, dtype in layout:
         offs.append(n)
-        n += (_numel(shape) * dtype.itemsize + _ALIGN - 1) // _ALIGN * _ALIGN
+        n += (math.prod(shape) * dtype.itemsize + _ALIGN - 1) // _ALIGN * _ALIGN
     return offs, n
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 class _Group:
@@ -363,7 +357,7 @@ class _Group:
             with torch.inference_mode(False), torch.no_grad():
                 # Plain tensors even inside inference_mode: the parameters must keep the same
                 # dispatch keys call after call, or dynamo's guards would see a new tensor kind.
-                self.views[key] = [buf[o:o + _numel(shape) * dtype.itemsize].view(dtype).view(shape)
+                self.views[key] = [buf[o:o + math.prod(shape) * dtype.itemsize].view(dtype).view(shape)
                                    for o, (shape, dtype) in zip(offs, layout)]
         return self.views[key]
 

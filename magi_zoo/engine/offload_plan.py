@@ -383,9 +383,7 @@ def plan_offload(units: Sequence[Unit], *, fixed_bytes: int, activation_bytes: i
             def cost(st):
                 _, pools_, _ = _peak(units, st, **kw)
                 sched = prefetch_schedule(units, st, prefetch, bandwidth_bytes_s)
-                phases = {u.phase for u in units if u.name in st}
-                wait = sum(simulate([u for u in units if u.phase == ph], st, sched, pools_, bandwidth_bytes_s)
-                           for ph in phases)
+                wait = sum(_waits(units, st, sched, pools_, bandwidth_bytes_s).values())
                 return round(wait, 6), sum(u.nbytes for u in units if u.name in st)
             streamed = min((streamed, other), key=cost)
     peak, pools, transient = _peak(units, streamed, **kw)
@@ -396,11 +394,7 @@ def plan_offload(units: Sequence[Unit], *, fixed_bytes: int, activation_bytes: i
         copy_s.setdefault(u.phase, 0.0)
         if u.name in streamed:
             copy_s[u.phase] += u.nbytes / bandwidth_bytes_s
-    stall = {}
-    for phase in copy_s:
-        us = [u for u in units if u.phase == phase]
-        if copy_s[phase] and all(u.time_s is not None for u in us):
-            stall[phase] = simulate(us, streamed, schedule, pools, bandwidth_bytes_s)
+    stall = _waits(units, streamed, schedule, pools, bandwidth_bytes_s)
     evict = (evictions(units, streamed, fixed=fixed_bytes, activation=activation_bytes, prefetch=prefetch,
                        budget=budget_bytes, measured=measured) if phase_residency else {})
     size_of = {u.name: u for u in units}
@@ -417,6 +411,18 @@ def plan_offload(units: Sequence[Unit], *, fixed_bytes: int, activation_bytes: i
         streamed_bytes=sum(u.nbytes for u in units if u.name in streamed), stall_s=stall, prefetch=prefetch,
         phase_activation=phase_activations(units, activation_bytes, measured),
         measured_phases=tuple(p for p in (measured or {}) if p in copy_s))
+
+
+def _waits(units: Sequence[Unit], streamed: set[str], schedule: dict[str, list[str]],
+           pools: dict[str, tuple[int, int]], bandwidth_bytes_s: float) -> dict[str, float]:
+    """phase -> simulated wait per call (`simulate`), for each phase that streams and whose
+    units' times are all known."""
+    out: dict[str, float] = {}
+    for phase in dict.fromkeys(u.phase for u in units if u.name in streamed):
+        us = [u for u in units if u.phase == phase]
+        if all(u.time_s is not None for u in us):
+            out[phase] = simulate(us, streamed, schedule, pools, bandwidth_bytes_s)
+    return out
 
 
 def prefetch_schedule(units: Sequence[Unit], streamed: set[str], prefetch: int,
