@@ -88,12 +88,21 @@ from typing import Any, Callable
 from benchmarks import common
 
 STRATEGIES = ("eager", "torch_compile", "diffusers_regional", "magi_zoo", "magi_zoo_fp8", "magi_zoo_fp8_matmul",
-              "magi_zoo_sdpa", "magi_zoo_fa3")
-ZOO_STRATEGIES = ("magi_zoo", "magi_zoo_fp8", "magi_zoo_fp8_matmul", "magi_zoo_sdpa", "magi_zoo_fa3")  # magi_zoo.load with the shipped spec (+ one change)
+              "magi_zoo_sdpa", "magi_zoo_fa3", "magi_zoo_graphs", "magi_zoo_fp8_graphs")
+ZOO_STRATEGIES = ("magi_zoo", "magi_zoo_fp8", "magi_zoo_fp8_matmul", "magi_zoo_sdpa", "magi_zoo_fa3",
+                  "magi_zoo_graphs", "magi_zoo_fp8_graphs")  # magi_zoo.load with the shipped spec (+ one change)
 
 
 def _zoo_kwargs(strategy: str, adapter, gpu: str) -> dict[str, Any]:
     """The one change a magi_zoo_* strategy makes to `magi_zoo.load`."""
+    if strategy.endswith("_graphs"):  # + the denoiser's whole forward captured in CUDA graphs
+        from magi_zoo.adapters.diffusers_pipeline import DiffusersPipelineAdapter
+
+        if not isinstance(adapter, DiffusersPipelineAdapter):
+            raise TypeError(f"{strategy}: times a diffusers denoiser's forward; {adapter.family} has none "
+                            "(key its step method in a cuda_graphs override instead)")
+        base = _zoo_kwargs(strategy[: -len("_graphs")], adapter, gpu)
+        return {**base, "overrides": {"cuda_graphs": {"transformer": True}}}
     if strategy == "magi_zoo_fp8":  # fp8 matmuls and fp8 attention (where attention runs on fa3)
         return {"precision": "fp8"}
     if strategy == "magi_zoo_fp8_matmul":  # fp8 matmuls only, attention as the spec sets it
@@ -369,6 +378,9 @@ def worker(args) -> dict[str, Any]:
     if handle.report() is not None:
         rec["regions"] = handle.report().to_dict()["regions"]
         rec["plan_table"] = handle.report().table()
+        graphed = (handle.report().step("cuda_graphs").details or {}).get("graphed", {})
+        if graphed:  # graphs captured, replays, calls that ran uncaptured and why
+            rec["cuda_graphs"] = {label: call.stats() for label, call in graphed.items()}
     return rec
 
 

@@ -12,6 +12,7 @@ from . import attention, compile as compile_mod, offload, precision  # noqa: F40
 from . import parallel  # noqa: F401  (registers the parallel step)
 from . import recompute  # noqa: F401  (registers the recompute step)
 from . import step_cache  # noqa: F401  (registers the step_cache step)
+from . import cuda_graphs  # noqa: F401  (registers the cuda_graphs step)
 from .custom_ops import list_custom_ops
 from .prepare import Preparation, prepare
 from .report import Report
@@ -28,7 +29,10 @@ from .steps import STEPS, StepContext, StepRecord
 # instance has when they are registered, so after compile they wrap the compiled blocks and
 # decide in eager Python whether to call them; registered before, dynamo would trace the
 # hooks' `.item()` tests and per-step state into the blocks (engine/step_cache.py).
-STEP_ORDER = ("prepare", "attention", "precision", "recompute", "compile", "step_cache", "offload", "parallel")
+# cuda_graphs comes last: a graph records everything one call launches, so it wraps the
+# finished module (compiled blocks, attention ops, the eager code between them).
+STEP_ORDER = ("prepare", "attention", "precision", "recompute", "compile", "step_cache", "offload", "parallel",
+              "cuda_graphs")
 
 _APPLIED = "_magi_zoo_applied"  # root instance attr: the StepRecords of the plan applied there
 
@@ -67,7 +71,10 @@ def apply(module: nn.Module, plan: Any = None, *, gpu: str | GpuProfile | None =
     7. offload -- hooks that move weights wrap compiled regions, never traced into them
        (today: reads the profile's memory and says whether the weights fit);
     8. parallel -- multi-process splits (Ulysses / ring / CFG), hooks that wrap compiled
-       regions from outside; collectives inside them only as functional collectives.
+       regions from outside; collectives inside them only as functional collectives;
+    9. cuda_graphs -- whole calls of a method captured in CUDA graphs and replayed; last,
+       because the graph records everything the finished call launches (what it cannot
+       record -- step caching, streamed offload, parallel splits -- is refused).
 
     Every step returns a record and an undo; `remove(module)` undoes them all, last first.
     Applying twice first removes the earlier plan, so wrappers never stack. A bad plan key

@@ -16,6 +16,7 @@ from .recompute_spec import RecomputeSpec
 from .offload_spec import OFFLOAD_MODES, OffloadSpec  # registers the offload section
 from .section import SECTIONS, SectionSpec, register_section
 from .step_cache_spec import StepCacheSpec  # noqa: F401  (registers the step_cache section)
+from .cuda_graph_spec import CudaGraphSpec  # noqa: F401  (registers the cuda_graphs section)
 
 SPEC_DIR = Path(__file__).parent
 

@@ -1,0 +1,179 @@
+"""The cuda_graphs section: whole calls captured in CUDA graphs around the compiled blocks.
+
+CPU tests cover the plan (validation, refusals with what to do, exact undo) and the calls a
+graph cannot serve (run uncaptured, counted with the reason, warned once). The capture
+itself is CUDA-only: the gpu-marked tests check captured == uncaptured, outputs that
+survive the next replay (CFG calls the denoiser twice), one graph per input signature,
+`max_graphs`, and no recompiles from replays.
+"""
+
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+
+import magi_zoo
+from magi_zoo.engine import counters
+from magi_zoo.engine.cuda_graphs import graphed
+from magi_zoo.specs.cuda_graph_spec import CudaGraphSpec
+
+
+class _Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 16)
+        self.b = nn.Linear(16, 8)
+
+    def forward(self, x, scale: float = 1.0):
+        return self.b(torch.relu(self.a(x))) * scale
+
+
+def _rel(a, b):
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+# -- the spec ------------------------------------------------------------------------------
+
+def test_spec_shorthand_and_validation():
+    assert CudaGraphSpec.from_shorthand(True).enabled
+    assert CudaGraphSpec().short() == "off"
+    with pytest.raises(ValueError, match="max_graphs"):
+        CudaGraphSpec(max_graphs=0)
+    with pytest.raises(ValueError, match="unknown field 'max_graph' -- did you mean 'max_graphs'"):
+        magi_zoo.apply(_Tiny(), {"cuda_graphs": {"": {"enabled": True, "max_graph": 2}}}, gpu="h100")
+
+
+def test_unknown_key_lists_submodules():
+    with pytest.raises(ValueError, match="'aa'"):
+        magi_zoo.apply(_Tiny(), {"cuda_graphs": {"aa": True}}, gpu="h100")
+
+
+# -- refusals at apply ---------------------------------------------------------------------
+
+def test_cpu_profile_is_refused_with_the_fix():
+    m = _Tiny()
+    with pytest.raises(ValueError, match="CUDA graphs need a CUDA card.*profile 'cpu'.*gpu="):
+        magi_zoo.apply(m, {"cuda_graphs": {"": True}})
+    assert "forward" not in m.__dict__  # nothing installed
+
+
+def test_training_apply_is_refused():
+    with pytest.raises(ValueError, match="inference-only"):
+        magi_zoo.apply(_Tiny(), {"compile": {"": False}, "cuda_graphs": {"": True}}, gpu="h100", train=True)
+
+
+def test_nested_cuda_graphs_in_a_compile_region_are_refused():
+    m = _Tiny()
+    with pytest.raises(ValueError, match="captures CUDA graphs itself.*mode='reduce-overhead'.*do not nest"):
+        magi_zoo.apply(m, {"compile": {"": {"mode": "reduce-overhead"}}, "cuda_graphs": {"": True}}, gpu="h100")
+    assert "forward" not in m.__dict__  # the compile step's install was undone too
+
+
+def test_step_caching_is_refused():
+    h = magi_zoo.load("wan2.1-tiny", gpu="cpu", compile=False)
+    plan = {"compile": {"WanTransformerBlock": {}}, "step_cache": {"transformer": "first_block"},
+            "cuda_graphs": {"transformer": True}}
+    with pytest.raises(ValueError, match="step caching \\('first_block'.*Use one or the other"):
+        magi_zoo.apply(h.modules, plan, gpu="h100")
+
+
+# -- calls a graph cannot serve (CPU: inputs not on CUDA) -----------------------------------
+
+def test_cpu_calls_run_uncaptured_counted_and_warned_once_then_undone():
+    m = _Tiny()
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        ref = m(x)
+    rep = magi_zoo.apply(m, {"compile": {"": False}, "cuda_graphs": {"": {"enabled": True, "max_graphs": 2}}},
+                         gpu="h100")
+    assert "<root>.forward on 1 module(s) (enabled=True, max_graphs=2)" in rep.step("cuda_graphs").did
+    call = graphed(m)
+    assert call is rep.step("cuda_graphs").details["graphed"]["<root>"]
+    with torch.no_grad(), pytest.warns(RuntimeWarning, match="ran uncaptured: a tensor argument is on cpu"):
+        out = m(x)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same reason warns once
+        m(x)
+    with pytest.warns(RuntimeWarning, match="autograd is on"):
+        out_grad = m(x)  # autograd on: a reason of its own
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(out_grad.detach(), ref)
+    st = call.stats()
+    assert st["graphs"] == 0 and st["replays"] == 0
+    assert st["uncaptured"] == {"a tensor argument is on cpu (graphs capture CUDA work)": 2,
+                                "autograd is on (call under torch.no_grad() or torch.inference_mode())": 1}
+    magi_zoo.remove(m)
+    assert "forward" not in m.__dict__ and graphed(m) is None
+
+
+def test_no_entry_means_nothing_installed():
+    m = _Tiny()
+    rep = magi_zoo.apply(m, {"compile": {"": False}}, gpu="h100")
+    assert rep.step("cuda_graphs").did.startswith("none")
+    assert graphed(m) is None
+
+
+# -- GPU: the capture itself -----------------------------------------------------------------
+
+gpu = pytest.mark.gpu
+
+
+@gpu
+def test_graphed_module_equals_uncaptured_and_outputs_survive_the_next_replay():
+    m = _Tiny().cuda()
+    x1, x2 = torch.randn(4, 8, device="cuda"), torch.randn(4, 8, device="cuda")
+    with torch.no_grad():
+        r1, r2 = m(x1), m(x2)
+    magi_zoo.apply(m, {"compile": {"": False}, "cuda_graphs": {"": {"enabled": True, "max_graphs": 2}}},
+                   gpu="auto")
+    call = graphed(m)
+    with torch.no_grad():
+        o1 = m(x1)
+        o2 = m(x2)  # a replay: o1 must not change (it is a clone)
+        o3 = m(x1, scale=2.0)  # a plain argument is part of the signature: a second graph
+    torch.testing.assert_close(o1, r1)
+    torch.testing.assert_close(o2, r2)
+    torch.testing.assert_close(o3, 2 * r1)
+    assert call.stats()["graphs"] == 2 and call.stats()["replays"] == 3
+    with torch.no_grad(), pytest.warns(RuntimeWarning, match="more input signatures than max_graphs=2"):
+        o4 = m(torch.randn(2, 8, device="cuda"))
+    assert o4.shape == (2, 8) and sum(call.stats()["uncaptured"].values()) == 1
+    with torch.no_grad(), pytest.warns(RuntimeWarning, match="argument of type object"):
+        m(x1, scale=object())
+
+
+@gpu
+def test_flux_tiny_graphed_forward_equals_compiled_no_recompiles(fresh_dynamo):
+    h = magi_zoo.load("flux-tiny", gpu="auto", overrides={"cuda_graphs": {"transformer": True}})
+    plain = magi_zoo.load("flux-tiny", gpu="auto")
+    t, tp = h.adapter.denoiser(h.pipe), plain.adapter.denoiser(plain.pipe)
+    tp.load_state_dict(t.state_dict())
+    kw = h.adapter.denoiser_inputs(h.pipe, h.variant)
+    kw2 = h.adapter.denoiser_inputs(h.pipe, h.variant, seed=1)
+    with torch.inference_mode():
+        ref, ref2 = tp(**kw)[0], tp(**kw2)[0]
+        before = counters.snapshot()
+        out = t(**kw)[0]
+        out2 = t(**kw2)[0]
+        out_again = t(**kw)[0]
+        d = counters.delta(before)
+    assert _rel(out, ref) < 1e-3 and _rel(out2, ref2) < 1e-3
+    assert torch.equal(out, out_again) and not torch.equal(out, out2)
+    st = graphed(t).stats()
+    assert st["graphs"] == 1 and st["replays"] == 3 and not st["uncaptured"]
+    assert len(d.recompiles) == 0  # warm-up compiles once; replays never re-enter dynamo
+
+
+@gpu
+def test_wan_tiny_pipeline_with_graphed_denoiser(fresh_dynamo):
+    kw = dict(prompt="a corgi", output_type="np", num_inference_steps=3,
+              generator=None)
+    h = magi_zoo.load("wan2.1-tiny", gpu="auto", overrides={"cuda_graphs": {"transformer": True}})
+    plain = magi_zoo.load("wan2.1-tiny", gpu="auto")
+    plain.modules.load_state_dict(h.modules.state_dict())
+    a = h(**{**kw, "generator": torch.Generator().manual_seed(0)}).frames
+    b = plain(**{**kw, "generator": torch.Generator().manual_seed(0)}).frames
+    assert abs(a - b).max() < 2e-2
+    st = graphed(h.pipe.transformer).stats()
+    assert st["graphs"] >= 1 and st["replays"] >= 3 and not st["uncaptured"]
