@@ -52,7 +52,6 @@ class _Graph:
     outputs: list  # flattened outputs (tensors live in the graph's pool)
     out_spec: Any
     capture_s: float
-    pool_bytes: int
 
 
 class GraphedCall:
@@ -148,7 +147,6 @@ class GraphedCall:
         torch.cuda.synchronize(device)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        before = torch.cuda.memory_reserved(device)
         graph = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.graph(graph, pool=self._pool):
@@ -164,8 +162,7 @@ class GraphedCall:
             self.refused[key] = (f"an output of type {odd[0]} (outputs must be tensors in tuples, lists, "
                                  "dicts or registered output classes)")
             return None
-        entry = _Graph(graph, static, outputs, out_spec, time.perf_counter() - t0,
-                       torch.cuda.memory_reserved(device) - before)
+        entry = _Graph(graph, static, outputs, out_spec, time.perf_counter() - t0)
         self.graphs[key] = entry
         return entry
 
@@ -181,9 +178,11 @@ class GraphedCall:
             "graphs": len(self.graphs),
             "replays": self.replays,
             "uncaptured": dict(self.uncaptured),  # reason -> calls
-            "capture_s": round(sum(g.capture_s for g in self.graphs.values()), 3),
-            "pool_gib": round(sum(g.pool_bytes for g in self.graphs.values()) / 2**30, 3),
+            "capture_s": round(sum(g.capture_s for g in self.graphs.values()), 3),  # warm-up calls included
         }
+
+    def __repr__(self) -> str:
+        return f"GraphedCall({self.where}: {self.stats()})"
 
 
 def graphed(module: nn.Module, method: str = "forward") -> GraphedCall | None:
