@@ -74,8 +74,36 @@ def test_step_caching_is_refused():
     h = magi_zoo.load("wan2.1-tiny", gpu="cpu", compile=False)
     plan = {"compile": {"WanTransformerBlock": {}}, "step_cache": {"transformer": "first_block"},
             "cuda_graphs": {"transformer": True}}
-    with pytest.raises(ValueError, match="step caching \\('first_block'.*Use one or the other"):
+    with pytest.raises(ValueError, match="step caching \\('first_block'.*use one or the other"):
         magi_zoo.apply(h.modules, plan, gpu="h100")
+
+
+def test_a_shipped_default_yields_to_the_users_choice_and_says_so():
+    from magi_zoo.specs.plan import PlanLayer
+
+    shipped = ("gpu", PlanLayer.coerce({"compile": {"": False}, "cuda_graphs": {"": True}}))
+    m = _Tiny()
+    rep = magi_zoo.apply(m, layers=[shipped], gpu="h100", train=True)  # the user chose training
+    did = rep.step("cuda_graphs").did
+    assert did.startswith("none") and "<root> not captured (CUDA graph capture is inference-only" in did
+    assert graphed(m) is None
+    rep = magi_zoo.apply(m, layers=[shipped], gpu="h100")  # weights still on the CPU
+    assert "<root> not captured (its weights are on cpu)" in rep.step("cuda_graphs").did
+    assert rep.step("cuda_graphs").details["not_captured"] == ["<root> not captured (its weights are on cpu)"]
+    # The same entry from the user is an error that says what to do.
+    with pytest.raises(ValueError, match="inference-only.*drop the cuda_graphs entry"):
+        magi_zoo.apply(m, {"compile": {"": False}, "cuda_graphs": {"": True}}, gpu="h100", train=True)
+
+
+def test_flux_spec_captures_the_transformer_on_h100_only():
+    from magi_zoo.adapters import lookup
+    from magi_zoo.specs import get_profile
+    from magi_zoo.zoo import spec_layers
+
+    adapter, _ = lookup("flux.1-dev")
+    keys = lambda gpu: {k for _, layer in spec_layers(adapter, get_profile(gpu))  # noqa: E731
+                        for k in layer.entries("cuda_graphs")}
+    assert keys("h100") == keys("h200") == {"FluxTransformer2DModel"} and keys("cpu") == set()
 
 
 # -- calls a graph cannot serve (CPU: inputs not on CUDA) -----------------------------------
@@ -148,7 +176,7 @@ def test_graphed_module_equals_uncaptured_and_outputs_survive_the_next_replay():
 @gpu
 def test_flux_tiny_graphed_forward_equals_compiled_no_recompiles(fresh_dynamo):
     h = magi_zoo.load("flux-tiny", gpu="auto", overrides={"cuda_graphs": {"transformer": True}})
-    plain = magi_zoo.load("flux-tiny", gpu="auto")
+    plain = magi_zoo.load("flux-tiny", gpu="auto", overrides={"cuda_graphs": {"transformer": False}})
     t, tp = h.adapter.denoiser(h.pipe), plain.adapter.denoiser(plain.pipe)
     tp.load_state_dict(t.state_dict())
     kw = h.adapter.denoiser_inputs(h.pipe, h.variant)
@@ -173,9 +201,25 @@ def test_wan_tiny_pipeline_with_graphed_denoiser(fresh_dynamo):
               generator=None)
     h = magi_zoo.load("wan2.1-tiny", gpu="auto", overrides={"cuda_graphs": {"transformer": True}})
     plain = magi_zoo.load("wan2.1-tiny", gpu="auto")
+    assert graphed(plain.pipe.transformer) is None  # Wan's spec does not capture (GPU-bound)
     plain.modules.load_state_dict(h.modules.state_dict())
     a = h(**{**kw, "generator": torch.Generator().manual_seed(0)}).frames
     b = plain(**{**kw, "generator": torch.Generator().manual_seed(0)}).frames
     assert abs(a - b).max() < 2e-2
     st = graphed(h.pipe.transformer).stats()
     assert st["graphs"] >= 1 and st["replays"] >= 3 and not st["uncaptured"]
+
+
+@gpu
+def test_flux_tiny_pipeline_shipped_spec_captures_and_matches_uncaptured(fresh_dynamo):
+    h = magi_zoo.load("flux-tiny", gpu="auto")  # the h100/h200 spec captures the transformer
+    if graphed(h.pipe.transformer) is None:
+        pytest.skip(f"the {h.profile.name} spec does not capture the Flux transformer")
+    plain = magi_zoo.load("flux-tiny", gpu="auto", overrides={"cuda_graphs": {"transformer": False}})
+    plain.modules.load_state_dict(h.modules.state_dict())
+    kw = dict(prompt="a corgi", output_type="np", num_inference_steps=3)
+    a = h(**kw, generator=torch.Generator().manual_seed(0)).images
+    b = plain(**kw, generator=torch.Generator().manual_seed(0)).images
+    assert abs(a - b).max() < 2e-2
+    st = graphed(h.pipe.transformer).stats()
+    assert st["graphs"] == 1 and st["replays"] == 3 and not st["uncaptured"]

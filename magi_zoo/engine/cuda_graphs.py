@@ -13,11 +13,14 @@ combining) and the next replay rewrites the graph's own output memory.
 
 Why at the end of the apply order: the graph records everything the call launches -- the
 compiled blocks, the eager code between them, the custom attention ops -- so it must wrap
-the finished module. What cannot be recorded is refused at apply (`check_target`): step
+the finished module. What cannot be recorded is refused at apply (`conflict`): step
 caching (hooks decide in Python per call whether to run a block), streamed offload units
 (copies scheduled from Python hooks between buffers that change), sequence/CFG parallelism
 (collectives with per-call Python state), and compile regions inside that capture CUDA
-graphs themselves (inductor's CUDA graph trees cannot nest in an outer capture).
+graphs themselves (inductor's CUDA graph trees cannot nest in an outer capture). A user's
+entry that meets one of these is an error; an entry only the shipped spec set (e.g. Flux's
+on an H100) yields instead -- to the memory budget, the step cache or the training the user
+chose -- and the report says which call is not captured and why.
 
 The graphs of one module share one memory pool: replays run one at a time on one stream and
 outputs are cloned before the next replay, so one graph's scratch memory may be another's.
@@ -201,42 +204,35 @@ def _inside(path: str, outer: str) -> bool:
     return path == outer or not outer or path.startswith(outer + ".")
 
 
-def check_target(ctx: StepContext, key: str, t) -> None:
-    """Refuse what a graph cannot record (module docstring), naming what to change."""
-    where = f"cuda_graphs key {key!r}: {t.cls_name} at {t.path or '<root>'!r}"
-    if ctx.profile.device != "cuda" and not str(ctx.profile.device).startswith("cuda"):
-        raise PlanError(f"{where}: CUDA graphs need a CUDA card, and the plan is applied for profile "
-                        f"{ctx.profile.name!r} ({ctx.profile.device}); pick the card's profile (gpu=...) or "
-                        "drop the cuda_graphs entry")
+def conflict(ctx: StepContext, t) -> str | None:
+    """Why target `t` cannot be captured in this apply (module docstring), or None."""
+    if ctx.profile.device != "cuda":
+        return (f"CUDA graphs need a CUDA card, and the plan is applied for profile {ctx.profile.name!r} "
+                f"({ctx.profile.device}); pick the card's profile (gpu=...)")
     if ctx.train:
-        raise PlanError(f"{where}: CUDA graph capture is inference-only and this is a training apply "
-                        "(train=True); drop the cuda_graphs entry for training")
-    for (ckey, method), targets in ctx.plan.regions().items():
+        return "CUDA graph capture is inference-only and this is a training apply (train=True)"
+    for (ckey, _), targets in ctx.plan.regions().items():
         by = cuda_graphs_by(targets[0].spec) if targets[0].spec.enabled else None
-        inner = [c.path for c in targets if _inside(c.path, t.path)]
-        if by and inner:
-            raise PlanError(f"{where}: the compile region {ckey or '<root>'!r} inside it captures CUDA graphs "
-                            f"itself ({by}); graphs do not nest. Use mode='default' or "
-                            "'max-autotune-no-cudagraphs' there, or drop the cuda_graphs entry")
+        if by and any(_inside(c.path, t.path) for c in targets):
+            return (f"the compile region {ckey or '<root>'!r} inside it captures CUDA graphs itself ({by}); "
+                    "graphs do not nest: use mode='default' or 'max-autotune-no-cudagraphs' there")
     for s in ctx.plan.section("step_cache").targets:
         if s.spec.method != "none" and _related(s.path, t.path):
-            raise PlanError(f"{where}: step caching ({s.spec.method!r} on {s.path or '<root>'!r}) decides in Python at "
-                            "every call whether to run each block, and a graph replays one fixed decision. "
-                            "Use one or the other")
+            return (f"step caching ({s.spec.method!r} on {s.path or '<root>'!r}) decides in Python at every call "
+                    "whether to run each block, and a graph replays one fixed decision: use one or the other")
     for s in ctx.plan.section("parallel").targets:
         if s.spec.active and _related(s.path, t.path):
-            raise PlanError(f"{where}: the parallel split on {s.path or '<root>'!r} runs collectives with per-call "
-                            "Python state, which a graph cannot record here; drop the cuda_graphs entry on "
-                            "multi-GPU plans")
+            return (f"the parallel split on {s.path or '<root>'!r} runs collectives with per-call Python state, "
+                    "which a graph cannot record here")
     from .offload import _host_held_paths, runtime
 
     rt = runtime(ctx.root)
     moving = sorted(p for p in (_host_held_paths(rt.plan) if rt is not None else ()) if _inside(p, t.path))
     if moving:
-        raise PlanError(f"{where}: {len(moving)} offload unit(s) inside it stream or move (e.g. {moving[0]!r}); "
-                        "their copies are scheduled by Python hooks between changing buffers, which a graph "
-                        "cannot replay. Raise the memory budget until they stay resident, or drop the "
-                        "cuda_graphs entry")
+        return (f"{len(moving)} offload unit(s) inside it stream or move (e.g. {moving[0]!r}), their copies "
+                "scheduled by Python hooks between changing buffers; raise the memory budget until they stay "
+                "resident")
+    return None
 
 
 def _install(module: nn.Module, method: str, call: GraphedCall) -> None:
@@ -272,21 +268,41 @@ def cuda_graphs_step(ctx: StepContext) -> StepRecord:
         for m, method in reversed(done):
             _uninstall(m, method)
 
+    skipped: list[str] = []
     try:
         for (key, method), targets in section.regions().items():
             spec: CudaGraphSpec = targets[0].spec
             if not spec.enabled:
                 continue
+            n = 0
             for t in targets:
-                check_target(ctx, key, t)
                 label = (t.path or "<root>") + ("" if method == "forward" else f".{method}")
+                why = conflict(ctx, t)
+                if why is None and "user" not in t.layers:
+                    dev = next((x.device.type for x in t.module.parameters()), "cuda")
+                    why = f"its weights are on {dev}" if dev != "cuda" else None
+                if why is not None:
+                    if "user" in t.layers:  # the user asked for both: say so, change nothing
+                        raise PlanError(f"cuda_graphs key {key!r}: {t.cls_name} at {t.path or '<root>'!r}: {why}; "
+                                        "or drop the cuda_graphs entry")
+                    # The shipped spec's default yields to what the user chose (a memory budget
+                    # that streams, step caching, training, another card): said in the report.
+                    skipped.append(f"{label} not captured ({why})")
+                    continue
                 call = GraphedCall(getattr(t.module, method), spec, label)
                 _install(t.module, method, call)
                 done.append((t.module, method))
                 calls[label] = call
-            lines.append(f"{key or '<root>'}.{method} on {len(targets)} module(s) ({spec.short()})")
+                n += 1
+            if n:
+                lines.append(f"{key or '<root>'}.{method} on {n} module(s) ({spec.short()})")
     except BaseException:
         undo()
         raise
     did = ("captured per input signature: " + "; ".join(lines)) if lines else "none (every call launches its kernels)"
-    return StepRecord("cuda_graphs", did, undo, {"graphed": calls} if calls else {})
+    if skipped:
+        did += "; the spec's " + "; ".join(skipped)
+    details: dict[str, Any] = {"graphed": calls} if calls else {}
+    if skipped:
+        details["not_captured"] = skipped
+    return StepRecord("cuda_graphs", did, undo, details)
