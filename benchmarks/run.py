@@ -96,15 +96,15 @@ ZOO_STRATEGIES = ("magi_zoo", "magi_zoo_fp8", "magi_zoo_fp8_matmul", "magi_zoo_s
 
 def _zoo_kwargs(strategy: str, adapter, gpu: str) -> dict[str, Any]:
     """The one change a magi_zoo_* strategy makes to `magi_zoo.load`."""
-    if strategy.endswith("_graphs"):  # the denoiser's whole forward captured in CUDA graphs, or not
-        from magi_zoo.adapters.diffusers_pipeline import DiffusersPipelineAdapter
+    for suffix, on in (("_nographs", False), ("_graphs", True)):  # the denoiser's forward in CUDA graphs, or not
+        if strategy.endswith(suffix):
+            from magi_zoo.adapters.diffusers_pipeline import DiffusersPipelineAdapter
 
-        if not isinstance(adapter, DiffusersPipelineAdapter):
-            raise TypeError(f"{strategy}: times a diffusers denoiser's forward; {adapter.family} has none "
-                            "(key its step method in a cuda_graphs override instead)")
-        on = not strategy.endswith("_nographs")
-        base = _zoo_kwargs(strategy[: -len("_graphs" if on else "_nographs")], adapter, gpu)
-        return {**base, "overrides": {"cuda_graphs": {"transformer": on}}}
+            if not isinstance(adapter, DiffusersPipelineAdapter):
+                raise TypeError(f"{strategy}: times a diffusers denoiser's forward; {adapter.family} has none "
+                                "(key its step method in a cuda_graphs override instead)")
+            base = _zoo_kwargs(strategy[: -len(suffix)], adapter, gpu)
+            return {**base, "overrides": {"cuda_graphs": {"transformer": on}}}
     if strategy == "magi_zoo_fp8":  # fp8 matmuls and fp8 attention (where attention runs on fa3)
         return {"precision": "fp8"}
     if strategy == "magi_zoo_fp8_matmul":  # fp8 matmuls only, attention as the spec sets it

@@ -142,6 +142,21 @@ def test_no_entry_means_nothing_installed():
     assert graphed(m) is None
 
 
+def test_harness_graph_strategies_are_one_change_each():
+    from benchmarks.run import _zoo_kwargs
+    from magi_zoo.adapters import lookup
+
+    flux, _ = lookup("flux.1-dev")
+    on, off = {"cuda_graphs": {"transformer": True}}, {"cuda_graphs": {"transformer": False}}
+    assert _zoo_kwargs("magi_zoo_graphs", flux, "h100") == {"overrides": on}
+    assert _zoo_kwargs("magi_zoo_nographs", flux, "h100") == {"overrides": off}
+    assert _zoo_kwargs("magi_zoo_fp8_graphs", flux, "h100") == {"precision": "fp8", "overrides": on}
+    assert _zoo_kwargs("magi_zoo_fp8_nographs", flux, "h100") == {"precision": "fp8", "overrides": off}
+    bagel, _ = lookup("bagel-7b-mot")
+    with pytest.raises(TypeError, match="key its step method"):
+        _zoo_kwargs("magi_zoo_graphs", bagel, "h100")
+
+
 # -- GPU: the capture itself -----------------------------------------------------------------
 
 gpu = pytest.mark.gpu
