@@ -151,3 +151,17 @@ def inductor_has_option(name: str) -> bool:
     import torch._inductor.config as config
 
     return hasattr(config, name)
+
+
+def tree_flatten(tree: Any) -> tuple[list[Any], Any]:
+    """torch's pytree flatten (leaves, spec): it opens tuples, lists, dicts and the output
+    classes diffusers and transformers register (their outputs are pytree nodes)."""
+    from torch.utils import _pytree
+
+    return _pytree.tree_flatten(tree)
+
+
+def tree_unflatten(leaves: list[Any], spec: Any) -> Any:
+    from torch.utils import _pytree
+
+    return _pytree.tree_unflatten(leaves, spec)

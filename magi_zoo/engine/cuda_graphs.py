@@ -35,9 +35,9 @@ from typing import Any, Callable
 
 import torch
 import torch.nn as nn
-from torch.utils import _pytree as pytree
 
 from ..specs.cuda_graph_spec import CudaGraphSpec
+from . import _torch_compat as pytree
 from .compile import cuda_graphs_by
 from .resolve import PlanError
 from .steps import StepContext, StepRecord, register_step
