@@ -70,12 +70,18 @@ def cfg_step(**s):
         with t.cache_context("uncond"):
             u = t(**neg)[0]
         CFG_GAP.append(rel(c.float(), u.float()))
-        return (u + 5.0 * (c - u)).float()
+        return (u + 5.0 * (c - u)).float(), c.float(), u.float()  # guided, and each branch
 
 
 def state(module):
-    return [(n, sorted(k for k in m.__dict__ if k in ("forward", "_diffusers_hook", "_parallel_config")))
-            for n, m in module.named_modules()]
+    """What an exact undo gives back. An empty diffusers hook registry is left out: the model's
+    own `cache_context` (cfg_step calls it) creates one at the first call."""
+    def keys(m):
+        hooks = m.__dict__.get("_diffusers_hook")
+        return sorted(k for k in m.__dict__ if k in ("forward", "_parallel_config")
+                      or (k == "_diffusers_hook" and hooks.hooks))
+
+    return [(n, keys(m)) for n, m in module.named_modules()]
 
 
 
@@ -101,6 +107,9 @@ def check(name, parallel, attention=None, fn=forward, s=None, compile=None):
         got = fn(**s)
         got = fn(**s)  # a second call: no recompile
         d = counters.delta(snap)
+        if isinstance(got, tuple):  # cfg_step: the guided output, then the cond and uncond branches
+            row.update(rel_l2_cond=rel(got[1], ref[1]), rel_l2_uncond=rel(got[2], ref[2]))
+            got, ref = got[0], ref[0]
         row.update(rel_l2=rel(got, ref), frames=d.frames, graphs=d.graphs, breaks=d.graph_breaks,
                    recompiles=d.recompiles, did=next(x.did for x in rep.steps if x.step == "parallel"))
     except Exception as e:  # noqa: BLE001 - recorded for the test to show

@@ -77,7 +77,13 @@ def test_cfg_parallel_step_equals_one_gpu(result):
     row = rows["cfg"]
     assert "error" not in row and row["undo_exact"], row
     assert row["cond_uncond_gap"] > 0.05, row  # the two conditions really differ
-    assert row["rel_l2"] < 1e-3, row
+    # Each branch equals its one-GPU reference at bf16 level, like Ulysses (2x H100, this worker:
+    # 4.6e-3 for both branches, even the cond one on the reference's own GPU -- the parallel
+    # plan is compiled afresh). Guidance 5 with cond and uncond 6% apart multiplies that: the
+    # guided output 5c - 4u measured 2.8e-2. (This test used to expect 1e-3 for the guided output
+    # with a negative condition identical to the positive one, so it checked rounding noise.)
+    assert row["rel_l2_cond"] < 1e-2 and row["rel_l2_uncond"] < 1e-2, row
+    assert row["rel_l2"] < 5e-2, row
 
 
 def test_cfg_times_ulysses(result):
