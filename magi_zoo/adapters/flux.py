@@ -10,6 +10,7 @@ ch_mult (1, 2, 4, 4), z 16, scale 0.3611, shift 0.1159).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -176,6 +177,60 @@ def _single_stream_preparation(transformer: nn.Module) -> Preparation:
                        "(one compile per block class instead of two)", install)
 
 
+def _fused_proj_out(block: nn.Module) -> bool:
+    """Whether this single block's `proj_out` is an fp8 linear that may take its input in parts
+    (the precision step's `fuse_gelu`) and its MLP activation is the tanh GELU the kernel computes."""
+    act = block.act_mlp
+    return (getattr(block.proj_out, "fuse_gelu", False) and isinstance(act, nn.GELU)
+            and act.approximate == "tanh")
+
+
+def _single_block_forward(block: nn.Module, class_forward, hidden_states, encoder_hidden_states, temb,
+                          image_rotary_emb=None, joint_attention_kwargs=None):
+    """diffusers' FluxSingleTransformerBlock.forward (0.42), except that with an fp8 `proj_out`
+    the attention output and the MLP's *pre-activation* go to `proj_out.forward_parts`: one
+    kernel applies the GELU, takes each row's amax over both and writes the fp8 input, instead
+    of a materialized GELU + concat and inductor's two-pass quantization of the 15,360-wide
+    rows (~220 us per call at 1024^2 on an H100). Without an fp8 proj_out: the class forward."""
+    if not _fused_proj_out(block):
+        return class_forward(block, hidden_states, encoder_hidden_states, temb,
+                             image_rotary_emb=image_rotary_emb, joint_attention_kwargs=joint_attention_kwargs)
+    text_seq_len = encoder_hidden_states.shape[1]
+    hidden_states = torch.cat([encoder_hidden_states, hidden_states], dim=1)
+    residual = hidden_states
+    norm_hidden_states, gate = block.norm(hidden_states, emb=temb)
+    up = block.proj_mlp  # fp8 too in fp8 mode: its raw output, the bias added in the kernel
+    raw = callable(getattr(up, "raw", None))
+    mlp_pre = up.raw(norm_hidden_states) if raw else up(norm_hidden_states)
+    attn_output = block.attn(hidden_states=norm_hidden_states, image_rotary_emb=image_rotary_emb,
+                             **(joint_attention_kwargs or {}))
+    out = block.proj_out.forward_parts(attn_output, mlp_pre, up.bias if raw else None, False, True)
+    hidden_states = residual + gate.unsqueeze(1) * out
+    if hidden_states.dtype == torch.float16:
+        hidden_states = hidden_states.clip(-65504, 65504)
+    return hidden_states[:, :text_seq_len], hidden_states[:, text_seq_len:]
+
+
+def _fused_proj_out_preparation(transformer: nn.Module) -> Preparation:
+    """Install `_single_block_forward` on every single-stream block (it falls back to the class
+    forward unless the precision step made proj_out an fp8 linear with fuse_gelu)."""
+
+    def install(root: nn.Module):
+        blocks = list(getattr(transformer, "single_transformer_blocks", None) or [])
+        for b in blocks:  # a plain function and a partial: what dynamo traces (not type(b).forward)
+            object.__setattr__(b, "forward", functools.partial(_single_block_forward, b, type(b).forward))
+
+        def undo() -> None:
+            for b in blocks:
+                b.__dict__.pop("forward", None)
+
+        return undo
+
+    return Preparation("fp8 proj_out in parts",
+                       "with fp8 matmuls, each single block's proj_out quantizes the attention output and the "
+                       "MLP's GELU in one kernel, without materializing the concatenation", install)
+
+
 def _latent_grid(pipe, height: int, width: int) -> tuple[int, int]:
     """Packed-token grid for an image: VAE downsample, then 2x2 patches (FluxPipeline.prepare_latents)."""
     f = pipe.vae_scale_factor * 2
@@ -203,7 +258,7 @@ class FluxAdapter(DiffusersPipelineAdapter):
         return _random_pipeline(variant, dtype, device)
 
     def preparations(self, pipe) -> list[Preparation]:
-        return [_single_stream_preparation(pipe.transformer)]
+        return [_single_stream_preparation(pipe.transformer), _fused_proj_out_preparation(pipe.transformer)]
 
     def check_shape(self, pipe, call: dict[str, Any]) -> None:
         _latent_grid(pipe, call["height"], call["width"])

@@ -25,6 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .kernels import fp8_quant
 from .steps import StepContext, StepRecord, register_step
 
 E4M3_MAX = 448.0  # largest finite float8_e4m3fn
@@ -46,6 +47,11 @@ class Fp8Linear(nn.Module):
     def __init__(self, linear: nn.Linear, fast_accum: bool = False):
         super().__init__()
         self.fast_accum = fast_accum
+        # True: the input is a pre-activation and GELU (tanh) runs inside the one-pass
+        # quantization kernel (`fuse_gelu`: the precision step sets it on a FeedForward's down
+        # projection after taking the GELU out of the up projection).
+        self.input_gelu = False
+        self.input_bias: torch.Tensor | None = None  # with input_gelu: the up projection's bias
         w = linear.weight.detach()
         q, scale = _rowwise_fp8(w)  # (out, in) fp8 and (out, 1) fp32
         self.in_features, self.out_features = linear.in_features, linear.out_features
@@ -61,18 +67,53 @@ class Fp8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        xq, xs = _rowwise_fp8(x2)
+        if self.input_gelu:  # x is the up projection's raw output; its bias joins in the kernel
+            xq, xs = fp8_quant.rowwise_fp8_gelu_cat(x2, None, self.input_bias, None, True, False)
+        else:
+            xq, xs = _rowwise_fp8(x2)
+        return self._matmul(xq, xs, x.dtype, shape[:-1])
+
+    def forward_parts(self, a: torch.Tensor, b: torch.Tensor, bias_b: torch.Tensor | None,
+                      gelu_a: bool, gelu_b: bool) -> torch.Tensor:
+        """`forward(cat([gelu?(a), gelu?(b + bias_b)], -1))` without materializing the
+        concatenation or the GELU: one kernel quantizes both parts per row
+        (`kernels/fp8_quant.py`). `b` may be another fp8 linear's `raw` output with its bias."""
+        lead = a.shape[:-1]
+        xq, xs = fp8_quant.rowwise_fp8_gelu_cat(a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1]),
+                                                None, bias_b, gelu_a, gelu_b)
+        return self._matmul(xq, xs, a.dtype, lead)
+
+    def raw(self, x: torch.Tensor) -> torch.Tensor:
+        """x @ W^T without the bias: for a consumer that adds the bias itself (the one-pass
+        quantization of the next fp8 linear reads this output once, bias included)."""
+        shape = x.shape
+        xq, xs = _rowwise_fp8(x.reshape(-1, shape[-1]))
+        return self._matmul(xq, xs, x.dtype, shape[:-1], bias=False)
+
+    def _matmul(self, xq: torch.Tensor, xs: torch.Tensor, dtype: torch.dtype, lead, bias: bool = True) -> torch.Tensor:
         # b must be column-major: the transpose of the row-major (out, in) weight is.
-        out_dtype = x.dtype if x.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.bfloat16
+        out_dtype = dtype if dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.bfloat16
         y = torch._scaled_mm(xq, self.weight_fp8.t(), scale_a=xs, scale_b=self.weight_scale, out_dtype=out_dtype,
                              use_fast_accum=self.fast_accum)
-        if self.bias is not None:
+        if bias and self.bias is not None:
             y = y + self.bias.to(y.dtype)
-        return y.reshape(*shape[:-1], self.out_features)
+        return y.reshape(*lead, self.out_features)
+
+
+class _RawUp(nn.Module):
+    """A FeedForward's up projection without its bias, whose output the down projection's
+    one-pass quantization reads (adding this bias and the GELU there)."""
+
+    def __init__(self, up: Fp8Linear):
+        super().__init__()
+        self.up = up
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.up.raw(x)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, fp8 e4m3 rowwise"
-                + (", fast accumulation" if self.fast_accum else ""))
+                + (", fast accumulation" if self.fast_accum else "") + (", GELU of the input fused" if self.input_gelu else ""))
 
 
 def eligible(linear: nn.Module) -> bool:
@@ -133,9 +174,13 @@ def precision_step(ctx: StepContext) -> StepRecord:
     section = ctx.plan.section("precision")
     swaps: list[tuple[nn.Module, str, nn.Module]] = []  # (parent, attribute, original on the host)
     backends: list[tuple[object, object]] = []  # (attention processor, its backend before)
+    fusions: list[tuple[nn.ModuleList, nn.Module, Fp8Linear]] = []  # (FeedForward.net, its GELU, down proj)
     done, skipped = [], 0
 
     def undo() -> None:
+        for net, act, down in reversed(fusions):
+            net[0] = act
+            down.input_gelu, down.input_bias = False, None
         for proc, prior in reversed(backends):
             proc._attention_backend = prior
         for parent, name, original in reversed(swaps):
@@ -176,9 +221,11 @@ def precision_step(ctx: StepContext) -> StepRecord:
                             skipped += 1
                             continue
                         fp8 = Fp8Linear(child, fast_accum=spec.fast_accum)
+                        fp8.fuse_gelu = spec.fuse_gelu  # may take its input in parts (an adapter's forward)
                         swaps.append((parent, name, child.to("cpu")))
                         setattr(parent, name, fp8)
                         n += 1
+            fused = sum(_fuse_feedforward_gelu(t.module, fusions) for t in targets) if spec.fuse_gelu else 0
             unused = [pat for pat, hit in used.items() if not hit]
             if unused:
                 linears = sorted(p for p, m in targets[0].module.named_modules() if isinstance(m, (nn.Linear, Fp8Linear)))
@@ -186,7 +233,8 @@ def precision_step(ctx: StepContext) -> StepRecord:
                                  f"{targets[0].cls_name}; its linears: {', '.join(linears)}")
             done.append(f"fp8 matmuls on {key or '<root>'} ({n} linears"
                         + (f", {kept} kept bf16 by keep_bf16" if kept else "")
-                        + (", fast accumulation" if spec.fast_accum else "") + ")")
+                        + (", fast accumulation" if spec.fast_accum else "")
+                        + (f", {fused} FeedForward GELU(s) quantized in one pass" if fused else "") + ")")
     except BaseException:
         undo()
         raise
@@ -195,6 +243,31 @@ def precision_step(ctx: StepContext) -> StepRecord:
         did += f"; {skipped} linear(s) kept (dims not multiples of 16)"
     return StepRecord("precision", did, undo, {"fp8_linears": len(swaps), "skipped": skipped,
                                                "fp8_attention_layers": len(backends)})
+
+
+def _fuse_feedforward_gelu(root: nn.Module, fusions: list) -> int:
+    """In every diffusers-style FeedForward under `root` whose net is [GELU(tanh) with its `proj`,
+    Dropout(0), fp8 linear(, Dropout(0))], move the GELU into the down projection's one-pass
+    quantization: net[0] becomes the bare up projection, the down projection's `input_gelu` is
+    set (with an fp8 up projection, its bias is added there too: its raw output is read once).
+    Same function; the GELU output is quantized from fp32 instead of bf16. Returns how many."""
+    n = 0
+    for m in root.modules():
+        net = getattr(m, "net", None)
+        if not isinstance(net, nn.ModuleList) or len(net) not in (3, 4):
+            continue
+        act, drops, down = net[0], [net[1], *list(net)[3:]], net[2]
+        if not (type(act).__name__ == "GELU" and getattr(act, "approximate", None) == "tanh"
+                and isinstance(getattr(act, "proj", None), nn.Module) and isinstance(down, Fp8Linear)
+                and all(isinstance(d, nn.Dropout) and d.p == 0 for d in drops)):
+            continue
+        up = act.proj
+        fusions.append((net, act, down))
+        net[0] = _RawUp(up) if isinstance(up, Fp8Linear) else up
+        down.input_gelu = True
+        down.input_bias = up.bias if isinstance(up, Fp8Linear) else None
+        n += 1
+    return n
 
 
 def reference_linear(x: torch.Tensor, linear: Fp8Linear) -> torch.Tensor:

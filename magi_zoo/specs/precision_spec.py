@@ -47,6 +47,13 @@ class PrecisionSpec(SectionSpec):
         False,
         description="fp8 GEMMs with cuBLAS fast accumulation (faster, slightly less accurate sums).",
     )
+    fuse_gelu: bool = Field(
+        True,
+        description="With matmul='fp8': quantize a GELU (tanh) output inside one kernel that reads the "
+        "pre-activation once (kernels/fp8_quant.py) -- a FeedForward's down projection, and the parts an "
+        "adapter hands an fp8 linear (Flux's single-block proj_out) -- instead of inductor's two-pass "
+        "quantization of a materialized GELU.",
+    )
 
     @field_validator("keep_bf16", mode="before")
     @classmethod
