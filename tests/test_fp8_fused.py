@@ -107,7 +107,11 @@ def test_triton_kernel_equals_the_definition(ka, kb, gelu_a, gelu_b, bias):
     q, s = fp8_quant.rowwise_fp8_gelu_cat(a, b, ba, bb, gelu_a, gelu_b)
     want_q, want_s = fp8_quant.reference(a, b, ba, bb, gelu_a, gelu_b)
     torch.testing.assert_close(s, want_s, rtol=1e-5, atol=0)
-    # at most one e4m3 step apart (GELU's tanh differs in the last bits between Triton and torch)
+    # At most one e4m3 step apart: GELU's last bits differ between Triton and torch, so a value
+    # near a rounding boundary may round the other way. A step is 2^-3 of the value (3 mantissa
+    # bits) for normal numbers, 2^-9 times the row's scale for subnormal ones.
     d = (_deq(q, s) - _deq(want_q, want_s)).abs()
-    assert float((d / (want_q.float().abs() * want_s).clamp(min=float(s.min()) * 2 ** -9)).max()) <= 0.13
+    step = torch.maximum(want_q.float().abs() * want_s * 2 ** -3, want_s * 2 ** -9)
+    assert float((d / step).max()) <= 1.0 + 1e-6
     assert _rel(_deq(q, s), _deq(want_q, want_s)) < 1e-2
+    assert float((d > 0).float().mean()) < 0.02  # and such flips are rare

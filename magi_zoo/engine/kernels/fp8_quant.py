@@ -88,7 +88,9 @@ def _kernel():
     @triton.jit
     def _gelu(x):
         y = 0.7978845608028654 * (x + 0.044715 * x * x * x)
-        return 0.5 * x * (2.0 - 2.0 / (tl.exp(2.0 * y) + 1.0))  # 1 + tanh(y), overflow-safe
+        # 0.5 x (1 + tanh(y)) = x sigmoid(2y): no cancellation for negative x, and an exp that
+        # overflows to inf gives -0, the right limit
+        return x / (1.0 + tl.exp(-2.0 * y))
 
     @triton.jit
     def kernel(a_ptr, b_ptr, ba_ptr, bb_ptr, q_ptr, s_ptr, ka, kb, sa, sb, sq,
