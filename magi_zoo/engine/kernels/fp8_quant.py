@@ -93,9 +93,10 @@ def _kernel():
         return x / (1.0 + tl.exp(-2.0 * y))
 
     @triton.jit
-    def kernel(a_ptr, b_ptr, ba_ptr, bb_ptr, q_ptr, s_ptr, ka, kb, sa, sb, sq,
-               GELU_A: tl.constexpr, GELU_B: tl.constexpr, HAS_B: tl.constexpr,
-               BIAS_A: tl.constexpr, BIAS_B: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr):
+    def rowwise_fp8_gelu_cat_kernel(a_ptr, b_ptr, ba_ptr, bb_ptr, q_ptr, s_ptr, ka, kb, sa, sb, sq,
+                                    GELU_A: tl.constexpr, GELU_B: tl.constexpr, HAS_B: tl.constexpr,
+                                    BIAS_A: tl.constexpr, BIAS_B: tl.constexpr,
+                                    BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         oa = tl.arange(0, BLOCK_A)
         ma = oa < ka
@@ -122,7 +123,7 @@ def _kernel():
             tl.store(q_ptr + row * sq + ka + ob, qb.to(tl.float8e4nv), mask=mb)
         tl.store(s_ptr + row, scale)
 
-    _KERNEL = kernel
+    _KERNEL = rowwise_fp8_gelu_cat_kernel  # named for profiles (it showed as 'kernel')
     return kernel
 
 
