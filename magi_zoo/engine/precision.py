@@ -52,6 +52,9 @@ class Fp8Linear(nn.Module):
         # projection after taking the GELU out of the up projection).
         self.input_gelu = False
         self.input_bias: torch.Tensor | None = None  # with input_gelu: the up projection's bias
+        # May an adapter hand this linear its input in parts (`forward_parts`)? The precision
+        # step sets it from the spec's fuse_gelu; an Fp8Linear built by hand says no.
+        self.fuse_gelu = False
         w = linear.weight.detach()
         q, scale = _rowwise_fp8(w)  # (out, in) fp8 and (out, 1) fp32
         self.in_features, self.out_features = linear.in_features, linear.out_features
