@@ -80,10 +80,11 @@ def test_preparation_is_a_step_and_is_undone(flux):
     block0 = flux.pipe.transformer.single_transformer_blocks[0]
     assert not block0._forward_pre_hooks  # compile=False: nothing prepared
     rep = flux.apply_plan()
-    assert rep.step("prepare").details["preparations"] == ["single-stream views"]
+    assert rep.step("prepare").details["preparations"] == ["single-stream views", "fp8 proj_out in parts"]
     assert len(block0._forward_pre_hooks) == 1
     remove(flux.modules)
     assert not block0._forward_pre_hooks and magi_zoo.engine.installed(flux.modules) == []
+    assert not any("forward" in b.__dict__ for b in flux.pipe.transformer.single_transformer_blocks)
 
 
 def test_failing_step_undoes_the_earlier_ones(flux):
@@ -95,6 +96,7 @@ def test_failing_step_undoes_the_earlier_ones(flux):
                                       "compile": {"FluxTransformerBlok": {}}}, gpu="cpu",
                        preparations=flux.adapter.preparations(flux.pipe))
     assert not block0._forward_pre_hooks and set(_backends(flux.pipe.transformer)) == {None}
+    assert "forward" not in block0.__dict__  # the fp8 proj_out preparation was undone too
 
 
 def test_load_overrides_reach_every_section(fresh_dynamo):
