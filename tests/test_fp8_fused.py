@@ -68,6 +68,7 @@ def test_flux_fp8_fuses_feedforward_gelu_and_single_block_proj_out(monkeypatch):
     did = rep.step("precision").did
     assert f"{2 * n_double} FeedForward GELU(s) quantized in one pass" in did  # ff and ff_context per double block
     assert "fp8 proj_out in parts" in rep.step("prepare").did
+    assert "GELU of the input fused" in repr(blocks.transformer_blocks[0].ff)  # the fused module prints
     calls = []
     real = fp8_quant.rowwise_fp8_gelu_cat
     monkeypatch.setattr(precision_mod.fp8_quant, "rowwise_fp8_gelu_cat",

@@ -102,6 +102,10 @@ class Fp8Linear(nn.Module):
             y = y + self.bias.to(y.dtype)
         return y.reshape(*lead, self.out_features)
 
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, fp8 e4m3 rowwise"
+                + (", fast accumulation" if self.fast_accum else "") + (", GELU of the input fused" if self.input_gelu else ""))
+
 
 class _RawUp(nn.Module):
     """A FeedForward's up projection without its bias, whose output the down projection's
@@ -113,10 +117,6 @@ class _RawUp(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.up.raw(x)
-
-    def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, fp8 e4m3 rowwise"
-                + (", fast accumulation" if self.fast_accum else "") + (", GELU of the input fused" if self.input_gelu else ""))
 
 
 def eligible(linear: nn.Module) -> bool:
