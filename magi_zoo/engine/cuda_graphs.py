@@ -39,7 +39,7 @@ import torch.nn as nn
 from ..specs.cuda_graph_spec import CudaGraphSpec
 from . import _torch_compat as pytree
 from .compile import cuda_graphs_by
-from .resolve import PlanError
+from .resolve import PlanError, path_within
 from .steps import StepContext, StepRecord, register_step
 
 _GRAPHED = "_magi_zoo_graphed"  # instance attr: method name -> (GraphedCall, prior instance attr or None)
@@ -197,11 +197,7 @@ def graphed(module: nn.Module, method: str = "forward") -> GraphedCall | None:
 # -- apply ---------------------------------------------------------------------------------
 def _related(a: str, b: str) -> bool:
     """Whether module paths `a` and `b` are the same, or one contains the other."""
-    return a == b or not a or not b or a.startswith(b + ".") or b.startswith(a + ".")
-
-
-def _inside(path: str, outer: str) -> bool:
-    return path == outer or not outer or path.startswith(outer + ".")
+    return path_within(a, b) or path_within(b, a)
 
 
 def conflict(ctx: StepContext, t) -> str | None:
@@ -213,7 +209,7 @@ def conflict(ctx: StepContext, t) -> str | None:
         return "CUDA graph capture is inference-only and this is a training apply (train=True)"
     for (ckey, _), targets in ctx.plan.regions().items():
         by = cuda_graphs_by(targets[0].spec) if targets[0].spec.enabled else None
-        if by and any(_inside(c.path, t.path) for c in targets):
+        if by and any(path_within(c.path, t.path) for c in targets):
             return (f"the compile region {ckey or '<root>'!r} inside it captures CUDA graphs itself ({by}); "
                     "graphs do not nest: use mode='default' or 'max-autotune-no-cudagraphs' there")
     for s in ctx.plan.section("step_cache").targets:
@@ -227,7 +223,7 @@ def conflict(ctx: StepContext, t) -> str | None:
     from .offload import _host_held_paths, runtime
 
     rt = runtime(ctx.root)
-    moving = sorted(p for p in (_host_held_paths(rt.plan) if rt is not None else ()) if _inside(p, t.path))
+    moving = sorted(p for p in (_host_held_paths(rt.plan) if rt is not None else ()) if path_within(p, t.path))
     if moving:
         return (f"{len(moving)} offload unit(s) inside it stream or move (e.g. {moving[0]!r}), their copies "
                 "scheduled by Python hooks between changing buffers; raise the memory budget until they stay "

@@ -126,6 +126,12 @@ class ResolvedPlan:
         return [(s.section, t.path, t.method, t.spec.digest()) for s in self.sections.values() for t in s.targets]
 
 
+def path_within(path: str, outer: str) -> bool:
+    """Whether the module at dotted `path` is the one at `outer` or under it ("" is the root,
+    which holds every path)."""
+    return path == outer or not outer or path.startswith(outer + ".")
+
+
 def _glob_to_regex(pattern: str) -> re.Pattern:
     """'*' matches one path segment (or part of one), '**' one or more whole segments."""
     parts = []

@@ -31,7 +31,7 @@ import torch
 import torch.nn as nn
 
 from ..specs.step_cache_spec import METHODS, StepCacheSpec
-from .resolve import PlanError
+from .resolve import PlanError, path_within
 from .steps import StepContext, StepRecord, register_step
 
 _MISSING = object()
@@ -116,7 +116,7 @@ def _hooked(module: nn.Module, path: str, before: dict[int, set[str]]) -> list[t
 def _inside_compiled(path: str, compiled: dict[str, str]) -> str | None:
     """The compiled region that strictly contains `path`, if any."""
     for cpath, region in compiled.items():
-        if path != cpath and (cpath == "" or path.startswith(cpath + ".")):
+        if path != cpath and path_within(path, cpath):
             return region
     return None
 
