@@ -80,7 +80,7 @@ def test_preparation_is_a_step_and_is_undone(flux):
     block0 = flux.pipe.transformer.single_transformer_blocks[0]
     assert not block0._forward_pre_hooks  # compile=False: nothing prepared
     rep = flux.apply_plan()
-    assert rep.step("prepare").details["preparations"] == ["single-stream views", "fp8 proj_out in parts"]
+    assert rep.step("prepare").details["preparations"] == ["single-stream views", "fused single-block MLP"]
     assert len(block0._forward_pre_hooks) == 1
     remove(flux.modules)
     assert not block0._forward_pre_hooks and magi_zoo.engine.installed(flux.modules) == []

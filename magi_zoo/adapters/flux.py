@@ -16,6 +16,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from ..engine.kernels import gelu_linear
+from ..engine.precision import GELU_EPILOGUE_MARK
 from ..engine.prepare import Preparation
 from .base import Variant, init_on
 from .diffusers_pipeline import DiffusersPipelineAdapter
@@ -177,22 +179,33 @@ def _single_stream_preparation(transformer: nn.Module) -> Preparation:
                        "(one compile per block class instead of two)", install)
 
 
-def _fused_proj_out(block: nn.Module) -> bool:
-    """Whether this single block's `proj_out` is an fp8 linear that may take its input in parts
-    (the precision step's `fuse_gelu`) and its MLP activation is the tanh GELU the kernel computes."""
-    act = block.act_mlp
-    return (getattr(block.proj_out, "fuse_gelu", False) and isinstance(act, nn.GELU)
-            and act.approximate == "tanh")
+def _fused_mlp(block: nn.Module) -> str | None:
+    """How this single block's MLP runs fused: "fp8" when `proj_out` is an fp8 linear that may take
+    its input in parts (the precision step's `fuse_gelu`) and the activation is the tanh GELU the
+    kernel computes; "epilogue" when the precision step marked the activation (`gelu_epilogue`)
+    and `proj_mlp` is a plain linear with a bias; None: the class forward."""
+    act, up = block.act_mlp, block.proj_mlp
+    if not (isinstance(act, nn.GELU) and act.approximate == "tanh"):
+        return None
+    if getattr(block.proj_out, "fuse_gelu", False):
+        return "fp8"
+    if getattr(act, GELU_EPILOGUE_MARK, False) and type(up) is nn.Linear and up.bias is not None:
+        return "epilogue"
+    return None
 
 
 def _single_block_forward(block: nn.Module, class_forward, hidden_states, encoder_hidden_states, temb,
                           image_rotary_emb=None, joint_attention_kwargs=None):
-    """diffusers' FluxSingleTransformerBlock.forward (0.42), except that with an fp8 `proj_out`
-    the attention output and the MLP's *pre-activation* go to `proj_out.forward_parts`: one
-    kernel applies the GELU, takes each row's amax over both and writes the fp8 input, instead
-    of a materialized GELU + concat and inductor's two-pass quantization of the 15,360-wide
-    rows (~220 us per call at 1024^2 on an H100). Without an fp8 proj_out: the class forward."""
-    if not _fused_proj_out(block):
+    """diffusers' FluxSingleTransformerBlock.forward (0.42) with its MLP fused (`_fused_mlp`):
+    - "fp8": the attention output and the MLP's *pre-activation* go to `proj_out.forward_parts`:
+      one kernel applies the GELU, takes each row's amax over both and writes the fp8 input,
+      instead of a materialized GELU + concat and inductor's two-pass quantization of the
+      15,360-wide rows (~220 us per call at 1024^2 on an H100);
+    - "epilogue": `proj_mlp` and the GELU are one cuBLASLt GEMM (`magi_zoo::linear_gelu_tanh`):
+      the 12,288-wide MLP output is written once, activated.
+    Otherwise: the class forward."""
+    mode = _fused_mlp(block)
+    if mode is None:
         return class_forward(block, hidden_states, encoder_hidden_states, temb,
                              image_rotary_emb=image_rotary_emb, joint_attention_kwargs=joint_attention_kwargs)
     text_seq_len = encoder_hidden_states.shape[1]
@@ -200,20 +213,26 @@ def _single_block_forward(block: nn.Module, class_forward, hidden_states, encode
     residual = hidden_states
     norm_hidden_states, gate = block.norm(hidden_states, emb=temb)
     up = block.proj_mlp  # fp8 too in fp8 mode: its raw output, the bias added in the kernel
-    raw = callable(getattr(up, "raw", None))
-    mlp_pre = up.raw(norm_hidden_states) if raw else up(norm_hidden_states)
+    if mode == "fp8":
+        raw = callable(getattr(up, "raw", None))
+        mlp = up.raw(norm_hidden_states) if raw else up(norm_hidden_states)
+    else:
+        mlp = gelu_linear.apply(norm_hidden_states, up)
     attn_output = block.attn(hidden_states=norm_hidden_states, image_rotary_emb=image_rotary_emb,
                              **(joint_attention_kwargs or {}))
-    out = block.proj_out.forward_parts(attn_output, mlp_pre, up.bias if raw else None, False, True)
+    if mode == "fp8":
+        out = block.proj_out.forward_parts(attn_output, mlp, up.bias if raw else None, False, True)
+    else:
+        out = block.proj_out(torch.cat([attn_output, mlp], dim=2))
     hidden_states = residual + gate.unsqueeze(1) * out
     if hidden_states.dtype == torch.float16:
         hidden_states = hidden_states.clip(-65504, 65504)
     return hidden_states[:, :text_seq_len], hidden_states[:, text_seq_len:]
 
 
-def _fused_proj_out_preparation(transformer: nn.Module) -> Preparation:
+def _fused_mlp_preparation(transformer: nn.Module) -> Preparation:
     """Install `_single_block_forward` on every single-stream block (it falls back to the class
-    forward unless the precision step made proj_out an fp8 linear with fuse_gelu)."""
+    forward unless the precision step fused the block's MLP: `_fused_mlp`)."""
 
     def install(root: nn.Module):
         blocks = list(getattr(transformer, "single_transformer_blocks", None) or [])
@@ -226,9 +245,11 @@ def _fused_proj_out_preparation(transformer: nn.Module) -> Preparation:
 
         return undo
 
-    return Preparation("fp8 proj_out in parts",
-                       "with fp8 matmuls, each single block's proj_out quantizes the attention output and the "
-                       "MLP's GELU in one kernel, without materializing the concatenation", install)
+    return Preparation("fused single-block MLP",
+                       "each single block's MLP runs fused when the precision step allows it: with fp8 matmuls "
+                       "proj_out quantizes the attention output and the MLP's GELU in one kernel (no "
+                       "concatenation materialized); in bf16 proj_mlp's GEMM applies the GELU in its epilogue",
+                       install)
 
 
 def _latent_grid(pipe, height: int, width: int) -> tuple[int, int]:
@@ -258,7 +279,7 @@ class FluxAdapter(DiffusersPipelineAdapter):
         return _random_pipeline(variant, dtype, device)
 
     def preparations(self, pipe) -> list[Preparation]:
-        return [_single_stream_preparation(pipe.transformer), _fused_proj_out_preparation(pipe.transformer)]
+        return [_single_stream_preparation(pipe.transformer), _fused_mlp_preparation(pipe.transformer)]
 
     def check_shape(self, pipe, call: dict[str, Any]) -> None:
         _latent_grid(pipe, call["height"], call["width"])

@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .kernels import fp8_quant
+from .kernels import fp8_quant, gelu_linear
 from .steps import StepContext, StepRecord, register_step
 
 E4M3_MAX = 448.0  # largest finite float8_e4m3fn
@@ -178,9 +178,15 @@ def precision_step(ctx: StepContext) -> StepRecord:
     swaps: list[tuple[nn.Module, str, nn.Module]] = []  # (parent, attribute, original on the host)
     backends: list[tuple[object, object]] = []  # (attention processor, its backend before)
     fusions: list[tuple[nn.ModuleList, nn.Module, Fp8Linear]] = []  # (FeedForward.net, its GELU, down proj)
+    epilogues: list[tuple[nn.Module, str, nn.Module | None]] = []  # (parent, name, GELU module or None: a mark)
     done, skipped = [], 0
 
     def undo() -> None:
+        for parent, name, act in reversed(epilogues):
+            if act is None:
+                parent.__dict__.pop(GELU_EPILOGUE_MARK, None)
+            else:
+                setattr(parent, name, act)
         for net, act, down in reversed(fusions):
             net[0] = act
             down.input_gelu, down.input_bias = False, None
@@ -199,45 +205,16 @@ def precision_step(ctx: StepContext) -> StepRecord:
                                  "(drop precision='fp8' / --fp8)")
             if spec.attention == "fp8":
                 done.append(_fp8_attention(key, targets, ctx, backends))
-            if spec.matmul != "fp8":
-                continue
-            if not ctx.profile.fp8:
-                raise ValueError(f"precision key {key!r}: matmul='fp8' needs a card with fp8 matmuls (Hopper, "
-                                 f"Ada, Blackwell); profile {ctx.profile.name!r} has none. Use matmul='bf16' "
-                                 "(drop precision='fp8' / --fp8)")
-            n, kept = 0, 0
-            seen: set[int] = set()
-            used = {pat: False for pat in spec.keep_bf16}
-            for t in targets:
-                for parent_path, parent in list(t.module.named_modules()):
-                    for name, child in list(parent.named_children()):
-                        if id(child) in seen or not isinstance(child, nn.Linear):
-                            continue
-                        seen.add(id(child))
-                        path = f"{parent_path}.{name}" if parent_path else name
-                        hits = [pat for pat in spec.keep_bf16 if fnmatch.fnmatchcase(path, pat)]
-                        if hits:
-                            used.update(dict.fromkeys(hits, True))
-                            kept += 1
-                            continue
-                        if not eligible(child):
-                            skipped += 1
-                            continue
-                        fp8 = Fp8Linear(child, fast_accum=spec.fast_accum)
-                        fp8.fuse_gelu = spec.fuse_gelu  # may take its input in parts (an adapter's forward)
-                        swaps.append((parent, name, child.to("cpu")))
-                        setattr(parent, name, fp8)
-                        n += 1
-            fused = sum(_fuse_feedforward_gelu(t.module, fusions) for t in targets) if spec.fuse_gelu else 0
-            unused = [pat for pat, hit in used.items() if not hit]
-            if unused:
-                linears = sorted(p for p, m in targets[0].module.named_modules() if isinstance(m, (nn.Linear, Fp8Linear)))
-                raise ValueError(f"precision key {key!r}: keep_bf16 pattern(s) {unused} match no linear under "
-                                 f"{targets[0].cls_name}; its linears: {', '.join(linears)}")
-            done.append(f"fp8 matmuls on {key or '<root>'} ({n} linears"
-                        + (f", {kept} kept bf16 by keep_bf16" if kept else "")
-                        + (", fast accumulation" if spec.fast_accum else "")
-                        + (f", {fused} FeedForward GELU(s) quantized in one pass" if fused else "") + ")")
+            if spec.matmul == "fp8":
+                skipped += _fp8_matmuls(key, spec, targets, ctx, swaps, fusions, done)
+            if spec.gelu_epilogue:
+                counts = [_gelu_epilogues(t.module, epilogues) for t in targets]
+                swapped, marked = sum(c[0] for c in counts), sum(c[1] for c in counts)
+                if swapped or marked:
+                    done.append(f"GELU in the GEMM epilogue on {key or '<root>'} ("
+                                + ", ".join(([f"{swapped} GELU module(s)"] if swapped else [])
+                                            + ([f"{marked} nn.GELU marked for the adapter's forward"] if marked else []))
+                                + ")")
     except BaseException:
         undo()
         raise
@@ -245,7 +222,49 @@ def precision_step(ctx: StepContext) -> StepRecord:
     if skipped:
         did += f"; {skipped} linear(s) kept (dims not multiples of 16)"
     return StepRecord("precision", did, undo, {"fp8_linears": len(swaps), "skipped": skipped,
-                                               "fp8_attention_layers": len(backends)})
+                                               "fp8_attention_layers": len(backends),
+                                               "gelu_epilogues": sum(a is not None for _, _, a in epilogues)})
+
+
+def _fp8_matmuls(key: str, spec, targets, ctx: StepContext, swaps: list, fusions: list, done: list) -> int:
+    """Swap the region's eligible linears for `Fp8Linear`s (keep_bf16 honoured) and fuse the
+    FeedForward GELUs (fuse_gelu). Appends to `swaps`/`fusions` (the caller's undo) and the
+    report line to `done`; returns how many linears were kept for their dims."""
+    skipped = 0  # (the caller refused fp8 on a profile without it)
+    n, kept = 0, 0
+    seen: set[int] = set()
+    used = {pat: False for pat in spec.keep_bf16}
+    for t in targets:
+        for parent_path, parent in list(t.module.named_modules()):
+            for name, child in list(parent.named_children()):
+                if id(child) in seen or not isinstance(child, nn.Linear):
+                    continue
+                seen.add(id(child))
+                path = f"{parent_path}.{name}" if parent_path else name
+                hits = [pat for pat in spec.keep_bf16 if fnmatch.fnmatchcase(path, pat)]
+                if hits:
+                    used.update(dict.fromkeys(hits, True))
+                    kept += 1
+                    continue
+                if not eligible(child):
+                    skipped += 1
+                    continue
+                fp8 = Fp8Linear(child, fast_accum=spec.fast_accum)
+                fp8.fuse_gelu = spec.fuse_gelu  # may take its input in parts (an adapter's forward)
+                swaps.append((parent, name, child.to("cpu")))
+                setattr(parent, name, fp8)
+                n += 1
+    fused = sum(_fuse_feedforward_gelu(t.module, fusions) for t in targets) if spec.fuse_gelu else 0
+    unused = [pat for pat, hit in used.items() if not hit]
+    if unused:
+        linears = sorted(p for p, m in targets[0].module.named_modules() if isinstance(m, (nn.Linear, Fp8Linear)))
+        raise ValueError(f"precision key {key!r}: keep_bf16 pattern(s) {unused} match no linear under "
+                         f"{targets[0].cls_name}; its linears: {', '.join(linears)}")
+    done.append(f"fp8 matmuls on {key or '<root>'} ({n} linears"
+                + (f", {kept} kept bf16 by keep_bf16" if kept else "")
+                + (", fast accumulation" if spec.fast_accum else "")
+                + (f", {fused} FeedForward GELU(s) quantized in one pass" if fused else "") + ")")
+    return skipped
 
 
 def _fuse_feedforward_gelu(root: nn.Module, fusions: list) -> int:
@@ -271,6 +290,51 @@ def _fuse_feedforward_gelu(root: nn.Module, fusions: list) -> int:
         down.input_bias = up.bias if isinstance(up, Fp8Linear) else None
         n += 1
     return n
+
+
+# Set on a bare GELU(tanh) activation module (nn.GELU) by the precision step: "the linear that
+# feeds you may run you in its epilogue". Only an adapter knows which linear feeds a bare
+# activation (Flux's single blocks: proj_mlp -> act_mlp), so its forward reads the mark.
+GELU_EPILOGUE_MARK = "gelu_epilogue"
+
+
+class GeluLinear(nn.Module):
+    """diffusers' `GELU` module (a linear `proj`, then the tanh GELU) as one
+    `magi_zoo::linear_gelu_tanh` call. It holds the same `proj`, so state-dict keys do not change."""
+
+    def __init__(self, act: nn.Module):
+        super().__init__()
+        self.proj = act.proj
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return gelu_linear.apply(hidden_states, self.proj)
+
+
+def _is_tanh_gelu_module(m: nn.Module) -> bool:
+    """diffusers' GELU (proj + tanh GELU) over a plain bf16-able linear with a bias."""
+    proj = getattr(m, "proj", None)
+    return (type(m).__name__ == "GELU" and getattr(m, "approximate", None) == "tanh"
+            and type(proj) is nn.Linear and proj.bias is not None)
+
+
+def _gelu_epilogues(root: nn.Module, epilogues: list) -> int:
+    """Under `root`: swap every diffusers GELU(tanh) module over a plain linear for a `GeluLinear`
+    (an fp8 up projection is not one: `fuse_gelu` handles those), and mark every bare
+    `nn.GELU(approximate="tanh")` for an adapter's forward (GELU_EPILOGUE_MARK). Appends the
+    undo entries; returns (modules swapped, activations marked)."""
+    swapped = marked = 0
+    for parent in list(root.modules()):
+        if isinstance(parent, nn.GELU) and parent.approximate == "tanh":
+            parent.__dict__[GELU_EPILOGUE_MARK] = True
+            epilogues.append((parent, GELU_EPILOGUE_MARK, None))
+            marked += 1
+            continue
+        for name, child in list(parent.named_children()):
+            if _is_tanh_gelu_module(child):
+                setattr(parent, name, GeluLinear(child))
+                epilogues.append((parent, name, child))
+                swapped += 1
+    return swapped, marked
 
 
 def reference_linear(x: torch.Tensor, linear: Fp8Linear) -> torch.Tensor:

@@ -54,6 +54,14 @@ class PrecisionSpec(SectionSpec):
         "adapter hands an fp8 linear (Flux's single-block proj_out) -- instead of inductor's two-pass "
         "quantization of a materialized GELU.",
     )
+    gelu_epilogue: bool = Field(
+        True,
+        description="A bf16 linear followed by a GELU (tanh) -- diffusers' GELU module, and the pairs an "
+        "adapter fuses (Flux's single-block MLP) -- runs as one cuBLASLt GEMM with the bias and the GELU in "
+        "its epilogue (`magi_zoo::linear_gelu_tanh`, kernels/gelu_linear.py) on CUDA, instead of a GEMM and "
+        "an elementwise pass over its wide output. Same function (the GELU reads the fp32 accumulator); in "
+        "bf16 and fp8 regions alike (an fp8 up projection is fused by fuse_gelu instead).",
+    )
 
     @field_validator("keep_bf16", mode="before")
     @classmethod
