@@ -113,6 +113,7 @@ def test_compiled_wan_with_epilogues_equals_eager_without_breaks(fresh_dynamo):
                          preparations=h.adapter.preparations(h.pipe))
     out = _forward(h)
     assert "GELU in the GEMM epilogue" in rep.step("precision").did
+    assert "RoPE in one pass" in rep.step("precision").did  # magi_zoo::rms_norm_rope traced too
     counters.expect(counters.delta(before), frames=1, breaks=0, recompiles=0)
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
 

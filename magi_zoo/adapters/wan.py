@@ -12,6 +12,7 @@ import torch
 
 from .base import Variant, init_on, keep_fp32_modules
 from .diffusers_pipeline import DiffusersPipelineAdapter
+from .wan_attention import norm_rope_preparation
 
 # -- published configs ---------------------------------------------------------------------
 # UMT5-XXL encoder (google/umt5-xxl, as shipped in Wan-AI/*-Diffusers/text_encoder).
@@ -179,6 +180,13 @@ class WanAdapter(DiffusersPipelineAdapter):
         if options.get("image") is not None:
             options["image"] = _read_image(options["image"])
         return super().generate(handle, prompt=prompt, progress=progress, **options)
+
+    def preparations(self, pipe) -> list:
+        """Wan's self-attention q/k norm + rope in one kernel where the precision step allows it
+        (`wan_attention.py`), on each denoiser (Wan2.2-A14B has two)."""
+        denoisers = [t for t in (getattr(pipe, "transformer", None), getattr(pipe, "transformer_2", None))
+                     if t is not None]
+        return [norm_rope_preparation(*denoisers)] if denoisers else []
 
     def build_random(self, variant: Variant, dtype: torch.dtype, device: torch.device):
         return _random_pipeline(variant, dtype, device)

@@ -183,8 +183,8 @@ def precision_step(ctx: StepContext) -> StepRecord:
 
     def undo() -> None:
         for parent, name, act in reversed(epilogues):
-            if act is None:
-                parent.__dict__.pop(GELU_EPILOGUE_MARK, None)
+            if act is None:  # a mark
+                parent.__dict__.pop(name, None)
             else:
                 setattr(parent, name, act)
         for net, act, down in reversed(fusions):
@@ -215,6 +215,11 @@ def precision_step(ctx: StepContext) -> StepRecord:
                                 + ", ".join(([f"{swapped} GELU module(s)"] if swapped else [])
                                             + ([f"{marked} nn.GELU marked for the adapter's forward"] if marked else []))
                                 + ")")
+            if spec.fuse_norm_rope:
+                marked = sum(_mark(t.module, nn.RMSNorm, NORM_ROPE_MARK, epilogues) for t in targets)
+                if marked:
+                    done.append(f"q/k RMSNorm + RoPE in one pass on {key or '<root>'} ({marked} RMSNorm marked for "
+                                "the adapter's attention)")
     except BaseException:
         undo()
         raise
@@ -296,6 +301,9 @@ def _fuse_feedforward_gelu(root: nn.Module, fusions: list) -> int:
 # feeds you may run you in its epilogue". Only an adapter knows which linear feeds a bare
 # activation (Flux's single blocks: proj_mlp -> act_mlp), so its forward reads the mark.
 GELU_EPILOGUE_MARK = "gelu_epilogue"
+# Set on an nn.RMSNorm (fuse_norm_rope): "your output may be computed with the rotary embedding
+# that follows in one pass" -- an adapter's attention forward knows the pairing (Wan's q/k norms).
+NORM_ROPE_MARK = "norm_rope_fusion"
 
 
 class GeluLinear(nn.Module):
@@ -322,19 +330,27 @@ def _gelu_epilogues(root: nn.Module, epilogues: list) -> int:
     (an fp8 up projection is not one: `fuse_gelu` handles those), and mark every bare
     `nn.GELU(approximate="tanh")` for an adapter's forward (GELU_EPILOGUE_MARK). Appends the
     undo entries; returns (modules swapped, activations marked)."""
-    swapped = marked = 0
+    swapped = 0
+    marked = _mark(root, nn.GELU, GELU_EPILOGUE_MARK, epilogues, lambda m: m.approximate == "tanh")
     for parent in list(root.modules()):
-        if isinstance(parent, nn.GELU) and parent.approximate == "tanh":
-            parent.__dict__[GELU_EPILOGUE_MARK] = True
-            epilogues.append((parent, GELU_EPILOGUE_MARK, None))
-            marked += 1
-            continue
         for name, child in list(parent.named_children()):
             if _is_tanh_gelu_module(child):
                 setattr(parent, name, GeluLinear(child))
                 epilogues.append((parent, name, child))
                 swapped += 1
     return swapped, marked
+
+
+def _mark(root: nn.Module, cls: type, mark: str, undo: list, where=lambda m: True) -> int:
+    """Set `mark` on every `cls` module under `root` (that `where` accepts); an adapter's forward reads
+    it. Appends (module, mark, None) undo entries; returns how many."""
+    n = 0
+    for m in root.modules():
+        if isinstance(m, cls) and where(m) and not m.__dict__.get(mark):
+            m.__dict__[mark] = True
+            undo.append((m, mark, None))
+            n += 1
+    return n
 
 
 def reference_linear(x: torch.Tensor, linear: Fp8Linear) -> torch.Tensor:

@@ -63,6 +63,14 @@ class PrecisionSpec(SectionSpec):
         "bf16 and fp8 regions alike (an fp8 up projection is fused by fuse_gelu instead).",
     )
 
+    fuse_norm_rope: bool = Field(
+        True,
+        description="An attention's RMSNorm of q and k over all heads and its rotary embedding in one "
+        "pass (`magi_zoo::rms_norm_rope`, kernels/norm_rope.py) where the adapter's attention supports it "
+        "(Wan's self-attention): one read and one write of q and k instead of a looped reduction and "
+        "strided pair accesses. Same function (no rounding between the norm and the rotation).",
+    )
+
     @field_validator("keep_bf16", mode="before")
     @classmethod
     def _one_or_many(cls, v: Any) -> Any:
