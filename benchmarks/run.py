@@ -89,9 +89,10 @@ from benchmarks import common
 
 STRATEGIES = ("eager", "torch_compile", "diffusers_regional", "magi_zoo", "magi_zoo_fp8", "magi_zoo_fp8_matmul",
               "magi_zoo_sdpa", "magi_zoo_fa3", "magi_zoo_graphs", "magi_zoo_fp8_graphs", "magi_zoo_nographs",
-              "magi_zoo_fp8_nographs")
+              "magi_zoo_fp8_nographs", "magi_zoo_unfused")
 ZOO_STRATEGIES = ("magi_zoo", "magi_zoo_fp8", "magi_zoo_fp8_matmul", "magi_zoo_sdpa", "magi_zoo_fa3",
-                  "magi_zoo_graphs", "magi_zoo_fp8_graphs", "magi_zoo_nographs", "magi_zoo_fp8_nographs")  # magi_zoo.load with the shipped spec (+ one change)
+                  "magi_zoo_graphs", "magi_zoo_fp8_graphs", "magi_zoo_nographs", "magi_zoo_fp8_nographs",
+                  "magi_zoo_unfused")  # magi_zoo.load with the shipped spec (+ one change)
 
 
 def _zoo_kwargs(strategy: str, adapter, gpu: str) -> dict[str, Any]:
@@ -110,6 +111,9 @@ def _zoo_kwargs(strategy: str, adapter, gpu: str) -> dict[str, Any]:
     if strategy == "magi_zoo_fp8_matmul":  # fp8 matmuls only, attention as the spec sets it
         keys = common.spec_keys(adapter, gpu, "precision")
         return {"overrides": {"precision": {k: {"matmul": "fp8", "attention": "bf16"} for k in keys}}}
+    if strategy == "magi_zoo_unfused":  # the precision section's kernel fusions off (GELU epilogue, norm + rope)
+        keys = common.spec_keys(adapter, gpu, "precision")
+        return {"overrides": {"precision": {k: {"gelu_epilogue": False, "fuse_norm_rope": False} for k in keys}}}
     if strategy in ("magi_zoo_sdpa", "magi_zoo_fa3"):
         keys = common.spec_keys(adapter, gpu, "attention")
         if not keys:
