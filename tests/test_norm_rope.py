@@ -113,3 +113,15 @@ def test_triton_kernel_equals_the_definition(b, s, heads, d):
     torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
     # no rounding between norm and rotation: at least as close to fp32 as the unfused path
     assert _rel(got, fp32) <= _rel(want, fp32) * 1.05 + 1e-5
+
+
+def test_training_takes_the_differentiable_definition():
+    norm = torch.nn.RMSNorm(12, eps=1e-6)
+    x = torch.randn(1, 4, 12, requires_grad=True)
+    ang = torch.rand(1, 4, 1, 3)
+    cos, sin = torch.cos(ang).repeat_interleave(2, -1), torch.sin(ang).repeat_interleave(2, -1)
+    out = norm_rope.apply(x, norm, (cos, sin), 2)
+    out.square().sum().backward()
+    assert x.grad is not None and norm.weight.grad is not None
+    with torch.no_grad():  # inference: the op, same values
+        torch.testing.assert_close(norm_rope.apply(x, norm, (cos, sin), 2), out.detach(), rtol=0, atol=0)

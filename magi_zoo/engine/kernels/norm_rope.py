@@ -93,26 +93,29 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, tokens, n, half_d, sx, scs, sss, so, eps,
+    def norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, tokens, n, d, sx, scs, sss, so, eps,
                          HAS_W: tl.constexpr, BLOCK: tl.constexpr):
+        # One token's row per program, read contiguously; each channel's pair partner (i ^ 1) is
+        # a second load of the same cache lines, so no (pairs, 2) reshapes or layout shuffles.
         row = tl.program_id(0).to(tl.int64)
         tok = row % tokens
-        p = tl.arange(0, BLOCK)  # pair index within the row
-        two = tl.arange(0, 2)
-        cols = 2 * p[:, None] + two[None, :]  # (BLOCK, 2): channels 2p, 2p + 1
-        mask = cols < n
-        x = tl.load(x_ptr + row * sx + cols, mask=mask, other=0.0).to(tl.float32)
-        rstd = 1.0 / tl.sqrt(tl.sum(tl.sum(x * x, axis=1), axis=0) / n + eps)
-        y = x * rstd
+        i = tl.arange(0, BLOCK)
+        mask = i < n
+        partner = i ^ 1
+        x = tl.load(x_ptr + row * sx + i, mask=mask, other=0.0).to(tl.float32)
+        xp = tl.load(x_ptr + row * sx + partner, mask=mask, other=0.0).to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n + eps)
+        y, yp = x * rstd, xp * rstd
         if HAS_W:
-            y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        ye, yo = tl.split(y)
-        j = p % half_d  # pair index within the head
-        pm = 2 * p < n
-        c = tl.load(cos_ptr + tok * scs + 2 * j, mask=pm, other=0.0).to(tl.float32)
-        s = tl.load(sin_ptr + tok * sss + 2 * j + 1, mask=pm, other=0.0).to(tl.float32)
-        out = tl.join(ye * c - yo * s, ye * s + yo * c)
-        tl.store(out_ptr + row * so + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+            y = y * tl.load(w_ptr + i, mask=mask, other=0.0).to(tl.float32)
+            yp = yp * tl.load(w_ptr + partner, mask=mask, other=0.0).to(tl.float32)
+        k = i % d  # channel within the head
+        even_k = k - (k % 2)
+        c = tl.load(cos_ptr + tok * scs + even_k, mask=mask, other=0.0).to(tl.float32)  # cos[..., 0::2]
+        s = tl.load(sin_ptr + tok * sss + even_k + 1, mask=mask, other=0.0).to(tl.float32)  # sin[..., 1::2]
+        # even channel 2j: y_e c - y_o s; odd channel 2j + 1: y_o c + y_e s
+        out = y * c + tl.where((i % 2) == 1, yp, -yp) * s
+        tl.store(out_ptr + row * so + i, out.to(out_ptr.dtype.element_ty), mask=mask)
 
     _KERNEL = norm_rope_kernel
     return norm_rope_kernel
@@ -129,15 +132,19 @@ def _launch(x, weight, eps, cos, sin, heads):
     cos2 = cos2 if cos2.stride(-1) == 1 else cos2.contiguous()
     sin2 = sin2 if sin2.stride(-1) == 1 else sin2.contiguous()
     out = torch.empty((b, s, heads, n // heads), dtype=x.dtype, device=x.device)
-    block = triton.next_power_of_2(n // 2)
+    block = triton.next_power_of_2(n)
     w = weight.contiguous() if weight is not None else x2
-    _kernel()[(b * s,)](x2, w, cos2, sin2, out, s, n, n // heads // 2, x2.stride(0), cos2.stride(0),
+    _kernel()[(b * s,)](x2, w, cos2, sin2, out, s, n, n // heads, x2.stride(0), cos2.stride(0),
                         sin2.stride(0), n, float(eps), HAS_W=weight is not None, BLOCK=block,
-                        num_warps=4 if block <= 1024 else 8)
+                        num_warps=4 if block <= 2048 else 8)
     return out
 
 
 def apply(x: torch.Tensor, norm: torch.nn.Module, rotary_emb, heads: int) -> torch.Tensor:
-    """`rms_norm_rope` for an `nn.RMSNorm` over x's last dim and diffusers' (cos, sin) pair."""
+    """`rms_norm_rope` for an `nn.RMSNorm` over x's last dim and diffusers' (cos, sin) pair. With
+    gradients to compute (training) it is the definition in differentiable torch ops: the op has
+    no backward of its own."""
     eps = norm.eps if norm.eps is not None else torch.finfo(x.dtype).eps
+    if torch.is_grad_enabled() and (x.requires_grad or (norm.weight is not None and norm.weight.requires_grad)):
+        return reference(x, norm.weight, eps, rotary_emb[0], rotary_emb[1], heads)
     return rms_norm_rope(x, norm.weight, eps, rotary_emb[0], rotary_emb[1], heads)
