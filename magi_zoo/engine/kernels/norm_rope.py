@@ -6,7 +6,12 @@ Why: Wan normalises q and k over all heads (an RMSNorm over 1,536 channels at 1.
 looped reduction plus strided pair reads and writes, ~0.9 TB/s on an H100: 13.4 ms of a 457 ms
 Wan-1.3B forward (benchmarks/results/profile_wan2.1-t2v-1.3b_bf16_h100.md). This kernel reads
 each token's row once, keeps it in registers as (pairs, 2), and writes the rotated row once,
-already in the (batch, tokens, heads, head_dim) layout attention takes.
+already in the (batch, tokens, heads, head_dim) layout attention takes. Measured (H100,
+Wan2.1-I2V-14B forward, benchmarks/results/profile_wan2.1-i2v-14b-480p_bf16_{unfused,fused}_h100.md):
+inductor's kernel 56.1 ms per forward, this one 39.9 (~1.3 TB/s: one row per program leaves
+few rows in flight; the next thing to tune). A version reading rows contiguously with each
+pair partner as a second load was slower (87.7 ms, ..._bf16_fused2_h100.md) and was dropped.
+Training (gradients wanted) takes the definition in torch ops: the op has no backward.
 
 Semantics (`reference`, the CPU / fallback path, is the definition): y = rms_norm(x) * weight
 over the last dim; split into heads; for each pair j of a head's channels, with c = cos[..., 2j]
@@ -93,29 +98,26 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, tokens, n, d, sx, scs, sss, so, eps,
+    def norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, tokens, n, half_d, sx, scs, sss, so, eps,
                          HAS_W: tl.constexpr, BLOCK: tl.constexpr):
-        # One token's row per program, read contiguously; each channel's pair partner (i ^ 1) is
-        # a second load of the same cache lines, so no (pairs, 2) reshapes or layout shuffles.
         row = tl.program_id(0).to(tl.int64)
         tok = row % tokens
-        i = tl.arange(0, BLOCK)
-        mask = i < n
-        partner = i ^ 1
-        x = tl.load(x_ptr + row * sx + i, mask=mask, other=0.0).to(tl.float32)
-        xp = tl.load(x_ptr + row * sx + partner, mask=mask, other=0.0).to(tl.float32)
-        rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n + eps)
-        y, yp = x * rstd, xp * rstd
+        p = tl.arange(0, BLOCK)  # pair index within the row
+        two = tl.arange(0, 2)
+        cols = 2 * p[:, None] + two[None, :]  # (BLOCK, 2): channels 2p, 2p + 1
+        mask = cols < n
+        x = tl.load(x_ptr + row * sx + cols, mask=mask, other=0.0).to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(tl.sum(x * x, axis=1), axis=0) / n + eps)
+        y = x * rstd
         if HAS_W:
-            y = y * tl.load(w_ptr + i, mask=mask, other=0.0).to(tl.float32)
-            yp = yp * tl.load(w_ptr + partner, mask=mask, other=0.0).to(tl.float32)
-        k = i % d  # channel within the head
-        even_k = k - (k % 2)
-        c = tl.load(cos_ptr + tok * scs + even_k, mask=mask, other=0.0).to(tl.float32)  # cos[..., 0::2]
-        s = tl.load(sin_ptr + tok * sss + even_k + 1, mask=mask, other=0.0).to(tl.float32)  # sin[..., 1::2]
-        # even channel 2j: y_e c - y_o s; odd channel 2j + 1: y_o c + y_e s
-        out = y * c + tl.where((i % 2) == 1, yp, -yp) * s
-        tl.store(out_ptr + row * so + i, out.to(out_ptr.dtype.element_ty), mask=mask)
+            y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        ye, yo = tl.split(y)
+        j = p % half_d  # pair index within the head
+        pm = 2 * p < n
+        c = tl.load(cos_ptr + tok * scs + 2 * j, mask=pm, other=0.0).to(tl.float32)
+        s = tl.load(sin_ptr + tok * sss + 2 * j + 1, mask=pm, other=0.0).to(tl.float32)
+        out = tl.join(ye * c - yo * s, ye * s + yo * c)
+        tl.store(out_ptr + row * so + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
 
     _KERNEL = norm_rope_kernel
     return norm_rope_kernel
@@ -132,11 +134,11 @@ def _launch(x, weight, eps, cos, sin, heads):
     cos2 = cos2 if cos2.stride(-1) == 1 else cos2.contiguous()
     sin2 = sin2 if sin2.stride(-1) == 1 else sin2.contiguous()
     out = torch.empty((b, s, heads, n // heads), dtype=x.dtype, device=x.device)
-    block = triton.next_power_of_2(n)
+    block = triton.next_power_of_2(n // 2)
     w = weight.contiguous() if weight is not None else x2
-    _kernel()[(b * s,)](x2, w, cos2, sin2, out, s, n, n // heads, x2.stride(0), cos2.stride(0),
+    _kernel()[(b * s,)](x2, w, cos2, sin2, out, s, n, n // heads // 2, x2.stride(0), cos2.stride(0),
                         sin2.stride(0), n, float(eps), HAS_W=weight is not None, BLOCK=block,
-                        num_warps=4 if block <= 2048 else 8)
+                        num_warps=4 if block <= 1024 else 8)
     return out
 
 
