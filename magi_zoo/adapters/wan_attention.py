@@ -26,6 +26,8 @@ def _processor_class():
     class NormRopeWanAttnProcessor(WanAttnProcessor):
         """`WanAttnProcessor` with q/k RMSNorm + RoPE fused on marked self-attention layers."""
 
+        FUSES_NORM_ROPE = True  # the precision step marks this layer's norm_q / norm_k (fuse_norm_rope)
+
         def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, rotary_emb=None):
             if not fusable(attn, encoder_hidden_states, rotary_emb):
                 return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask, rotary_emb)

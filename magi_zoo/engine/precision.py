@@ -213,13 +213,13 @@ def precision_step(ctx: StepContext) -> StepRecord:
                 if swapped or marked:
                     done.append(f"GELU in the GEMM epilogue on {key or '<root>'} ("
                                 + ", ".join(([f"{swapped} GELU module(s)"] if swapped else [])
-                                            + ([f"{marked} nn.GELU marked for the adapter's forward"] if marked else []))
+                                            + ([f"{marked} nn.GELU marked, fused where the adapter's forward reads it"] if marked else []))
                                 + ")")
             if spec.fuse_norm_rope:
-                marked = sum(_mark(t.module, nn.RMSNorm, NORM_ROPE_MARK, epilogues) for t in targets)
+                marked = sum(_mark_norm_rope(t.module, epilogues) for t in targets)
                 if marked:
-                    done.append(f"q/k RMSNorm + RoPE in one pass on {key or '<root>'} ({marked} RMSNorm marked for "
-                                "the adapter's attention)")
+                    done.append(f"q/k RMSNorm + RoPE in one pass on {key or '<root>'} ({marked} attention layer(s) "
+                                "whose processor fuses them)")
     except BaseException:
         undo()
         raise
@@ -301,8 +301,9 @@ def _fuse_feedforward_gelu(root: nn.Module, fusions: list) -> int:
 # feeds you may run you in its epilogue". Only an adapter knows which linear feeds a bare
 # activation (Flux's single blocks: proj_mlp -> act_mlp), so its forward reads the mark.
 GELU_EPILOGUE_MARK = "gelu_epilogue"
-# Set on an nn.RMSNorm (fuse_norm_rope): "your output may be computed with the rotary embedding
-# that follows in one pass" -- an adapter's attention forward knows the pairing (Wan's q/k norms).
+# Set on an attention layer's q/k nn.RMSNorm (fuse_norm_rope) when its processor declares
+# FUSES_NORM_ROPE: "your output may be computed with the rotary embedding that follows in one
+# pass" -- only the processor knows the pairing (Wan's, installed by its adapter).
 NORM_ROPE_MARK = "norm_rope_fusion"
 
 
@@ -350,6 +351,23 @@ def _mark(root: nn.Module, cls: type, mark: str, undo: list, where=lambda m: Tru
             m.__dict__[mark] = True
             undo.append((m, mark, None))
             n += 1
+    return n
+
+
+def _mark_norm_rope(root: nn.Module, undo: list) -> int:
+    """Mark the q/k RMSNorms of every attention layer under `root` whose processor declares it
+    fuses them with the rotary embedding (class attribute FUSES_NORM_ROPE: Wan's, installed by
+    its adapter). Returns how many layers."""
+    n = 0
+    for m in root.modules():
+        if not getattr(getattr(m, "processor", None), "FUSES_NORM_ROPE", False):
+            continue
+        norms = [x for x in (getattr(m, "norm_q", None), getattr(m, "norm_k", None)) if isinstance(x, nn.RMSNorm)]
+        for x in norms:
+            if not x.__dict__.get(NORM_ROPE_MARK):
+                x.__dict__[NORM_ROPE_MARK] = True
+                undo.append((x, NORM_ROPE_MARK, None))
+        n += bool(norms)
     return n
 
 
