@@ -2,6 +2,7 @@
 resident, regional compile without recompiles, and the measured peak under a hard cap."""
 
 import contextlib
+import gc
 
 import pytest
 import torch
@@ -51,6 +52,11 @@ def capped_net(budget_mib: int):
     with torch.inference_mode():
         ref = root.cuda().t(x).float().cpu()
     root.cpu()
+    # Earlier tests in this process may have left CUDA graphs (and their private memory pools) in
+    # reference cycles: collected only by gc. Without this, the cap counted them and the capped
+    # tests ran out of memory after test_cuda_graphs.py (each passed alone).
+    gc.collect()
+    torch.cuda.synchronize()
     torch.cuda.empty_cache()
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.set_per_process_memory_fraction(budget_mib * MIB / total)
