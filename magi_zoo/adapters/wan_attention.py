@@ -12,6 +12,8 @@ backend, parallel config), so the later steps see it like diffusers' own.
 
 from __future__ import annotations
 
+import functools
+
 import torch.nn as nn
 
 from ..engine.kernels import norm_rope
@@ -19,7 +21,9 @@ from ..engine.precision import NORM_ROPE_MARK
 from ..engine.prepare import Preparation
 
 
+@functools.lru_cache(maxsize=None)
 def _processor_class():
+    """The processor class, built once on first use (diffusers' Wan module is imported lazily)."""
     from diffusers.models.attention_dispatch import dispatch_attention_fn
     from diffusers.models.transformers.transformer_wan import WanAttnProcessor, _get_qkv_projections
 
