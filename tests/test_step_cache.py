@@ -244,3 +244,21 @@ def test_gpu_first_block_cache_with_the_shipped_spec():
     counters.expect(counters.delta(c), frames=0, breaks=0, recompiles=0)
     assert STEPS * 2 < _calls(h.report(), "WanTransformerBlock") - calls < STEPS * 2 * 4
     remove(h.modules)
+
+
+@pytest.mark.parametrize("root, cache_key, split_key", [
+    ("pipeline", "transformer", "transformer"), ("pipeline", "transformer", ""),
+    ("pipeline", "transformer", "transformer.blocks"),
+    ("transformer", "", "blocks"),  # the cache on the root, the split inside: went through before
+])
+def test_step_cache_with_a_sequence_split_is_refused_whichever_holds_the_other(root, cache_key, split_key):
+    # Each rank would decide to skip blocks from its own shard of the sequence; the refusal must
+    # not depend on which of the two keys is the outer one. The step cache step runs before the
+    # parallel step, so no process group is needed to see the refusal.
+    h = magi_zoo.load("wan2.1-tiny", gpu="cpu", compile=False)
+    module = h.modules if root == "pipeline" else h.pipe.transformer
+    plan = {"compile": {"": False}, "step_cache": {cache_key: {"method": "first_block", "threshold": 0.2}},
+            "parallel": {split_key: {"ulysses_degree": 2}}}
+    with pytest.raises(PlanError, match=r"step caching with sequence parallelism \(ulysses_degree=2\)"):
+        magi_zoo.apply(module, plan, gpu="cpu")
+    assert h.pipe.transformer.__dict__.get("_cache_config") is None  # nothing left enabled

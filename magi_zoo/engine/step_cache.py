@@ -128,7 +128,9 @@ def _sequence_parallel(ctx: StepContext, path: str) -> str:
     if "parallel" not in SECTIONS:
         return ""
     for t in ctx.plan.section("parallel").targets:
-        related = t.path == path or path.startswith(t.path + ".") or t.path.startswith(path + ".") or not t.path
+        # either one holds the other (a cache keyed on the root covers a split on any submodule,
+        # a split on the root covers a cache keyed anywhere)
+        related = path_within(path, t.path) or path_within(t.path, path)
         degrees = {k: getattr(t.spec, k, 1) or 1 for k in ("ulysses_degree", "ring_degree")}
         if related and any(v > 1 for v in degrees.values()):
             return ", ".join(f"{k}={v}" for k, v in degrees.items() if v > 1)
