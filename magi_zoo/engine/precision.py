@@ -12,6 +12,12 @@ With ``attention = "fp8"`` the region's attention layers that the attention step
 fa3 are switched to FA3's fp8 path (`engine/kernels/fa3.py`: per-head scales, K and V
 smoothed over tokens); layers on other backends stay bf16 and the report says so.
 
+Two kernel fusions run in bf16 and fp8 regions alike (same function, fewer passes over memory):
+``gelu_epilogue`` turns a bf16 linear + tanh GELU into one cuBLASLt GEMM with the GELU in its
+epilogue (`GeluLinear`, `kernels/gelu_linear.py`), and ``fuse_norm_rope`` marks the q/k RMSNorms
+of attention layers whose processor computes norm + rotary embedding in one kernel
+(`kernels/norm_rope.py`; Wan's, installed by its adapter).
+
 The step runs before compile (the graphs must contain the fp8 ops) and its undo puts the
 original linears back. To restore them exactly the originals are kept -- on the host, so
 the device holds only the fp8 copies (half the bytes of bf16).
