@@ -11,10 +11,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import magi_zoo
-from magi_zoo.engine import counters, remove
+from magi_zoo.engine import counters
 from magi_zoo.engine.kernels import gelu_linear
 from magi_zoo.engine.precision import GELU_EPILOGUE_MARK, GeluLinear
 from magi_zoo.zoo import spec_layers
+
+from fusion_helpers import assert_undone_exactly, count_calls, forward
 
 
 def _rel(a, b):
@@ -49,19 +51,6 @@ def test_op_traces_whole_under_fullgraph(fresh_dynamo):
     torch.testing.assert_close(out, 2 * F.gelu(lin(x), approximate="tanh"))
 
 
-def _count_calls(monkeypatch):
-    calls = []
-    real = gelu_linear.linear_gelu_tanh
-    monkeypatch.setattr(gelu_linear, "linear_gelu_tanh", lambda *a: calls.append(a[1].shape) or real(*a))
-    return calls
-
-
-def _forward(h):
-    kw = h.adapter.example_inputs(h.pipe, h.variant, h.adapter.entry_points[0])
-    with torch.inference_mode():
-        return h.pipe.transformer(**kw)[0]
-
-
 def _plan(blocks, **fields):
     return {"compile": {"": False}, "precision": {b: dict(fields) for b in blocks}}
 
@@ -73,7 +62,7 @@ BLOCKS = {"wan2.1-tiny": ["WanTransformerBlock"], "flux-tiny": ["FluxTransformer
 def test_default_plan_runs_every_tanh_gelu_in_the_gemm_epilogue_and_undoes(family, monkeypatch):
     h = magi_zoo.load(family, gpu="cpu", compile=False)
     tr = h.pipe.transformer
-    ref = _forward(h)
+    ref = forward(h)
     keys = list(tr.state_dict())
     gelus = sum(type(m).__name__ == "GELU" and hasattr(m, "proj") and m.approximate == "tanh" for m in tr.modules())
     singles = list(getattr(tr, "single_transformer_blocks", None) or [])
@@ -84,16 +73,12 @@ def test_default_plan_runs_every_tanh_gelu_in_the_gemm_epilogue_and_undoes(famil
     assert f"{swapped} GELU module(s)" in did
     assert ("RoPE in one pass" in did) == (family == "wan2.1-tiny")  # Flux's processors do not fuse it
     assert list(tr.state_dict()) == keys  # GeluLinear holds the same proj: no key moves
-    calls = _count_calls(monkeypatch)
-    out = _forward(h)
+    calls = count_calls(monkeypatch, gelu_linear, "linear_gelu_tanh")
+    out = forward(h)
     assert len(calls) == swapped + len(singles)  # Flux: each single block's proj_mlp fused too
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
-    remove(h.modules)
-    assert not any(isinstance(m, GeluLinear) for m in tr.modules())
-    assert not any(GELU_EPILOGUE_MARK in m.__dict__ for m in tr.modules())
-    calls.clear()
-    torch.testing.assert_close(_forward(h), ref, rtol=0, atol=0)
-    assert calls == []
+    assert_undone_exactly(h, ref, calls, lambda: [m for m in tr.modules() if isinstance(m, GeluLinear)
+                                                  or GELU_EPILOGUE_MARK in m.__dict__])
 
 
 def test_gelu_epilogue_false_leaves_the_gelus_alone(monkeypatch):
@@ -101,18 +86,18 @@ def test_gelu_epilogue_false_leaves_the_gelus_alone(monkeypatch):
     rep = magi_zoo.apply(h.modules, _plan(BLOCKS["flux-tiny"], gelu_epilogue=False), gpu="cpu",
                          preparations=h.adapter.preparations(h.pipe))
     assert "GELU in the GEMM epilogue" not in rep.step("precision").did
-    calls = _count_calls(monkeypatch)
-    _forward(h)
+    calls = count_calls(monkeypatch, gelu_linear, "linear_gelu_tanh")
+    forward(h)
     assert calls == [] and not any(isinstance(m, GeluLinear) for m in h.pipe.transformer.modules())
 
 
 def test_compiled_wan_with_epilogues_equals_eager_without_breaks(fresh_dynamo):
     h = magi_zoo.load("wan2.1-tiny", gpu="cpu", compile=False)
-    ref = _forward(h)
+    ref = forward(h)
     before = counters.snapshot()  # the shipped plan for the cpu profile: inductor, dynamic shapes
     rep = magi_zoo.apply(h.modules, layers=spec_layers(h.adapter, magi_zoo.get_profile("cpu")), gpu="cpu",
                          preparations=h.adapter.preparations(h.pipe))
-    out = _forward(h)
+    out = forward(h)
     assert "GELU in the GEMM epilogue" in rep.step("precision").did
     assert "RoPE in one pass" in rep.step("precision").did  # magi_zoo::rms_norm_rope traced too
     counters.expect(counters.delta(before), frames=1, breaks=0, recompiles=0)

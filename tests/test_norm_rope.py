@@ -10,26 +10,14 @@ import torch
 
 import magi_zoo
 from magi_zoo.adapters import wan_attention
-from magi_zoo.engine import remove
 from magi_zoo.engine.kernels import norm_rope
 from magi_zoo.engine.precision import NORM_ROPE_MARK
+
+from fusion_helpers import assert_undone_exactly, count_calls, forward
 
 
 def _rel(a, b):
     return float((a.float() - b.float()).norm() / b.float().norm())
-
-
-def _forward(h):
-    kw = h.adapter.example_inputs(h.pipe, h.variant, h.adapter.entry_points[0])
-    with torch.inference_mode():
-        return h.pipe.transformer(**kw)[0]
-
-
-def _count(monkeypatch):
-    calls = []
-    real = norm_rope.rms_norm_rope
-    monkeypatch.setattr(norm_rope, "rms_norm_rope", lambda *a: calls.append(a[0].shape) or real(*a))
-    return calls
 
 
 def _plan(**fields):
@@ -39,7 +27,7 @@ def _plan(**fields):
 def test_wan_self_attention_runs_fused_exactly_and_undoes(monkeypatch):
     h = magi_zoo.load("wan2.1-tiny", gpu="cpu", compile=False)
     tr = h.pipe.transformer
-    ref = _forward(h)
+    ref = forward(h)
     originals = [m.processor for m in tr.modules() if type(m).__name__ == "WanAttention"]
     rep = magi_zoo.apply(h.modules, _plan(), gpu="cpu", preparations=h.adapter.preparations(h.pipe))
     assert "fused q/k norm + rope" in rep.step("prepare").did
@@ -47,24 +35,21 @@ def test_wan_self_attention_runs_fused_exactly_and_undoes(monkeypatch):
     # attn1 and attn2 of each block carry the processor; it fuses only where a rotary embedding
     # follows: self-attention
     assert f"({2 * n_blocks} attention layer(s) whose processor fuses them)" in rep.step("precision").did
-    calls = _count(monkeypatch)
-    out = _forward(h)
+    calls = count_calls(monkeypatch, norm_rope, "rms_norm_rope")
+    out = forward(h)
     assert len(calls) == 2 * n_blocks  # q and k of each self-attention; cross-attention stays the class's
     torch.testing.assert_close(out, ref, rtol=0, atol=0)  # on CPU the op is diffusers' math, op for op
-    remove(h.modules)
-    assert [m.processor for m in tr.modules() if type(m).__name__ == "WanAttention"] == originals
-    assert not any(NORM_ROPE_MARK in m.__dict__ for m in tr.modules())
-    calls.clear()
-    torch.testing.assert_close(_forward(h), ref, rtol=0, atol=0)
-    assert calls == []
+    assert_undone_exactly(h, ref, calls, lambda: [m for m in tr.modules() if NORM_ROPE_MARK in m.__dict__]
+                          + [p for p, o in zip([m.processor for m in tr.modules()
+                                                if type(m).__name__ == "WanAttention"], originals) if p is not o])
 
 
 def test_fuse_norm_rope_false_keeps_diffusers_path(monkeypatch):
     h = magi_zoo.load("wan2.1-tiny", gpu="cpu", compile=False)
     rep = magi_zoo.apply(h.modules, _plan(fuse_norm_rope=False), gpu="cpu", preparations=h.adapter.preparations(h.pipe))
     assert "RoPE in one pass" not in rep.step("precision").did
-    calls = _count(monkeypatch)
-    _forward(h)
+    calls = count_calls(monkeypatch, norm_rope, "rms_norm_rope")
+    forward(h)
     assert calls == []
 
 
