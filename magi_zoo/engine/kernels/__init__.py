@@ -1,2 +1,17 @@
-"""Attention kernels beyond diffusers' own registry, one module each, imported lazily by the
-attention step only when a plan names them (`import magi_zoo` never loads a kernel)."""
+"""Kernels beyond torch's and diffusers' own, one module each: FA3 attention (`fa3`, imported
+lazily by the attention step only when a plan names it), the one-pass fp8 GELU quantization
+(`fp8_quant`), the GELU-epilogue GEMM (`gelu_linear`) and Wan's q/k norm + rope (`norm_rope`).
+None imports triton or a kernel wheel at import time: each Triton kernel is built on its first
+CUDA call, so `import magi_zoo` works on CPU builds of torch."""
+
+import functools
+
+
+@functools.cache  # asked on every kernel call; the answer cannot change within a process
+def triton_available() -> bool:
+    """Whether triton imports here (every CUDA build of torch ships it; CPU builds may not)."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:  # pragma: no cover - every CUDA torch ships triton
+        return False
+    return True

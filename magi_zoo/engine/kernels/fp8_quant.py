@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ..custom_ops import register_custom_op
+from . import triton_available
 
 E4M3_MAX = 448.0
 EPS = 1e-12
@@ -62,20 +63,12 @@ def rowwise_fp8_gelu_cat(a: torch.Tensor, b: torch.Tensor | None, bias_a: torch.
     is read once). One Triton pass on CUDA (rows up to MAX_ROW wide), `reference` elsewhere."""
     _check(a, b, bias_a, bias_b)
     width = a.shape[1] + (b.shape[1] if b is not None else 0)
-    if a.device.type != "cuda" or width > MAX_ROW or a.shape[0] == 0 or not _triton():
+    if a.device.type != "cuda" or width > MAX_ROW or a.shape[0] == 0 or not triton_available():
         return reference(a, b, bias_a, bias_b, gelu_a, gelu_b)
     return _launch(a, b, bias_a, bias_b, gelu_a, gelu_b)
 
 
 _KERNEL = None
-
-
-def _triton() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:  # pragma: no cover - every CUDA torch ships triton
-        return False
-    return True
 
 
 # The kernel is built inside a function so that importing this module needs no triton (CPU

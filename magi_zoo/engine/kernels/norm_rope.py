@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from ..custom_ops import register_custom_op
+from . import triton_available
 
 MAX_ROW = 16384  # widest row (heads x head_dim) the kernel holds in registers
 
@@ -64,7 +65,7 @@ def _kernel_ok(x, weight, cos, sin) -> bool:
     b, s, n = x.shape
     return (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and n <= MAX_ROW and b * s > 0
             and cos.dim() == 4 and cos.shape[0] == 1 and cos.shape[1] == s and cos.shape[2] == 1
-            and (weight is None or weight.is_cuda) and _triton())
+            and (weight is None or weight.is_cuda) and triton_available())
 
 
 @register_custom_op("rms_norm_rope", fake=_fake)
@@ -76,14 +77,6 @@ def rms_norm_rope(x: torch.Tensor, weight: torch.Tensor | None, eps: float, cos:
     if not _kernel_ok(x, weight, cos, sin):
         return reference(x, weight, eps, cos, sin, heads)
     return _launch(x, weight, eps, cos, sin, heads)
-
-
-def _triton() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:  # pragma: no cover - every CUDA torch ships triton
-        return False
-    return True
 
 
 _KERNEL = None
