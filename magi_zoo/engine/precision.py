@@ -332,7 +332,7 @@ def _is_tanh_gelu_module(m: nn.Module) -> bool:
             and type(proj) is nn.Linear and proj.bias is not None)
 
 
-def _gelu_epilogues(root: nn.Module, epilogues: list) -> int:
+def _gelu_epilogues(root: nn.Module, epilogues: list) -> tuple[int, int]:
     """Under `root`: swap every diffusers GELU(tanh) module over a plain linear for a `GeluLinear`
     (an fp8 up projection is not one: `fuse_gelu` handles those), and mark every bare
     `nn.GELU(approximate="tanh")` for an adapter's forward (GELU_EPILOGUE_MARK). Appends the
@@ -348,16 +348,19 @@ def _gelu_epilogues(root: nn.Module, epilogues: list) -> int:
     return swapped, marked
 
 
+def _set_mark(m: nn.Module, mark: str, undo: list) -> bool:
+    """Set `mark` on `m` unless it is set; record the undo entry (m, mark, None). True if set."""
+    if m.__dict__.get(mark):
+        return False
+    m.__dict__[mark] = True
+    undo.append((m, mark, None))
+    return True
+
+
 def _mark(root: nn.Module, cls: type, mark: str, undo: list, where=lambda m: True) -> int:
     """Set `mark` on every `cls` module under `root` (that `where` accepts); an adapter's forward reads
-    it. Appends (module, mark, None) undo entries; returns how many."""
-    n = 0
-    for m in root.modules():
-        if isinstance(m, cls) and where(m) and not m.__dict__.get(mark):
-            m.__dict__[mark] = True
-            undo.append((m, mark, None))
-            n += 1
-    return n
+    it. Returns how many."""
+    return sum(_set_mark(m, mark, undo) for m in root.modules() if isinstance(m, cls) and where(m))
 
 
 def _mark_norm_rope(root: nn.Module, undo: list) -> int:
@@ -370,9 +373,7 @@ def _mark_norm_rope(root: nn.Module, undo: list) -> int:
             continue
         norms = [x for x in (getattr(m, "norm_q", None), getattr(m, "norm_k", None)) if isinstance(x, nn.RMSNorm)]
         for x in norms:
-            if not x.__dict__.get(NORM_ROPE_MARK):
-                x.__dict__[NORM_ROPE_MARK] = True
-                undo.append((x, NORM_ROPE_MARK, None))
+            _set_mark(x, NORM_ROPE_MARK, undo)
         n += bool(norms)
     return n
 
