@@ -51,9 +51,8 @@ def fusable(attn: nn.Module, encoder_hidden_states, rotary_emb) -> bool:
     """Self-attention with a rotary embedding, q/k normalised over all heads by marked RMSNorms."""
     if encoder_hidden_states is not None or rotary_emb is None or getattr(attn, "add_k_proj", None) is not None:
         return False
-    inner = attn.heads * (attn.inner_dim // attn.heads)
-    return all(isinstance(n, nn.RMSNorm) and getattr(n, NORM_ROPE_MARK, False) and tuple(n.normalized_shape) == (inner,)
-               for n in (attn.norm_q, attn.norm_k))
+    return all(isinstance(n, nn.RMSNorm) and getattr(n, NORM_ROPE_MARK, False)
+               and tuple(n.normalized_shape) == (attn.inner_dim,) for n in (attn.norm_q, attn.norm_k))
 
 
 def norm_rope_preparation(*transformers: nn.Module) -> Preparation:
