@@ -18,7 +18,7 @@ import torch.nn as nn
 
 from ..engine.kernels import gelu_linear
 from ..engine.precision import GELU_EPILOGUE_MARK
-from ..engine.prepare import Preparation
+from ..engine.prepare import Preparation, instance_forwards
 from .base import Variant, init_on
 from .diffusers_pipeline import DiffusersPipelineAdapter
 
@@ -236,14 +236,8 @@ def _fused_mlp_preparation(transformer: nn.Module) -> Preparation:
 
     def install(root: nn.Module):
         blocks = list(getattr(transformer, "single_transformer_blocks", None) or [])
-        for b in blocks:  # a plain function and a partial: what dynamo traces (not type(b).forward)
-            object.__setattr__(b, "forward", functools.partial(_single_block_forward, b, type(b).forward))
-
-        def undo() -> None:
-            for b in blocks:
-                b.__dict__.pop("forward", None)
-
-        return undo
+        # a plain function and a partial: what dynamo traces (not type(b).forward)
+        return instance_forwards(blocks, lambda b: functools.partial(_single_block_forward, b, type(b).forward))
 
     return Preparation("fused single-block MLP",
                        "each single block's MLP runs fused when the precision step allows it: with fp8 matmuls "

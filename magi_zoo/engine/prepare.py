@@ -26,6 +26,25 @@ class Preparation:
     install: Callable[[nn.Module], Callable[[], None]]
 
 
+def instance_forwards(modules, make: Callable[[nn.Module], Callable]) -> Callable[[], None]:
+    """Give each module an instance `forward` (`make(module)`), which shadows its class's (nn.Module
+    calls `self.forward`, and dynamo traces what it finds there). Returns the undo: each instance
+    `forward` deleted, or the one a module had before put back."""
+    priors = []
+    for m in modules:
+        priors.append((m, m.__dict__.get("forward")))
+        object.__setattr__(m, "forward", make(m))
+
+    def undo() -> None:
+        for m, prior in reversed(priors):
+            if prior is None:
+                m.__dict__.pop("forward", None)
+            else:
+                object.__setattr__(m, "forward", prior)
+
+    return undo
+
+
 def prepare(root: nn.Module, preparations: list[Preparation]) -> StepRecord:
     """Install every preparation (the `prepare` step); the record's undo removes them."""
     undos, done = [], []

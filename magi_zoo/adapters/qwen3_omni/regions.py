@@ -40,7 +40,7 @@ from typing import Callable
 import torch.nn as nn
 
 from ...engine.compile import installed
-from ...engine.prepare import Preparation
+from ...engine.prepare import Preparation, instance_forwards
 
 _OWN_FORWARDS: dict[type, Callable] = {}  # class -> its forward with a private code object (made once)
 
@@ -114,18 +114,9 @@ def own_code_preparation(model: nn.Module) -> Preparation:
 
     def install(root: nn.Module):
         shared = shared_forward_classes(model)
-        touched = []
-        for mod in model.modules():
-            if type(mod) in shared and "forward" not in mod.__dict__:
-                # An instance attribute shadows the class method (nn.Module calls self.forward),
-                # and is what the compile step replaces and later restores.
-                object.__setattr__(mod, "forward", types.MethodType(own_forward(type(mod)), mod))
-                touched.append(mod)
-
-        def undo() -> None:
-            for mod in touched:
-                mod.__dict__.pop("forward", None)
-        return undo
+        # the instance forward is also what the compile step replaces and later restores
+        return instance_forwards([m for m in model.modules() if type(m) in shared and "forward" not in m.__dict__],
+                                 lambda m: types.MethodType(own_forward(type(m)), m))
 
     return Preparation("one code object per class",
                        "modules whose class shares its forward's code with other classes (transformers' "
