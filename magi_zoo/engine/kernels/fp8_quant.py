@@ -17,6 +17,8 @@ unfused path, the GELU output is quantized from fp32, without rounding it to bf1
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -68,17 +70,12 @@ def rowwise_fp8_gelu_cat(a: torch.Tensor, b: torch.Tensor | None, bias_a: torch.
     return _launch(a, b, bias_a, bias_b, gelu_a, gelu_b)
 
 
-_KERNEL = None
-
-
 # The kernel is built inside a function so that importing this module needs no triton (CPU
 # builds of torch lack it). Triton's compiler resolves `_gelu` from the closure; its CPU
 # interpreter (TRITON_INTERPRET=1) does not, and its fp8 casts are not exact either, so the
 # kernel is checked on a GPU (tests/test_fp8_fused.py).
+@functools.cache
 def _kernel():
-    global _KERNEL
-    if _KERNEL is not None:
-        return _KERNEL
     import triton
     import triton.language as tl
 
@@ -119,7 +116,6 @@ def _kernel():
             tl.store(q_ptr + row * sq + ka + ob, qb.to(tl.float8e4nv), mask=mb)
         tl.store(s_ptr + row, scale)
 
-    _KERNEL = kernel
     return kernel
 
 

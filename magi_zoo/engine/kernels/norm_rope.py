@@ -22,6 +22,8 @@ without rounding y to the input dtype in between (the unfused path rounds once m
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -79,14 +81,9 @@ def rms_norm_rope(x: torch.Tensor, weight: torch.Tensor | None, eps: float, cos:
     return _launch(x, weight, eps, cos, sin, heads)
 
 
-_KERNEL = None
-
-
+@functools.cache
 def _kernel():
     """The Triton kernel, built on first use (importing this module needs no triton)."""
-    global _KERNEL
-    if _KERNEL is not None:
-        return _KERNEL
     import triton
     import triton.language as tl
 
@@ -112,7 +109,6 @@ def _kernel():
         out = tl.join(ye * c - yo * s, ye * s + yo * c)
         tl.store(out_ptr + row * so + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
 
-    _KERNEL = norm_rope_kernel
     return norm_rope_kernel
 
 
