@@ -119,7 +119,9 @@ def test_single_stream_views_preparation_saves_a_compile(fresh_dynamo, inputs, r
     h = magi_zoo.load("flux-tiny", gpu="cpu", compile=False)
     rep = magi_zoo.apply(h.modules, layers=spec_layers(h.adapter, h.profile, compile=EAGER),
                          preparations=h.adapter.preparations(h.pipe) if prepared else [])
-    torch.testing.assert_close(_forward(h, inputs), reference, rtol=0, atol=0)  # values unchanged, bit for bit
+    # the views change no value; the shipped precision section's split proj_out (two GEMMs summed,
+    # flux.py `_split_linear`) rounds its sum differently: fp32 rounding only
+    torch.testing.assert_close(_forward(h, inputs), reference, rtol=1e-5, atol=1e-5)
     double, single = (rep.region(k) for k in BLOCKS)
     # 2 instances of each class called once; the double blocks get equal layouts either way.
     assert (double.calls, double.counters.frames, len(double.counters.recompiles)) == (2, 1, 0)

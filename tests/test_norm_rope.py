@@ -10,8 +10,10 @@ import torch
 
 import magi_zoo
 from magi_zoo.adapters import wan_attention
+from magi_zoo.engine import counters
 from magi_zoo.engine.kernels import norm_rope
 from magi_zoo.engine.precision import NORM_ROPE_MARK
+from magi_zoo.zoo import spec_layers
 
 from fusion_helpers import assert_undone_exactly, count_calls, forward
 
@@ -110,3 +112,164 @@ def test_training_takes_the_differentiable_definition():
     assert x.grad is not None and norm.weight.grad is not None
     with torch.no_grad():  # inference: the op, same values
         torch.testing.assert_close(norm_rope.apply(x, norm, (cos, sin), 2), out.detach(), rtol=0, atol=0)
+
+
+# -- Flux: per-head norm + join + rope (magi_zoo::rms_norm_rope_heads) ----------------------
+
+FLUX_BLOCKS = ("FluxTransformerBlock", "FluxSingleTransformerBlock")
+
+
+def _flux_plan(**fields):
+    # gelu_epilogue off: the split proj_out rounds differently, and this checks the norm + rope alone
+    return {"compile": {"": False}, "precision": {b: dict(gelu_epilogue=False, **fields) for b in FLUX_BLOCKS}}
+
+
+def test_flux_attention_runs_fused_exactly_and_undoes(monkeypatch):
+    h = magi_zoo.load("flux-tiny", gpu="cpu", compile=False)
+    tr = h.pipe.transformer
+    ref = forward(h)
+    originals = [m.processor for m in tr.modules() if hasattr(m, "processor")]
+    rep = magi_zoo.apply(h.modules, _flux_plan(), gpu="cpu", preparations=h.adapter.preparations(h.pipe))
+    layers = len(tr.transformer_blocks) + len(tr.single_transformer_blocks)
+    assert "magi_zoo::rms_norm_rope_heads" in rep.step("prepare").did
+    did = rep.step("precision").did
+    assert f"({len(tr.transformer_blocks)} attention layer(s) whose processor fuses them)" in did
+    assert f"({len(tr.single_transformer_blocks)} attention layer(s) whose processor fuses them)" in did
+    calls = count_calls(monkeypatch, norm_rope, "rms_norm_rope_heads")
+    out = forward(h)
+    assert len(calls) == 2 * layers  # q and k of every double and single block
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)  # on CPU the op is diffusers' math, op for op
+    procs = lambda: [m.processor for m in tr.modules() if hasattr(m, "processor")]
+    assert_undone_exactly(h, ref, calls, lambda: [m for m in tr.modules() if NORM_ROPE_MARK in m.__dict__]
+                          + [p for p, o in zip(procs(), originals) if p is not o])
+
+
+def test_flux_fuse_norm_rope_false_keeps_diffusers_path(monkeypatch):
+    h = magi_zoo.load("flux-tiny", gpu="cpu", compile=False)
+    rep = magi_zoo.apply(h.modules, _flux_plan(fuse_norm_rope=False), gpu="cpu",
+                         preparations=h.adapter.preparations(h.pipe))
+    assert "RoPE in one pass" not in rep.step("precision").did
+    calls = count_calls(monkeypatch, norm_rope, "rms_norm_rope_heads")
+    forward(h)
+    assert calls == []
+
+
+def test_flux_norms_of_different_eps_take_the_class_path(monkeypatch):
+    h = magi_zoo.load("flux-tiny", gpu="cpu", compile=False)
+    tr = h.pipe.transformer
+    tr.transformer_blocks[0].attn.norm_added_k.eps = 1e-3  # the op takes one eps: this layer is not fused
+    ref = forward(h)
+    magi_zoo.apply(h.modules, _flux_plan(), gpu="cpu", preparations=h.adapter.preparations(h.pipe))
+    calls = count_calls(monkeypatch, norm_rope, "rms_norm_rope_heads")
+    out = forward(h)
+    assert len(calls) == 2 * (len(tr.transformer_blocks) - 1 + len(tr.single_transformer_blocks))
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+
+
+def test_processor_swap_leaves_a_users_own_processor_alone():
+    from diffusers.models.transformers.transformer_flux import FluxAttnProcessor
+
+    class Mine(FluxAttnProcessor):  # e.g. an IP-adapter's: not ours to replace
+        pass
+
+    h = magi_zoo.load("flux-tiny", gpu="cpu", compile=False)
+    attn = h.pipe.transformer.transformer_blocks[0].attn
+    mine = attn.processor = Mine()
+    other = h.pipe.transformer.transformer_blocks[1].attn
+    undo = h.adapter.preparations(h.pipe)[-1].install(h.pipe)
+    assert attn.processor is mine and type(other.processor).__name__ == "NormRopeFluxAttnProcessor"
+    undo()
+    assert type(other.processor) is FluxAttnProcessor
+
+
+def test_heads_op_refuses_shapes_it_cannot_join_or_rotate():
+    x, w = torch.randn(1, 4, 2, 8), torch.ones(8)
+    cs = torch.ones(4, 8)
+    with pytest.raises(ValueError, match="even head_dim"):
+        norm_rope.rms_norm_rope_heads(torch.randn(1, 4, 2, 7), None, None, None, 1e-6, torch.ones(4, 7),
+                                      torch.ones(4, 7))
+    with pytest.raises(ValueError, match="the prefix must be"):
+        norm_rope.rms_norm_rope_heads(x, w, torch.randn(1, 3, 4, 8), w, 1e-6, torch.ones(7, 8), torch.ones(7, 8))
+    with pytest.raises(ValueError, match="both norm weights or neither"):
+        norm_rope.rms_norm_rope_heads(x, w, torch.randn(1, 3, 2, 8), None, 1e-6, torch.ones(7, 8), torch.ones(7, 8))
+    with pytest.raises(ValueError, match="head_dim=8 values"):
+        norm_rope.rms_norm_rope_heads(x, torch.ones(16), None, None, 1e-6, cs, cs)
+    with pytest.raises(ValueError, match=r"prefix \+ tokens=7"):
+        norm_rope.rms_norm_rope_heads(x, w, torch.randn(1, 3, 2, 8), w, 1e-6, cs, cs)  # cos covers x only
+
+
+def test_heads_training_takes_the_differentiable_definition():
+    norm, pnorm = torch.nn.RMSNorm(8, eps=1e-6), torch.nn.RMSNorm(8, eps=1e-6)
+    x = torch.randn(1, 4, 2, 8, requires_grad=True)
+    prefix = torch.randn(1, 3, 2, 8)
+    ang = torch.rand(7, 4)
+    rope = (torch.cos(ang).repeat_interleave(2, -1), torch.sin(ang).repeat_interleave(2, -1))
+    out = norm_rope.apply_heads(x, norm, rope, prefix, pnorm)
+    out.square().sum().backward()
+    assert x.grad is not None and norm.weight.grad is not None and pnorm.weight.grad is not None
+    with torch.no_grad():  # inference: the op, same values
+        torch.testing.assert_close(norm_rope.apply_heads(x, norm, rope, prefix, pnorm), out.detach(), rtol=0, atol=0)
+
+
+def _heads_inputs(b, t, s, heads, d, device, dtype=torch.bfloat16):
+    g = torch.Generator(device=device).manual_seed(0)
+    x = (torch.randn(b, s, heads * d, device=device, generator=g) * 3 + 0.5).to(dtype).unflatten(-1, (heads, d))
+    p = (torch.randn(b, t, heads * d, device=device, generator=g) * 2 - 0.3).to(dtype).unflatten(-1, (heads, d))
+    w = (1 + 0.1 * torch.randn(d, device=device, generator=g)).to(dtype)
+    pw = (1 + 0.1 * torch.randn(d, device=device, generator=g)).to(dtype)
+    # Flux's tables: cos/sin of each pair repeated, fp32; a second set that is not repeated
+    # checks the kernel reads every channel's own entry, as diffusers' formula does
+    ang = torch.rand(t + s, d, device=device, generator=g) * 6.28
+    return x, w, p, pw, torch.cos(ang), torch.sin(ang)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("b, t, s, heads, d", [(1, 512, 4096, 24, 128), (1, 0, 4608, 24, 128), (2, 3, 5, 2, 16),
+                                               (1, 7, 33, 3, 96)])
+def test_heads_triton_kernel_equals_the_definition(b, t, s, heads, d):
+    x, w, p, pw, cos, sin = _heads_inputs(b, t, s, heads, d, "cuda")
+    p, pw = (p, pw) if t else (None, None)
+    got = norm_rope.rms_norm_rope_heads(x, w, p, pw, 1e-6, cos, sin)
+    want = norm_rope.reference_heads(x, w, p, pw, 1e-6, cos, sin)
+    fp32 = norm_rope.reference_heads(x.float(), w.float(), None if p is None else p.float(),
+                                     None if pw is None else pw.float(), 1e-6, cos, sin)
+    assert got.shape == (b, t + s, heads, d) and got.dtype == x.dtype
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+    assert _rel(got, fp32) <= _rel(want, fp32) * 1.05 + 1e-5
+    # strided inputs (fused-projection views) and no weights
+    wide = torch.cat([x.flatten(2), x.flatten(2)], dim=-1)[..., : heads * d].unflatten(-1, (heads, d))
+    torch.testing.assert_close(norm_rope.rms_norm_rope_heads(wide, None, None, None, 1e-6, cos[t:], sin[t:]),
+                               norm_rope.reference_heads(x, None, None, None, 1e-6, cos[t:], sin[t:]),
+                               rtol=2e-2, atol=2e-2)
+
+
+def test_compiled_flux_with_the_fusions_equals_eager_without_breaks(fresh_dynamo, monkeypatch):
+    h = magi_zoo.load("flux-tiny", gpu="cpu", compile=False)
+    ref = forward(h)
+    before = counters.snapshot()  # the shipped plan for the cpu profile: inductor, both fusions on
+    rep = magi_zoo.apply(h.modules, layers=spec_layers(h.adapter, magi_zoo.get_profile("cpu")), gpu="cpu",
+                         preparations=h.adapter.preparations(h.pipe))
+    assert "RoPE in one pass" in rep.step("precision").did and "GELU in the GEMM epilogue" in rep.step("precision").did
+    out = forward(h)
+    counters.expect(counters.delta(before), frames=2, breaks=0, recompiles=0)  # one per block class
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_flux_split_proj_out_only_for_a_plain_linear(monkeypatch):
+    from magi_zoo.adapters import flux
+
+    lin = torch.nn.Linear(12, 5)
+    a, b = torch.randn(2, 3, 4), torch.randn(2, 3, 8)
+    torch.testing.assert_close(flux._split_linear(lin, a, b), lin(torch.cat([a, b], -1)), rtol=1e-5, atol=1e-5)
+    assert flux._plain_linear(lin)
+    handle = lin.register_forward_pre_hook(lambda m, args: None)  # e.g. an offload hook: call the module
+    assert not flux._plain_linear(lin)
+    handle.remove()
+    h = magi_zoo.load("flux-tiny", gpu="cpu", compile=False)
+    plan = {"compile": {"": False}, "precision": {b: {} for b in FLUX_BLOCKS}}  # gelu_epilogue on
+    magi_zoo.apply(h.modules, plan, gpu="cpu", preparations=h.adapter.preparations(h.pipe))
+    split = []
+    real = flux._split_linear
+    monkeypatch.setattr(flux, "_split_linear", lambda *a: split.append(1) or real(*a))
+    forward(h)
+    assert len(split) == len(h.pipe.transformer.single_transformer_blocks)

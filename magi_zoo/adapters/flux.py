@@ -15,12 +15,14 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from ..engine.kernels import gelu_linear
 from ..engine.precision import GELU_EPILOGUE_MARK
 from ..engine.prepare import Preparation, instance_forwards
 from .base import Variant, init_on
 from .diffusers_pipeline import DiffusersPipelineAdapter
+from .flux_attention import norm_rope_preparation
 
 # -- published configs ---------------------------------------------------------------------
 _DEV = dict(patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128,
@@ -202,7 +204,9 @@ def _single_block_forward(block: nn.Module, class_forward, hidden_states, encode
       instead of a materialized GELU + concat and inductor's two-pass quantization of the
       15,360-wide rows (~220 us per call at 1024^2 on an H100);
     - "epilogue": `proj_mlp` and the GELU are one cuBLASLt GEMM (`magi_zoo::linear_gelu_tanh`):
-      the 12,288-wide MLP output is written once, activated.
+      the 12,288-wide MLP output is written once, activated; and a plain `proj_out` takes the
+      attention output and the MLP output as two GEMMs, summed (`_split_linear`), instead of
+      reading their concatenation.
     Otherwise: the class forward."""
     mode = _fused_mlp(block)
     if mode is None:
@@ -222,12 +226,28 @@ def _single_block_forward(block: nn.Module, class_forward, hidden_states, encode
                              **(joint_attention_kwargs or {}))
     if mode == "fp8":
         out = block.proj_out.forward_parts(attn_output, mlp, up.bias if raw else None, False, True)
+    elif _plain_linear(block.proj_out):
+        out = _split_linear(block.proj_out, attn_output, mlp)
     else:
         out = block.proj_out(torch.cat([attn_output, mlp], dim=2))
     hidden_states = residual + gate.unsqueeze(1) * out
     if hidden_states.dtype == torch.float16:
         hidden_states = hidden_states.clip(-65504, 65504)
     return hidden_states[:, :text_seq_len], hidden_states[:, text_seq_len:]
+
+
+def _plain_linear(m: nn.Module) -> bool:
+    """An nn.Linear whose forward nothing wraps (no hooks of its own): its weight may be used directly."""
+    return type(m) is nn.Linear and not (m._forward_pre_hooks or m._forward_hooks)
+
+
+def _split_linear(linear: nn.Linear, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """linear(cat([a, b], -1)) as two GEMMs over the weight's column blocks, summed: the
+    concatenation (a (tokens, 15,360) bf16 copy per single block at Flux's widths) is never
+    written. The sum rounds the two partial products to the input dtype once each before adding."""
+    w = linear.weight
+    k = a.shape[-1]
+    return F.linear(a, w[:, :k], linear.bias) + F.linear(b, w[:, k:])
 
 
 def _fused_mlp_preparation(transformer: nn.Module) -> Preparation:
@@ -242,7 +262,8 @@ def _fused_mlp_preparation(transformer: nn.Module) -> Preparation:
     return Preparation("fused single-block MLP",
                        "each single block's MLP runs fused when the precision step allows it: with fp8 matmuls "
                        "proj_out quantizes the attention output and the MLP's GELU in one kernel (no "
-                       "concatenation materialized); in bf16 proj_mlp's GEMM applies the GELU in its epilogue",
+                       "concatenation materialized); in bf16 proj_mlp's GEMM applies the GELU in its epilogue and "
+                       "proj_out reads its two inputs as two GEMMs (no concatenation either)",
                        install)
 
 
@@ -273,7 +294,8 @@ class FluxAdapter(DiffusersPipelineAdapter):
         return _random_pipeline(variant, dtype, device)
 
     def preparations(self, pipe) -> list[Preparation]:
-        return [_single_stream_preparation(pipe.transformer), _fused_mlp_preparation(pipe.transformer)]
+        return [_single_stream_preparation(pipe.transformer), _fused_mlp_preparation(pipe.transformer),
+                norm_rope_preparation(pipe.transformer)]
 
     def check_shape(self, pipe, call: dict[str, Any]) -> None:
         _latent_grid(pipe, call["height"], call["width"])

@@ -18,7 +18,7 @@ import torch.nn as nn
 
 from ..engine.kernels import norm_rope
 from ..engine.precision import NORM_ROPE_MARK
-from ..engine.prepare import Preparation
+from ..engine.prepare import Preparation, swap_processors
 
 
 @functools.lru_cache(maxsize=None)
@@ -30,7 +30,7 @@ def _processor_class():
     class NormRopeWanAttnProcessor(WanAttnProcessor):
         """`WanAttnProcessor` with q/k RMSNorm + RoPE fused on marked self-attention layers."""
 
-        FUSES_NORM_ROPE = True  # the precision step marks this layer's norm_q / norm_k (fuse_norm_rope)
+        FUSES_NORM_ROPE = ("norm_q", "norm_k")  # the norms the precision step marks (fuse_norm_rope)
 
         def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, rotary_emb=None):
             if not fusable(attn, encoder_hidden_states, rotary_emb):
@@ -56,29 +56,12 @@ def fusable(attn: nn.Module, encoder_hidden_states, rotary_emb) -> bool:
 
 
 def norm_rope_preparation(*transformers: nn.Module) -> Preparation:
-    """Install `NormRopeWanAttnProcessor` on every WanAttention under `transformers`; undo restores
-    the original processors (their state included)."""
+    """Install `NormRopeWanAttnProcessor` in place of every diffusers `WanAttnProcessor` under
+    `transformers`; undo restores the original processors (their state included)."""
 
     def install(root: nn.Module):
         cls = _processor_class()
-        swapped: list[tuple[nn.Module, object]] = []
-        for tr in transformers:
-            for m in tr.modules():
-                proc = getattr(m, "processor", None)
-                if type(m).__name__ != "WanAttention" or proc is None or isinstance(proc, cls):
-                    continue
-                new = cls.__new__(cls)
-                new.__dict__.update(proc.__dict__)  # attention backend, parallel config, as set so far
-                m.processor = new
-                swapped.append((m, proc))
-
-        def undo() -> None:
-            for m, proc in reversed(swapped):
-                # what later steps set on the new processor (backend, parallel config) was undone
-                # by their own undos first; hand back the original as it was
-                m.processor = proc
-
-        return undo
+        return swap_processors(transformers, cls.__base__, cls)
 
     return Preparation("fused q/k norm + rope",
                        "Wan's self-attention normalises q and k and applies the rotary embedding in one kernel "

@@ -16,7 +16,7 @@ Two kernel fusions run in bf16 and fp8 regions alike (same function, fewer passe
 ``gelu_epilogue`` turns a bf16 linear + tanh GELU into one cuBLASLt GEMM with the GELU in its
 epilogue (`GeluLinear`, `kernels/gelu_linear.py`), and ``fuse_norm_rope`` marks the q/k RMSNorms
 of attention layers whose processor computes norm + rotary embedding in one kernel
-(`kernels/norm_rope.py`; Wan's, installed by its adapter).
+(`kernels/norm_rope.py`; Wan's and Flux's, installed by their adapters).
 
 The step runs before compile (the graphs must contain the fp8 ops) and its undo puts the
 original linears back. To restore them exactly the originals are kept -- on the host, so
@@ -307,9 +307,9 @@ def _fuse_feedforward_gelu(root: nn.Module, fusions: list) -> int:
 # feeds you may run you in its epilogue". Only an adapter knows which linear feeds a bare
 # activation (Flux's single blocks: proj_mlp -> act_mlp), so its forward reads the mark.
 GELU_EPILOGUE_MARK = "gelu_epilogue"
-# Set on an attention layer's q/k nn.RMSNorm (fuse_norm_rope) when its processor declares
+# Set on an attention layer's q/k nn.RMSNorms (fuse_norm_rope) that its processor names in
 # FUSES_NORM_ROPE: "your output may be computed with the rotary embedding that follows in one
-# pass" -- only the processor knows the pairing (Wan's, installed by its adapter).
+# pass" -- only the processor knows the pairing (Wan's and Flux's, installed by their adapters).
 NORM_ROPE_MARK = "norm_rope_fusion"
 
 
@@ -364,14 +364,14 @@ def _mark(root: nn.Module, cls: type, mark: str, undo: list, where=lambda m: Tru
 
 
 def _mark_norm_rope(root: nn.Module, undo: list) -> int:
-    """Mark the q/k RMSNorms of every attention layer under `root` whose processor declares it
-    fuses them with the rotary embedding (class attribute FUSES_NORM_ROPE: Wan's, installed by
-    its adapter). Returns how many layers."""
+    """Mark the RMSNorms of every attention layer under `root` whose processor declares it fuses
+    them with the rotary embedding (class attribute FUSES_NORM_ROPE: the names of the norms, e.g.
+    ("norm_q", "norm_k"); Wan's and Flux's processors, installed by their adapters). Returns how
+    many layers."""
     n = 0
     for m in root.modules():
-        if not getattr(getattr(m, "processor", None), "FUSES_NORM_ROPE", False):
-            continue
-        norms = [x for x in (getattr(m, "norm_q", None), getattr(m, "norm_k", None)) if isinstance(x, nn.RMSNorm)]
+        names = getattr(getattr(m, "processor", None), "FUSES_NORM_ROPE", ())
+        norms = [x for x in (getattr(m, name, None) for name in names) if isinstance(x, nn.RMSNorm)]
         for x in norms:
             _set_mark(x, NORM_ROPE_MARK, undo)
         n += bool(norms)

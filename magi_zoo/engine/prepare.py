@@ -45,6 +45,31 @@ def instance_forwards(modules, make: Callable[[nn.Module], Callable]) -> Callabl
     return undo
 
 
+def swap_processors(transformers, base: type, cls: type) -> Callable[[], None]:
+    """Put a `cls` processor (a subclass of `base`) in place of every processor of exactly type
+    `base` under `transformers` -- one a user or another library installed (an IP-adapter's, say)
+    is left alone -- carrying over its state (attention backend, parallel config, as set so far).
+    Returns the undo: the original processors back, as they were."""
+    swapped: list[tuple[nn.Module, object]] = []
+    for tr in transformers:
+        for m in tr.modules():
+            proc = getattr(m, "processor", None)
+            if type(proc) is not base:
+                continue
+            new = cls.__new__(cls)
+            new.__dict__.update(proc.__dict__)
+            m.processor = new
+            swapped.append((m, proc))
+
+    def undo() -> None:
+        # what later steps set on the new processors (backend, parallel config) was undone by
+        # their own undos first
+        for m, proc in reversed(swapped):
+            m.processor = proc
+
+    return undo
+
+
 def prepare(root: nn.Module, preparations: list[Preparation]) -> StepRecord:
     """Install every preparation (the `prepare` step); the record's undo removes them."""
     undos, done = [], []

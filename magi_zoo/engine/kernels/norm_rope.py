@@ -1,5 +1,6 @@
-"""RMSNorm over the heads, then the interleaved rotary embedding, in one pass: the
-`magi_zoo::rms_norm_rope` custom op (Wan's query and key).
+"""RMSNorm, then the interleaved rotary embedding, in one pass: `magi_zoo::rms_norm_rope`
+(Wan's query and key: the norm over all heads) and `magi_zoo::rms_norm_rope_heads` (Flux's: the
+norm over each head, a text prefix joined in front; see `rms_norm_rope_heads` below).
 
 Why: Wan normalises q and k over all heads (an RMSNorm over 1,536 channels at 1.3B, 5,120 at
 14B) and then rotates channel pairs (2j, 2j+1) by per-token angles. Under inductor that is a
@@ -139,3 +140,154 @@ def apply(x: torch.Tensor, norm: torch.nn.Module, rotary_emb, heads: int) -> tor
     if torch.is_grad_enabled() and (x.requires_grad or (norm.weight is not None and norm.weight.requires_grad)):
         return reference(x, norm.weight, eps, rotary_emb[0], rotary_emb[1], heads)
     return rms_norm_rope(x, norm.weight, eps, rotary_emb[0], rotary_emb[1], heads)
+
+
+# -- per-head RMSNorm + rope, with an optional prefix (Flux) ---------------------------------
+# Flux normalises q and k per head (RMSNorm over head_dim), in its double blocks joins the text
+# stream's q/k (normalised by their own norms) in front of the image stream's, and rotates the
+# joint sequence with diffusers' `apply_rotary_emb(..., sequence_dim=1)`. Under inductor that is
+# a reduction kernel writing a permuted layout (~0.12 ms per single block at 1024^2 on an H100,
+# ~0.5 TB/s: benchmarks/results/profile_flux.1-dev_bf16_h100.md) plus the concatenation's copy.
+# This kernel reads each (token, head) row of D channels once, from whichever stream holds the
+# token, and writes the joint (batch, prefix + tokens, heads, head_dim) result once.
+
+
+def reference_heads(x: torch.Tensor, weight: torch.Tensor | None, prefix: torch.Tensor | None,
+                    prefix_weight: torch.Tensor | None, eps: float, cos: torch.Tensor,
+                    sin: torch.Tensor) -> torch.Tensor:
+    """`rms_norm_rope_heads`' definition: diffusers' Flux attention, op for op -- RMSNorm over the
+    last dim of x (B, S, H, D) and of prefix (B, T, H, D), concatenated (prefix first) along the
+    tokens, then `apply_rotary_emb` with cos/sin (T + S, D), pairs (2j, 2j + 1):
+    out[2j] = y[2j] cos[2j] - y[2j+1] sin[2j], out[2j+1] = y[2j+1] cos[2j+1] + y[2j] sin[2j+1]."""
+    d = x.shape[-1]
+    y = F.rms_norm(x, (d,), weight, eps)
+    if prefix is not None:
+        y = torch.cat([F.rms_norm(prefix, (d,), prefix_weight, eps), y], dim=1)
+    real, imag = y.reshape(*y.shape[:-1], -1, 2).unbind(-1)
+    rotated = torch.stack([-imag, real], dim=-1).flatten(3)
+    return (y.float() * cos[None, :, None, :] + rotated.float() * sin[None, :, None, :]).to(y.dtype)
+
+
+def _fake_heads(x, weight, prefix, prefix_weight, eps, cos, sin):
+    t = 0 if prefix is None else prefix.shape[1]
+    return x.new_empty((x.shape[0], t + x.shape[1], *x.shape[2:]))
+
+
+def _check_heads(x, weight, prefix, prefix_weight, cos, sin):
+    if x.dim() != 4 or x.shape[-1] % 2:
+        raise ValueError(f"rms_norm_rope_heads takes x (batch, tokens, heads, head_dim) with an even head_dim; "
+                         f"got {tuple(x.shape)}")
+    b, s, h, d = x.shape
+    if prefix is not None and (prefix.dim() != 4 or prefix.shape[0] != b or prefix.shape[2:] != x.shape[2:]
+                               or prefix.dtype != x.dtype):
+        raise ValueError(f"rms_norm_rope_heads: the prefix must be (batch={b}, text tokens, heads={h}, "
+                         f"head_dim={d}) in {x.dtype}; got {tuple(prefix.shape)} {prefix.dtype}")
+    if prefix is not None and (weight is None) != (prefix_weight is None):
+        raise ValueError("rms_norm_rope_heads: give both norm weights or neither (the prefix's and x's)")
+    for name, w in (("weight", weight), ("prefix_weight", prefix_weight)):
+        if w is not None and w.shape != (d,):
+            raise ValueError(f"rms_norm_rope_heads: {name} must have head_dim={d} values; got {tuple(w.shape)}")
+    n = s + (0 if prefix is None else prefix.shape[1])
+    if cos.shape != (n, d) or sin.shape != cos.shape:
+        raise ValueError(f"rms_norm_rope_heads: cos and sin must be (prefix + tokens={n}, head_dim={d}); got "
+                         f"{tuple(cos.shape)} and {tuple(sin.shape)}")
+
+
+def _heads_kernel_ok(x, weight, prefix, cos) -> bool:
+    return (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and x.numel() > 0 and x.stride(-1) == 1
+            and (prefix is None or prefix.stride(-1) == 1) and cos.is_cuda and x.shape[-1] <= 1024
+            and (weight is None or weight.is_cuda) and triton_available())
+
+
+@register_custom_op("rms_norm_rope_heads", fake=_fake_heads)
+def rms_norm_rope_heads(x: torch.Tensor, weight: torch.Tensor | None, prefix: torch.Tensor | None,
+                        prefix_weight: torch.Tensor | None, eps: float, cos: torch.Tensor,
+                        sin: torch.Tensor) -> torch.Tensor:
+    """(batch, prefix + tokens, heads, head_dim) = rope(cat(rms_norm(prefix), rms_norm(x))) per head
+    (`reference_heads`); one Triton pass on CUDA, the definition elsewhere."""
+    _check_heads(x, weight, prefix, prefix_weight, cos, sin)
+    if not _heads_kernel_ok(x, weight, prefix, cos):
+        return reference_heads(x, weight, prefix, prefix_weight, eps, cos, sin)
+    return _launch_heads(x, weight, prefix, prefix_weight, eps, cos, sin)
+
+
+@functools.cache
+def _heads_kernel():
+    """The per-head kernel, built on first use. A program takes UNITS (token, head) rows of D
+    channels, as (UNITS, D / 2, 2) pairs; a row's token t < T is read from the prefix, else from x."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def head_norm_rope_kernel(x_ptr, w_ptr, p_ptr, pw_ptr, cos_ptr, sin_ptr, out_ptr, n_units, heads, joint, text,
+                              sxb, sxs, sxh, spb, sps, sph, scs, sss, eps, D: tl.constexpr, HALF: tl.constexpr,
+                              HAS_W: tl.constexpr, HAS_P: tl.constexpr, UNITS: tl.constexpr):
+        u = tl.program_id(0).to(tl.int64) * UNITS + tl.arange(0, UNITS)
+        live = u < n_units
+        h = u % heads
+        tok = (u // heads) % joint
+        b = u // (heads * joint)
+        p = tl.arange(0, HALF)
+        two = tl.arange(0, 2)
+        cols = 2 * p[:, None] + two[None, :]  # (HALF, 2): channels 2j, 2j + 1
+        cmask = (cols < D)[None, :, :]
+        img = tok >= text
+        m_img = (live & img)[:, None, None] & cmask
+        x_off = b * sxb + (tok - text) * sxs + h * sxh
+        x = tl.load(x_ptr + x_off[:, None, None] + cols[None, :, :], mask=m_img, other=0.0).to(tl.float32)
+        if HAS_P:
+            m_txt = (live & (tok < text))[:, None, None] & cmask
+            p_off = b * spb + tok * sps + h * sph
+            x += tl.load(p_ptr + p_off[:, None, None] + cols[None, :, :], mask=m_txt, other=0.0).to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(tl.sum(x * x, axis=2), axis=1) / D + eps)
+        y = x * rstd[:, None, None]
+        if HAS_W:
+            w = tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)[None, :, :]
+            if HAS_P:
+                pw = tl.load(pw_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)[None, :, :]
+                w = tl.where(img[:, None, None], w, pw)
+            y = y * w
+        rope = (live[:, None, None] & cmask)
+        c = tl.load(cos_ptr + tok[:, None, None] * scs + cols[None, :, :], mask=rope, other=0.0).to(tl.float32)
+        s = tl.load(sin_ptr + tok[:, None, None] * sss + cols[None, :, :], mask=rope, other=0.0).to(tl.float32)
+        ye, yo = tl.split(y)
+        ce, co = tl.split(c)
+        se, so = tl.split(s)
+        out = tl.join(ye * ce - yo * se, yo * co + ye * so)
+        tl.store(out_ptr + u[:, None, None] * D + cols[None, :, :], out.to(out_ptr.dtype.element_ty), mask=rope)
+
+    return head_norm_rope_kernel
+
+
+def _launch_heads(x, weight, prefix, prefix_weight, eps, cos, sin):
+    import triton
+
+    b, s, h, d = x.shape
+    t = 0 if prefix is None else prefix.shape[1]
+    out = torch.empty((b, t + s, h, d), dtype=x.dtype, device=x.device)
+    cos = cos if cos.stride(-1) == 1 else cos.contiguous()
+    sin = sin if sin.stride(-1) == 1 else sin.contiguous()
+    half = triton.next_power_of_2(d // 2)
+    units = max(1, 4096 // (2 * half))  # ~4k channels per program: a few rows in flight per SM
+    n = b * (t + s) * h
+    p = prefix if prefix is not None else x
+    w = weight if weight is not None else x
+    pw = prefix_weight if prefix_weight is not None else w
+    _heads_kernel()[(triton.cdiv(n, units),)](
+        x, w, p, pw, cos, sin, out, n, h, t + s, t, x.stride(0), x.stride(1), x.stride(2), p.stride(0), p.stride(1),
+        p.stride(2), cos.stride(0), sin.stride(0), float(eps), D=d, HALF=half, HAS_W=weight is not None,
+        HAS_P=prefix is not None, UNITS=units, num_warps=8)
+    return out
+
+
+def apply_heads(x: torch.Tensor, norm: torch.nn.Module, rotary_emb, prefix: torch.Tensor | None = None,
+                prefix_norm: torch.nn.Module | None = None) -> torch.Tensor:
+    """`rms_norm_rope_heads` for `nn.RMSNorm`s over head_dim (x's and the prefix's) and diffusers'
+    (cos, sin) pair of (tokens, head_dim). With gradients to compute (training) it is the
+    definition in differentiable torch ops: the op has no backward of its own."""
+    eps = norm.eps if norm.eps is not None else torch.finfo(x.dtype).eps
+    pw = prefix_norm.weight if prefix_norm is not None else None
+    cos, sin = rotary_emb
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, prefix, norm.weight, pw)):
+        return reference_heads(x, norm.weight, prefix, pw, eps, cos, sin)
+    return rms_norm_rope_heads(x, norm.weight, prefix, pw, eps, cos, sin)
