@@ -259,7 +259,7 @@ def _heads_kernel():
     return head_norm_rope_kernel
 
 
-def _launch_heads(x, weight, prefix, prefix_weight, eps, cos, sin):
+def _launch_heads(x, weight, prefix, prefix_weight, eps, cos, sin, units: int | None = None, warps: int = 8):
     import triton
 
     b, s, h, d = x.shape
@@ -268,7 +268,7 @@ def _launch_heads(x, weight, prefix, prefix_weight, eps, cos, sin):
     cos = cos if cos.stride(-1) == 1 else cos.contiguous()
     sin = sin if sin.stride(-1) == 1 else sin.contiguous()
     half = triton.next_power_of_2(d // 2)
-    units = max(1, 4096 // (2 * half))  # ~4k channels per program: a few rows in flight per SM
+    units = units or max(1, 4096 // (2 * half))  # ~4k channels per program: a few rows in flight per SM
     n = b * (t + s) * h
     p = prefix if prefix is not None else x
     w = weight if weight is not None else x
@@ -276,7 +276,7 @@ def _launch_heads(x, weight, prefix, prefix_weight, eps, cos, sin):
     _heads_kernel()[(triton.cdiv(n, units),)](
         x, w, p, pw, cos, sin, out, n, h, t + s, t, x.stride(0), x.stride(1), x.stride(2), p.stride(0), p.stride(1),
         p.stride(2), cos.stride(0), sin.stride(0), float(eps), D=d, HALF=half, HAS_W=weight is not None,
-        HAS_P=prefix is not None, UNITS=units, num_warps=8)
+        HAS_P=prefix is not None, UNITS=units, num_warps=warps)
     return out
 
 
