@@ -149,7 +149,8 @@ def apply(x: torch.Tensor, norm: torch.nn.Module, rotary_emb, heads: int) -> tor
 # a reduction kernel writing a permuted layout (~0.12 ms per single block at 1024^2 on an H100,
 # ~0.5 TB/s: benchmarks/results/profile_flux.1-dev_bf16_h100.md) plus the concatenation's copy.
 # This kernel reads each (token, head) row of D channels once, from whichever stream holds the
-# token, and writes the joint (batch, prefix + tokens, heads, head_dim) result once.
+# token, and writes the joint (batch, prefix + tokens, heads, head_dim) result once: 26-28 us per
+# call at 1024^2 on an H100 against inductor's 43-68 (GPU time, benchmarks/norm_rope_heads.py).
 
 
 def reference_heads(x: torch.Tensor, weight: torch.Tensor | None, prefix: torch.Tensor | None,
@@ -259,7 +260,7 @@ def _heads_kernel():
     return head_norm_rope_kernel
 
 
-def _launch_heads(x, weight, prefix, prefix_weight, eps, cos, sin, units: int | None = None, warps: int = 8):
+def _launch_heads(x, weight, prefix, prefix_weight, eps, cos, sin, units: int | None = None, warps: int = 2):
     import triton
 
     b, s, h, d = x.shape
@@ -268,7 +269,10 @@ def _launch_heads(x, weight, prefix, prefix_weight, eps, cos, sin, units: int | 
     cos = cos if cos.stride(-1) == 1 else cos.contiguous()
     sin = sin if sin.stride(-1) == 1 else sin.contiguous()
     half = triton.next_power_of_2(d // 2)
-    units = units or max(1, 4096 // (2 * half))  # ~4k channels per program: a few rows in flight per SM
+    # ~512 channels per program on 2 warps: at Flux's shapes 2.1-2.2 TB/s, where 4,096 channels on
+    # 8 warps ran at 0.4 TB/s and inductor's kernel at 0.8-1.3 (benchmarks/norm_rope_heads.py,
+    # results/norm_rope_heads_h100.md: the speed swings 5x with these two numbers)
+    units = units or max(1, 512 // (2 * half))
     n = b * (t + s) * h
     p = prefix if prefix is not None else x
     w = weight if weight is not None else x
