@@ -65,10 +65,12 @@ class PrecisionSpec(SectionSpec):
 
     fuse_norm_rope: bool = Field(
         True,
-        description="An attention's RMSNorm of q and k over all heads and its rotary embedding in one "
-        "pass (`magi_zoo::rms_norm_rope`, kernels/norm_rope.py) where the adapter's attention supports it "
-        "(Wan's self-attention): one read and one write of q and k instead of a looped reduction and "
-        "strided pair accesses. Same function (no rounding between the norm and the rotation).",
+        description="An attention's RMSNorm of q and k and its rotary embedding in one pass where the "
+        "adapter's attention supports it (kernels/norm_rope.py): Wan's self-attention, normalised over all "
+        "heads (`magi_zoo::rms_norm_rope`), and Flux's attention, normalised per head with the text stream "
+        "joined in front in the same pass (`magi_zoo::rms_norm_rope_heads`): one read and one write of q "
+        "and k instead of reductions, strided pair accesses and a concatenation. Same function (no "
+        "rounding between the norm and the rotation).",
     )
 
     @field_validator("keep_bf16", mode="before")
