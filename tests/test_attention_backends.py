@@ -565,3 +565,105 @@ def test_fa3_bagel_tiny_matches_native_on_cuda():
         assert _rel(h.pipe("a red fox", **kw), ref) < 2e-2
     finally:
         remove(h.modules)
+
+
+# -- transformers' attention layers (Qwen3-Omni) -------------------------------------------
+
+def _qwen_text_layers(h):
+    from magi_zoo.engine.attention import _transformers_layers
+
+    return [m for m in _transformers_layers(h.modules["thinker"]) if type(m).__name__.endswith("TextAttention")]
+
+
+def test_transformers_layers_get_their_own_config_and_undo():
+    h = magi_zoo.load("qwen3-omni-tiny", gpu="cpu", compile=False)
+    layers = _qwen_text_layers(h)
+    originals = [m.config for m in layers]
+    model_impl = originals[0]._attn_implementation
+    rep = magi_zoo.apply(h.modules, {"compile": {"": False}, "attention": {"Qwen3OmniMoeThinkerTextModel": "sdpa"}},
+                         gpu="cpu")
+    assert f"sdpa (transformers) on Qwen3OmniMoeThinkerTextModel ({len(layers)} attention layers)" in \
+        rep.step("attention").did
+    assert all(m.config is not o and m.config._attn_implementation == "sdpa" for m, o in zip(layers, originals))
+    assert originals[0]._attn_implementation == model_impl  # the shared config is not touched
+    magi_zoo.remove(h.modules)
+    assert [m.config for m in layers] == originals
+
+
+def test_transformers_layers_refuse_backends_they_cannot_take():
+    h = magi_zoo.load("qwen3-omni-tiny", gpu="cpu", compile=False)
+    with pytest.raises(PlanError, match="transformers attention layer; it takes 'native', 'fa3' or 'auto'"):
+        magi_zoo.apply(h.modules, {"compile": {"": False},
+                                   "attention": {"Qwen3OmniMoeThinkerTextModel": "cudnn"}}, gpu="cpu")
+    with pytest.raises(PlanError, match="runs on CUDA GPUs"):
+        magi_zoo.apply(h.modules, {"compile": {"": False},
+                                   "attention": {"Qwen3OmniMoeThinkerTextModel": "fa3"}}, gpu="cpu")
+    assert all(m.config._attn_implementation == "sdpa" for m in _qwen_text_layers(h))  # nothing left set
+
+
+@pytest.mark.parametrize("case, want", [
+    ("plain", True), ("mask", False), ("dropout", False), ("window", False), ("cpu", False),
+    ("causal_prefix", False), ("decode", True), ("grad_gqa", False), ("grad_mha", True),
+])
+def test_fa3_serves_only_calls_it_computes_as_sdpa(case, want, monkeypatch):
+    """`serves` on the cases a transformers layer passes (on CPU the device check is patched out
+    except in the "cpu" case)."""
+    from magi_zoo.engine.kernels import fa3
+
+    q = torch.randn(1, 4, 6, 8, dtype=torch.bfloat16)
+    k = torch.randn(1, 4 if case != "grad_gqa" else 2, 1 if case == "decode" else 6, 8, dtype=torch.bfloat16)
+    if case != "cpu":
+        monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    if case == "causal_prefix":
+        k = torch.randn(1, 4, 9, 8, dtype=torch.bfloat16)
+    if case == "decode":
+        q = torch.randn(1, 4, 1, 8, dtype=torch.bfloat16)
+        k = torch.randn(1, 4, 9, 8, dtype=torch.bfloat16)
+    if case.startswith("grad"):
+        q.requires_grad_(True)
+    mask = torch.ones(1, 1, 6, 6, dtype=torch.bool) if case == "mask" else None
+    kwargs = {"sliding_window": 4} if case == "window" else {}
+    causal = case != "decode"  # transformers_attention drops causality for one query token
+    assert fa3.serves(q, k, mask, 0.1 if case == "dropout" else 0.0, causal, kwargs) is want
+
+
+def test_transformers_function_falls_back_to_sdpa_exactly_on_cpu():
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from magi_zoo.engine.kernels import fa3
+
+    h = magi_zoo.load("qwen3-omni-tiny", gpu="cpu", compile=False)
+    layer = _qwen_text_layers(h)[0]
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, n, 5, 16, generator=g) for n in (4, 2, 2))
+    layer.num_key_value_groups = 2
+    got, _ = fa3.transformers_attention(layer, q, k, v, None, scaling=0.25)
+    want, _ = sdpa_attention_forward(layer, q, k, v, None, scaling=0.25)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_qwen_thinker_on_fa3_equals_sdpa():
+    """The tiny thinker's text model, prompt-length prefill (unmasked: FA3 serves it) and a
+    decode step (masked: SDPA), fa3 against native."""
+    from magi_zoo.engine.kernels import fa3
+
+    if not fa3.available():
+        pytest.skip(fa3.missing_reason())
+    outs = {}
+    for backend in ("native", "fa3"):
+        h = magi_zoo.load("qwen3-omni-tiny", gpu="h100", compile=False, dtype=torch.bfloat16)
+        magi_zoo.apply(h.modules, {"compile": {"": False},
+                                   "attention": {"Qwen3OmniMoeThinkerTextModel": backend}}, gpu="h100")
+        calls = []
+        real = fa3.fa3_attention
+        fa3.fa3_attention = lambda *a, **k: calls.append(1) or real(*a, **k)
+        try:
+            ids = torch.randint(0, 100, (1, 24), generator=torch.Generator().manual_seed(0)).cuda()
+            with torch.inference_mode():
+                outs[backend] = h.modules["thinker"](input_ids=ids).logits.float()
+        finally:
+            fa3.fa3_attention = real
+        assert bool(calls) == (backend == "fa3")
+    err = (outs["fa3"] - outs["native"]).norm() / outs["native"].norm()
+    assert err < 2e-2, err

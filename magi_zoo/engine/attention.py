@@ -2,7 +2,11 @@
 
 Works on diffusers models, whose attention layers hold a processor that dispatches through
 `diffusers.models.attention_dispatch` by the processor's `_attention_backend` (what
-`ModelMixin.set_attention_backend` sets model-wide); here it is set per region. A region
+`ModelMixin.set_attention_backend` sets model-wide); here it is set per region. Also on
+transformers' attention layers (Qwen3-Omni), which call the attention interface their config's
+`_attn_implementation` names: each layer in the region gets its own copy of its config naming
+the backend ('native' = transformers' SDPA, 'fa3' = the engine's FA3 function registered in that
+interface), and on this project's own layers that declare ATTENTION_BACKENDS (BAGEL's). A region
 whose subtree has no such layer is an error, never a silent no-op. Undo restores every
 processor's previous backend.
 
@@ -15,6 +19,7 @@ choice skipped on the way is reported in one warning that says what to install.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import importlib
 import warnings
@@ -47,6 +52,42 @@ def _engine_layers(module: nn.Module) -> list:
     attribute ``ATTENTION_BACKENDS`` (engine names: "native", "fa3") and reads its instance
     attribute ``attention_backend`` at call time."""
     return [m for m in module.modules() if isinstance(getattr(type(m), "ATTENTION_BACKENDS", None), tuple)]
+
+
+# transformers' attention layers (Qwen3-Omni's): the plan names they take and the attention
+# implementation each becomes. The other diffusers names have no transformers counterpart.
+TRANSFORMERS_NAMES = {"native": "sdpa", "fa3": None}  # fa3: the name its kernel module registers
+
+
+def _transformers_layers(module: nn.Module) -> list:
+    """transformers' attention layers under `module`: modules of a `transformers.` class named
+    *Attention that hold a config and call the attention interface its `_attn_implementation`
+    names at call time."""
+    return [m for m in module.modules()
+            if type(m).__module__.startswith("transformers.") and type(m).__name__.endswith("Attention")
+            and hasattr(getattr(m, "config", None), "_attn_implementation") and hasattr(m, "is_causal")]
+
+
+def _set_transformers_layer(layer: nn.Module, name: str, profile, key: str, auto: bool, undo_list: list) -> str:
+    """Point one transformers attention layer at backend `name` through its own copy of its config
+    (the model's config, and the masks the model builds from it, stay as they are); returns the
+    report label. Under `auto`, a choice transformers layers cannot take becomes 'native'."""
+    if name not in TRANSFORMERS_NAMES:
+        if not auto:
+            raise PlanError(f"attention key {key!r}: {type(layer).__name__} is a transformers attention layer; it "
+                            f"takes {', '.join(map(repr, TRANSFORMERS_NAMES))} or 'auto', not {name!r}")
+        name = "native"
+    impl, label = TRANSFORMERS_NAMES[name], "sdpa (transformers)"
+    if impl is None:
+        _, label = _resolve(name, profile)  # the same checks as for diffusers' layers
+        impl = _kernel(name).register_transformers()
+    config = copy.copy(layer.config)
+    # the attribute itself: the property's setter would also set it on sub-configs, which the
+    # copy shares with the original
+    config.__dict__["_attn_implementation_internal"] = impl
+    undo_list.append((layer, "config", layer.config))
+    layer.config = config
+    return label
 
 
 def _kernel(name: str):
@@ -159,8 +200,8 @@ def attention_step(ctx: StepContext) -> StepRecord:
             name = targets[0].spec.backend
             if name is None:
                 continue
-            note = ""
-            if name == "auto":
+            note, is_auto = "", name == "auto"
+            if is_auto:
                 if auto is None:
                     auto = _auto(ctx.profile)
                     if auto[1]:
@@ -172,10 +213,12 @@ def attention_step(ctx: StepContext) -> StepRecord:
             n, label = 0, None
             for t in targets:
                 procs, layers = _processors(t.module), _engine_layers(t.module)
-                if not procs and not layers:
+                hf_layers = _transformers_layers(t.module)
+                if not procs and not layers and not hf_layers:
                     raise PlanError(f"attention key {key!r}: {t.cls_name} at {t.path or '<root>'!r} has no "
                                     "attention layer under it that takes a backend (a diffusers attention layer, "
-                                    "or a module declaring ATTENTION_BACKENDS); key a transformer or its blocks")
+                                    "a transformers one, or a module declaring ATTENTION_BACKENDS); key a "
+                                    "transformer or its blocks")
                 if procs:
                     backend, label = _resolve(name, ctx.profile)
                     for p in procs:
@@ -183,7 +226,9 @@ def attention_step(ctx: StepContext) -> StepRecord:
                         p._attention_backend = backend
                 for layer in layers:
                     label = _set_engine_layer(layer, name, ctx.profile, key, undo_list) or label
-                n += len(procs) + len(layers)
+                for layer in hf_layers:
+                    label = _set_transformers_layer(layer, name, ctx.profile, key, is_auto, undo_list)
+                n += len(procs) + len(layers) + len(hf_layers)
             done.append(f"{label} on {key or '<root>'} ({n} attention layers{note})")
     except BaseException:  # a refusal part-way leaves nothing set
         undo()

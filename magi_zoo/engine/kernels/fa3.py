@@ -351,3 +351,67 @@ def register_fp8():
     ad._AttentionBackendRegistry.register(member, constraints=[ad._check_device_cuda, ad._check_shape])(
         fa3_fp8_attention)
     return member
+
+
+# -- transformers' attention interface (Qwen3-Omni and other transformers models) --------------
+# transformers' attention layers call `ALL_ATTENTION_FUNCTIONS[config._attn_implementation]`
+# with q (B, H, S, D), k/v (B, H_kv, S_k, D), a mask (or None) and flags. The engine registers
+# this function under TRANSFORMERS_NAME (no "flash" in it: transformers would then hand the
+# encoders flash-attn's varlen arguments; without it they call per chunk, unmasked) and gives a
+# layer a config copy naming it (engine/attention.py). FA3 serves the calls it computes exactly
+# as SDPA would; every other call is transformers' own SDPA function, so the layer's semantics
+# never depend on the backend.
+TRANSFORMERS_NAME = "magi_zoo_fa3"
+
+
+def serves(query: torch.Tensor, key: torch.Tensor, attention_mask, dropout: float, causal: bool, kwargs: dict) -> bool:
+    """Whether FA3 computes this transformers attention call as SDPA would: no mask, no dropout,
+    sliding window, softcap or attention weights; bf16 on CUDA; causal only with equal query and
+    key lengths (FA3 aligns a causal mask bottom-right, SDPA top-left); with gradients, equal head
+    counts (its training path's limits, `fa3_attention`)."""
+    if attention_mask is not None or dropout or kwargs.get("output_attentions"):
+        return False
+    if kwargs.get("sliding_window") is not None or kwargs.get("softcap") is not None:
+        return False
+    if not (query.is_cuda and query.dtype == key.dtype == torch.bfloat16):
+        return False
+    if causal and query.shape[2] != key.shape[2]:
+        return False
+    grads = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad)
+    return not (grads and query.shape[1] != key.shape[1])
+
+
+def transformers_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask,
+                           dropout: float = 0.0, scaling: float | None = None, is_causal: bool | None = None,
+                           **kwargs):
+    """transformers' attention-interface signature on FA3 where `serves` says so, else
+    transformers' SDPA function. Returns (out (B, S, H, D), None)."""
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    causal = causal and query.shape[2] > 1  # one query token attends every cached key (SDPA's rule too)
+    if not serves(query, key, attention_mask, dropout, causal, kwargs):
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    t = lambda x: x.transpose(1, 2)  # noqa: E731 -- FA3 takes (B, S, H, D)
+    return fa3_attention(t(query), t(key), t(value), is_causal=causal, scale=scaling), None
+
+
+def register_transformers() -> str:
+    """Register `transformers_attention` in transformers' attention interface (idempotent) and
+    load the kernel it calls; returns the implementation name. Raises RuntimeError naming the
+    extra when the kernel is missing."""
+    global _forward
+    from transformers import AttentionInterface
+
+    why = missing_reason() if not _official_fa3() else None
+    if why is not None:
+        raise RuntimeError(f"attention backend {NAME!r}: {why}; or choose backend='native'")
+    if _forward is None:
+        try:
+            _forward = _import_kernel()._flash_attn_forward
+        except ImportError as e:  # only the official package: its forward has another signature
+            raise RuntimeError(f"attention backend {NAME!r} for transformers layers needs the fa3-fwd wheel "
+                               f"({MODULE}): {INSTALL}") from e
+    AttentionInterface.register(TRANSFORMERS_NAME, transformers_attention)
+    return TRANSFORMERS_NAME
