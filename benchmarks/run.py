@@ -178,7 +178,7 @@ def _shape(args) -> dict[str, Any]:
 # -- building a handle -------------------------------------------------------------------------
 
 def _assemble(adapter, variant, *, gpu: str, dtype, device, compiled: bool, backend: str | None,
-              cache_dir: str | None, derived: bool):
+              cache_dir: str | None, derived: bool, overrides=None):
     """What `magi_zoo.load` returns, for the two inputs load cannot be given: a derived
     Variant (--layers; load takes a registered name, and the base `build` has no config=)
     and compile layers with every backend overridden (--backend; `specs.with_backend` works
@@ -198,7 +198,7 @@ def _assemble(adapter, variant, *, gpu: str, dtype, device, compiled: bool, back
     from magi_zoo.zoo import ZooPipeline, spec_layers
 
     profile = get_profile(gpu)
-    layers = spec_layers(adapter, profile)
+    layers = spec_layers(adapter, profile, overrides=overrides)  # a strategy's one change, as load takes it
     if backend:
         layers = with_backend(layers, backend)
     native = adapter.build(variant, weights="random", dtype=dtype, device=device)
@@ -275,10 +275,11 @@ def _build(args, strategy: str):
         handle = magi_zoo.load(args.model, gpu=gpu, weights="random", dtype=dtype, device=device,
                                compile=None if compiled else False, cache_dir=cache_dir, **extra)
     else:
-        if extra:
+        if set(extra) - {"overrides"}:  # a plan override layers take; load-only arguments (precision=) not
             raise TypeError(f"{strategy} does not combine with --layers / --backend")
         handle, dropped = _assemble(adapter, variant, gpu=gpu, dtype=dtype, device=device, compiled=compiled,
-                                    backend=args.backend, cache_dir=cache_dir, derived=args.layers is not None)
+                                    backend=args.backend, cache_dir=cache_dir, derived=args.layers is not None,
+                                    overrides=extra.get("overrides"))
     module, method = adapter.entry(handle.pipe, args.entry)
     if not compiled and not callable(getattr(module, method, None)):
         # The method is one a preparation adds (apply installs them for magi_zoo).
