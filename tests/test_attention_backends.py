@@ -603,7 +603,8 @@ def test_transformers_layers_refuse_backends_they_cannot_take():
 
 @pytest.mark.parametrize("case, want", [
     ("plain", True), ("mask", False), ("dropout", False), ("window", False), ("cpu", False),
-    ("causal_prefix", False), ("decode", True), ("grad_gqa", False), ("grad_mha", True),
+    ("causal_prefix", False), ("decode", True), ("grad_gqa", False), ("grad_mha", True), ("bias", False),
+    ("varlen", False),
 ])
 def test_fa3_serves_only_calls_it_computes_as_sdpa(case, want, monkeypatch):
     """`serves` on the cases a transformers layer passes (on CPU the device check is patched out
@@ -622,7 +623,8 @@ def test_fa3_serves_only_calls_it_computes_as_sdpa(case, want, monkeypatch):
     if case.startswith("grad"):
         q.requires_grad_(True)
     mask = torch.ones(1, 1, 6, 6, dtype=torch.bool) if case == "mask" else None
-    kwargs = {"sliding_window": 4} if case == "window" else {}
+    kwargs = {"window": {"sliding_window": 4}, "bias": {"position_bias": torch.zeros(1, 4, 6, 6)},  # T5's
+              "varlen": {"cu_seq_lens_q": torch.tensor([0, 6])}}.get(case, {})
     causal = case != "decode"  # transformers_attention drops causality for one query token
     assert fa3.serves(q, k, mask, 0.1 if case == "dropout" else 0.0, causal, kwargs) is want
 

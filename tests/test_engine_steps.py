@@ -69,10 +69,10 @@ def test_attention_auto_reads_the_profile(wan):
 def test_attention_errors(wan):
     with pytest.raises(ValueError, match="'flsh' is not a diffusers backend -- did you mean 'flash'"):
         magi_zoo.apply(wan.modules, {"attention": {"transformer": "flsh"}}, gpu="cpu")
-    # a region with no attention layer under it (diffusers', or one declaring
+    # a region with no attention layer under it (diffusers', transformers', or one declaring
     # ATTENTION_BACKENDS) is an error, not a silent no-op
     with pytest.raises(PlanError, match="has no attention layer under it that takes a backend"):
-        magi_zoo.apply(wan.modules, {"attention": {"text_encoder": "native"}}, gpu="cpu")
+        magi_zoo.apply(wan.modules, {"attention": {"vae": "native"}}, gpu="cpu")
     assert magi_zoo.engine.installed(wan.modules) == [] and set(_backends(wan.pipe.transformer)) == {None}
 
 
@@ -80,11 +80,14 @@ def test_preparation_is_a_step_and_is_undone(flux):
     block0 = flux.pipe.transformer.single_transformer_blocks[0]
     assert not block0._forward_pre_hooks  # compile=False: nothing prepared
     rep = flux.apply_plan()
-    assert rep.step("prepare").details["preparations"] == ["single-stream views", "fused single-block MLP"]
+    assert rep.step("prepare").details["preparations"] == ["single-stream views", "fused single-block MLP",
+                                                            "fused q/k norm + rope"]
     assert len(block0._forward_pre_hooks) == 1
+    assert type(block0.attn.processor).__name__ == "NormRopeFluxAttnProcessor"
     remove(flux.modules)
     assert not block0._forward_pre_hooks and magi_zoo.engine.installed(flux.modules) == []
     assert not any("forward" in b.__dict__ for b in flux.pipe.transformer.single_transformer_blocks)
+    assert type(block0.attn.processor).__name__ == "FluxAttnProcessor"
 
 
 def test_failing_step_undoes_the_earlier_ones(flux):

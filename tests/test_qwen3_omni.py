@@ -107,14 +107,18 @@ def test_shipped_spec_resolves_on_the_tiny_tree():
     assert got[("Qwen3OmniMoeThinkerTextModel", "decode_step")] == "dynamic=False, fullgraph=True"
     # Code2Wav is eager: no shape policy compiles it in bounded time (the spec's measurements).
     assert got[("code2wav", "forward")] == "disabled"
-    # 7 regions: thinker prefill + decode, audio, vision, talker.model, code predictor, code2wav.
-    assert len(got) == 7
+    # 7 compile regions: thinker prefill + decode, audio, vision, talker.model, code predictor,
+    # code2wav; and the thinker's text attention (SDPA off Hopper; auto -> FA3 on h100 below)
+    assert got[("Qwen3OmniMoeThinkerTextModel", "-")] == "backend=native"
+    assert len(got) == 8
     # The GPU section turns CUDA graphs on for the decode step only.
     h100 = SpecFile.from_toml(spec_path("qwen3_omni.toml")).layers_for("h100")
     plan = preview(h.modules, h100, h.adapter.preparations(h.pipe))
     modes = {(t.key, t.method): t.spec.mode for t in plan.targets}
     assert modes[("Qwen3OmniMoeThinkerTextModel", "decode_step")] == "reduce-overhead"
     assert modes[("Qwen3OmniMoeThinkerTextModel", "prefill")] is None
+    rows = {(r["region"], r["method"]): r["spec"] for r in plan.table()}
+    assert rows[("Qwen3OmniMoeThinkerTextModel", "-")] == "backend=auto"
 
 
 def test_default_experts_implementation_is_grouped_mm(eager):

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import copy
 import difflib
+import functools
+import inspect
 import importlib
 import warnings
 
@@ -59,13 +61,23 @@ def _engine_layers(module: nn.Module) -> list:
 TRANSFORMERS_NAMES = {"native": "sdpa", "fa3": None}  # fa3: the name its kernel module registers
 
 
+@functools.cache
+def _reads_interface(cls: type) -> bool:
+    """Whether `cls.forward` looks its attention function up in transformers' interface (by the
+    config's `_attn_implementation`); older model code computes attention inline and would ignore
+    a backend set on it."""
+    try:
+        return "ALL_ATTENTION_FUNCTIONS" in inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        return False
+
+
 def _transformers_layers(module: nn.Module) -> list:
-    """transformers' attention layers under `module`: modules of a `transformers.` class named
-    *Attention that hold a config and call the attention interface its `_attn_implementation`
-    names at call time."""
+    """transformers' attention layers under `module`: modules of a `transformers.` class that hold
+    a config and call the attention interface its `_attn_implementation` names at call time."""
     return [m for m in module.modules()
-            if type(m).__module__.startswith("transformers.") and type(m).__name__.endswith("Attention")
-            and hasattr(getattr(m, "config", None), "_attn_implementation") and hasattr(m, "is_causal")]
+            if type(m).__module__.startswith("transformers.")
+            and hasattr(getattr(m, "config", None), "_attn_implementation") and _reads_interface(type(m))]
 
 
 def _set_transformers_layer(layer: nn.Module, name: str, profile, key: str, auto: bool, undo_list: list) -> str:

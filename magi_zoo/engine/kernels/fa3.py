@@ -364,14 +364,19 @@ def register_fp8():
 TRANSFORMERS_NAME = "magi_zoo_fa3"
 
 
+_NOT_SERVED = ("sliding_window", "softcap", "position_bias", "s_aux", "cu_seq_lens_q", "cu_seq_lens_k")
+
+
 def serves(query: torch.Tensor, key: torch.Tensor, attention_mask, dropout: float, causal: bool, kwargs: dict) -> bool:
     """Whether FA3 computes this transformers attention call as SDPA would: no mask, no dropout,
-    sliding window, softcap or attention weights; bf16 on CUDA; causal only with equal query and
+    attention weights, or argument that changes the scores or packing (`_NOT_SERVED`: sliding
+    window, softcap, relative position bias, sinks, varlen offsets); bf16 on CUDA; causal only with equal query and
     key lengths (FA3 aligns a causal mask bottom-right, SDPA top-left); with gradients, equal head
     counts (its training path's limits, `fa3_attention`)."""
     if attention_mask is not None or dropout or kwargs.get("output_attentions"):
         return False
-    if kwargs.get("sliding_window") is not None or kwargs.get("softcap") is not None:
+    # what changes the scores or the packing (T5's relative bias, sinks, varlen offsets): SDPA's
+    if any(kwargs.get(k) is not None for k in _NOT_SERVED):
         return False
     if not (query.is_cuda and query.dtype == key.dtype == torch.bfloat16):
         return False
