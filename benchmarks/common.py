@@ -244,6 +244,20 @@ def publish(out_dir: Path, stem: str, record: dict[str, Any], markdown: str) -> 
     return paths
 
 
+def kernel_bench_start(doc: str, argv=None):
+    """The start every single-kernel benchmark shares: parse `--out` (results folder), take the
+    CUDA device and describe it. Returns (args, device, environment)."""
+    import argparse
+
+    import torch
+
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    args = ap.parse_args(argv)
+    dev = torch.device("cuda")
+    return args, dev, environment(dev)
+
+
 def fp32_forward(module, fn: Callable[[dict[str, Any]], Any], inputs: dict[str, Any]):
     """Run `fn(upcast_inputs)` with `module`'s weights in fp32 and TF32 off, then restore
     every parameter and buffer to its own dtype (mixed-precision modules stay as built).

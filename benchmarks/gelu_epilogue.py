@@ -13,8 +13,6 @@ relative error against an fp32 reference. CUDA only.
 
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
 
 from benchmarks import common
 
@@ -30,11 +28,7 @@ def main(argv=None):
     import torch
     import torch.nn.functional as F
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
-    args = ap.parse_args(argv)
-    dev = torch.device("cuda")
-    env = common.environment(dev)
+    args, dev, env = common.kernel_bench_start(__doc__, argv)
     rows = []
     sep = lambda x, w, b: F.gelu(F.linear(x, w, b), approximate="tanh")  # noqa: E731
     comp = torch.compile(sep, fullgraph=True, dynamic=False)

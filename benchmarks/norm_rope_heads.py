@@ -20,9 +20,7 @@ Candidates (a program takes `units` (token, head) rows of head_dim channels):
 
 from __future__ import annotations
 
-import argparse
 import functools
-from pathlib import Path
 
 from benchmarks import common
 
@@ -130,11 +128,7 @@ def main(argv=None):
 
     from magi_zoo.engine.kernels import norm_rope
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
-    args = ap.parse_args(argv)
-    dev = torch.device("cuda")
-    env = common.environment(dev)
+    args, dev, env = common.kernel_bench_start(__doc__, argv)
     comp = torch.compile(norm_rope.reference_heads, fullgraph=True, dynamic=False)
     rows = []
     for name, (t, s, h, d) in SHAPES.items():
