@@ -218,3 +218,17 @@ def test_parallel_benchmark_row_past_its_timeout_is_an_error_row(tmp_path):
 
     left = subprocess.run(["pgrep", "-f", "benchmarks.parallel --worker"], capture_output=True, text=True).stdout
     assert left.strip() == ""  # no worker left behind
+
+
+def test_flop_count_failure_is_a_missing_column_not_a_failed_row():
+    import torch
+
+    from benchmarks.run import count_flops
+
+    a, b = torch.randn(8, 16), torch.randn(16, 4)
+    assert count_flops(lambda: a @ b) == (2 * 8 * 16 * 4, None)
+
+    def broken():
+        raise AssertionError("sdpa_flop_count: query/key/value shapes are incompatible")
+
+    assert count_flops(broken) == (None, "AssertionError: sdpa_flop_count: query/key/value shapes are incompatible")
