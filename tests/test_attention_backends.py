@@ -669,3 +669,19 @@ def test_qwen_thinker_on_fa3_equals_sdpa():
         assert bool(calls) == (backend == "fa3")
     err = (outs["fa3"] - outs["native"]).norm() / outs["native"].norm()
     assert err < 2e-2, err
+
+
+def test_auto_maps_a_choice_transformers_layers_cannot_take_to_native():
+    from magi_zoo.specs.gpu_profiles import GpuProfile
+
+    h = magi_zoo.load("qwen3-omni-tiny", gpu="cpu", compile=False)
+    # a profile whose first auto choice is a diffusers-only kernel (SDPA's cuDNN)
+    profile = GpuProfile(name="cudnn-first", device="cpu", memory_gib=16, bf16=False,
+                         attention_backends=("cudnn", "native"))
+    from magi_zoo.engine.attention import _auto
+
+    assert _auto(profile)[0] == "cudnn"  # what auto picks: diffusers' layers would take it
+    rep = magi_zoo.apply(h.modules, {"compile": {"": False}, "attention": {"Qwen3OmniMoeThinkerTextModel": "auto"}},
+                         gpu=profile)
+    assert "sdpa (transformers) on Qwen3OmniMoeThinkerTextModel" in rep.step("attention").did
+    assert all(m.config._attn_implementation == "sdpa" for m in _qwen_text_layers(h))
