@@ -39,7 +39,7 @@ import torch.nn as nn
 from ..specs.cuda_graph_spec import CudaGraphSpec
 from . import _torch_compat as pytree
 from .compile import cuda_graphs_by
-from .resolve import PlanError, path_within
+from .resolve import PlanError, path_within, paths_related
 from .steps import StepContext, StepRecord, register_step
 
 _GRAPHED = "_magi_zoo_graphed"  # instance attr: method name -> (GraphedCall, prior instance attr or None)
@@ -195,11 +195,6 @@ def graphed(module: nn.Module, method: str = "forward") -> GraphedCall | None:
 
 
 # -- apply ---------------------------------------------------------------------------------
-def _related(a: str, b: str) -> bool:
-    """Whether module paths `a` and `b` are the same, or one contains the other."""
-    return path_within(a, b) or path_within(b, a)
-
-
 def conflict(ctx: StepContext, t) -> str | None:
     """Why target `t` cannot be captured in this apply (module docstring), or None."""
     if ctx.profile.device != "cuda":
@@ -213,11 +208,11 @@ def conflict(ctx: StepContext, t) -> str | None:
             return (f"the compile region {ckey or '<root>'!r} inside it captures CUDA graphs itself ({by}); "
                     "graphs do not nest: use mode='default' or 'max-autotune-no-cudagraphs' there")
     for s in ctx.plan.section("step_cache").targets:
-        if s.spec.method != "none" and _related(s.path, t.path):
+        if s.spec.method != "none" and paths_related(s.path, t.path):
             return (f"step caching ({s.spec.method!r} on {s.path or '<root>'!r}) decides in Python at every call "
                     "whether to run each block, and a graph replays one fixed decision: use one or the other")
     for s in ctx.plan.section("parallel").targets:
-        if s.spec.active and _related(s.path, t.path):
+        if s.spec.active and paths_related(s.path, t.path):
             return (f"the parallel split on {s.path or '<root>'!r} runs collectives with per-call Python state, "
                     "which a graph cannot record here")
     from .offload import _host_held_paths, runtime

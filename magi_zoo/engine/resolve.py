@@ -132,6 +132,11 @@ def path_within(path: str, outer: str) -> bool:
     return path == outer or not outer or path.startswith(outer + ".")
 
 
+def paths_related(a: str, b: str) -> bool:
+    """Whether module paths `a` and `b` are the same, or one holds the other."""
+    return path_within(a, b) or path_within(b, a)
+
+
 def _glob_to_regex(pattern: str) -> re.Pattern:
     """'*' matches one path segment (or part of one), '**' one or more whole segments."""
     parts = []

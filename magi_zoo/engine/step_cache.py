@@ -31,7 +31,7 @@ import torch
 import torch.nn as nn
 
 from ..specs.step_cache_spec import METHODS, StepCacheSpec
-from .resolve import PlanError, path_within
+from .resolve import PlanError, path_within, paths_related
 from .steps import StepContext, StepRecord, register_step
 
 _MISSING = object()
@@ -130,7 +130,7 @@ def _sequence_parallel(ctx: StepContext, path: str) -> str:
     for t in ctx.plan.section("parallel").targets:
         # either one holds the other (a cache keyed on the root covers a split on any submodule,
         # a split on the root covers a cache keyed anywhere)
-        related = path_within(path, t.path) or path_within(t.path, path)
+        related = paths_related(path, t.path)
         degrees = {k: getattr(t.spec, k, 1) or 1 for k in ("ulysses_degree", "ring_degree")}
         if related and any(v > 1 for v in degrees.values()):
             return ", ".join(f"{k}={v}" for k, v in degrees.items() if v > 1)
