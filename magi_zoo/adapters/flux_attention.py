@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 
 from ..engine.kernels import norm_rope
-from ..engine.precision import NORM_ROPE_MARK
+from ..engine.precision import marked_norm
 from ..engine.prepare import Preparation, swap_processors
 
 
@@ -61,10 +61,6 @@ def _processor_class():
     return NormRopeFluxAttnProcessor
 
 
-def _marked(norm) -> bool:
-    return isinstance(norm, nn.RMSNorm) and getattr(norm, NORM_ROPE_MARK, False)
-
-
 def fusable(attn: nn.Module, encoder_hidden_states, image_rotary_emb) -> bool:
     """A (cos, sin) rotary embedding of (tokens, head_dim), q/k normalised per head by marked
     RMSNorms -- and, with a text stream, its added projections and marked norms of the same eps."""
@@ -75,8 +71,7 @@ def fusable(attn: nn.Module, encoder_hidden_states, image_rotary_emb) -> bool:
         if getattr(attn, "added_kv_proj_dim", None) is None:
             return False
         norms += [getattr(attn, "norm_added_q", None), getattr(attn, "norm_added_k", None)]
-    return (all(_marked(n) and tuple(n.normalized_shape) == (attn.head_dim,) for n in norms)
-            and len({n.eps for n in norms}) == 1)
+    return all(marked_norm(n, attn.head_dim) for n in norms) and len({n.eps for n in norms}) == 1
 
 
 def norm_rope_preparation(transformer: nn.Module) -> Preparation:

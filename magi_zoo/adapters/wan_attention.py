@@ -17,7 +17,7 @@ import functools
 import torch.nn as nn
 
 from ..engine.kernels import norm_rope
-from ..engine.precision import NORM_ROPE_MARK
+from ..engine.precision import marked_norm
 from ..engine.prepare import Preparation, swap_processors
 
 
@@ -51,8 +51,7 @@ def fusable(attn: nn.Module, encoder_hidden_states, rotary_emb) -> bool:
     """Self-attention with a rotary embedding, q/k normalised over all heads by marked RMSNorms."""
     if encoder_hidden_states is not None or rotary_emb is None or getattr(attn, "add_k_proj", None) is not None:
         return False
-    return all(isinstance(n, nn.RMSNorm) and getattr(n, NORM_ROPE_MARK, False)
-               and tuple(n.normalized_shape) == (attn.inner_dim,) for n in (attn.norm_q, attn.norm_k))
+    return all(marked_norm(n, attn.inner_dim) for n in (attn.norm_q, attn.norm_k))
 
 
 def norm_rope_preparation(*transformers: nn.Module) -> Preparation:

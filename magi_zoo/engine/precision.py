@@ -313,6 +313,13 @@ GELU_EPILOGUE_MARK = "gelu_epilogue"
 NORM_ROPE_MARK = "norm_rope_fusion"
 
 
+def marked_norm(norm, width: int) -> bool:
+    """Whether `norm` is an nn.RMSNorm over `width` channels that the precision step marked for
+    the norm + rope fusion (NORM_ROPE_MARK): what an adapter's processor checks before fusing."""
+    return (isinstance(norm, nn.RMSNorm) and bool(getattr(norm, NORM_ROPE_MARK, False))
+            and tuple(norm.normalized_shape) == (width,))
+
+
 class GeluLinear(nn.Module):
     """diffusers' `GELU` module (a linear `proj`, then the tanh GELU) as one
     `magi_zoo::linear_gelu_tanh` call. It holds the same `proj`, so state-dict keys do not change."""
