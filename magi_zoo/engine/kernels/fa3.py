@@ -74,8 +74,11 @@ def _import_kernel():
 
 def missing_reason() -> str | None:
     """None when fa3 can run here, else why not and what to install (one line)."""
-    if _official_fa3():
-        return None
+    return None if _official_fa3() else _wheel_missing_reason()
+
+
+def _wheel_missing_reason() -> str | None:
+    """None when the fa3-fwd wheel's module loads here, else why not and what to install."""
     try:
         _import_kernel()
     except ModuleNotFoundError as e:
@@ -98,19 +101,28 @@ def describe() -> str:
     return f"{MODULE} in diffusers' _flash_3 slot; with gradients, cuDNN's attention backward"
 
 
+def _load_forward() -> None:
+    """Set `_forward` to the fa3-fwd wheel's forward op (idempotent); RuntimeError naming the
+    extra when the wheel does not load (the official package alone does not do: its forward has
+    another signature)."""
+    global _forward
+    if _forward is not None:
+        return
+    why = _wheel_missing_reason()
+    if why is not None:
+        raise RuntimeError(f"attention backend {NAME!r}: {why}; or choose backend='native'")
+    _forward = _import_kernel()._flash_attn_forward
+
+
 def register():
     """Make diffusers' ``_FLASH_3`` dispatch to FA3 and return that member. Idempotent.
     Raises RuntimeError naming the extra when the kernel is missing."""
-    global _forward
     from diffusers.models import attention_dispatch as ad
 
     member = ad.AttentionBackendName._FLASH_3
     if _official_fa3():
         return member
-    why = missing_reason()
-    if why is not None:
-        raise RuntimeError(f"attention backend {NAME!r}: {why}; or choose backend='native'")
-    _forward = _import_kernel()._flash_attn_forward
+    _load_forward()
     if ad._AttentionBackendRegistry._backends.get(member) is not fa3_attention:
         # The constraints run only with DIFFUSERS_ATTN_CHECKS=1 (diffusers' debug checks);
         # the refusals that matter are in `fa3_attention` itself, which always runs them.
@@ -406,17 +418,8 @@ def register_transformers() -> str:
     """Register `transformers_attention` in transformers' attention interface (idempotent) and
     load the kernel it calls; returns the implementation name. Raises RuntimeError naming the
     extra when the kernel is missing."""
-    global _forward
     from transformers import AttentionInterface
 
-    why = missing_reason() if not _official_fa3() else None
-    if why is not None:
-        raise RuntimeError(f"attention backend {NAME!r}: {why}; or choose backend='native'")
-    if _forward is None:
-        try:
-            _forward = _import_kernel()._flash_attn_forward
-        except ImportError as e:  # only the official package: its forward has another signature
-            raise RuntimeError(f"attention backend {NAME!r} for transformers layers needs the fa3-fwd wheel "
-                               f"({MODULE}): {INSTALL}") from e
+    _load_forward()
     AttentionInterface.register(TRANSFORMERS_NAME, transformers_attention)
     return TRANSFORMERS_NAME
