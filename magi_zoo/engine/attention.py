@@ -56,9 +56,10 @@ def _engine_layers(module: nn.Module) -> list:
     return [m for m in module.modules() if isinstance(getattr(type(m), "ATTENTION_BACKENDS", None), tuple)]
 
 
-# transformers' attention layers (Qwen3-Omni's): the plan names they take and the attention
-# implementation each becomes. The other diffusers names have no transformers counterpart.
-TRANSFORMERS_NAMES = {"native": "sdpa", "fa3": None}  # fa3: the name its kernel module registers
+# transformers' attention layers (Qwen3-Omni's) take 'native' (transformers' SDPA) or an engine
+# backend, whose kernel module registers a function in transformers' attention interface. The
+# other diffusers names have no transformers counterpart.
+TRANSFORMERS_NAMES = ("native", *ENGINE_BACKENDS)
 
 
 @functools.cache
@@ -80,26 +81,30 @@ def _transformers_layers(module: nn.Module) -> list:
             and hasattr(getattr(m, "config", None), "_attn_implementation") and _reads_interface(type(m))]
 
 
-def _set_transformers_layer(layer: nn.Module, name: str, profile, key: str, auto: bool, undo_list: list) -> str:
-    """Point one transformers attention layer at backend `name` through its own copy of its config
-    (the model's config, and the masks the model builds from it, stay as they are); returns the
-    report label. Under `auto`, a choice transformers layers cannot take becomes 'native'."""
+def _transformers_backend(name: str, profile, key: str, auto: bool, cls_name: str) -> tuple[str, str]:
+    """(the attention implementation transformers layers get for backend `name`, the report
+    label). Under `auto`, a choice transformers layers cannot take becomes 'native'."""
     if name not in TRANSFORMERS_NAMES:
         if not auto:
-            raise PlanError(f"attention key {key!r}: {type(layer).__name__} is a transformers attention layer; it "
+            raise PlanError(f"attention key {key!r}: {cls_name} is a transformers attention layer; it "
                             f"takes {', '.join(map(repr, TRANSFORMERS_NAMES))} or 'auto', not {name!r}")
         name = "native"
-    impl, label = TRANSFORMERS_NAMES[name], "sdpa (transformers)"
-    if impl is None:
-        _, label = _resolve(name, profile)  # the same checks as for diffusers' layers
-        impl = _kernel(name).register_transformers()
+    if name == "native":
+        return "sdpa", "sdpa (transformers)"
+    _, label = _resolve(name, profile)  # the same checks as for diffusers' layers
+    return _kernel(name).register_transformers(), label
+
+
+def _set_transformers_layer(layer: nn.Module, impl: str, undo_list: list) -> None:
+    """Point one transformers attention layer at attention implementation `impl` through its own
+    copy of its config (the model's config, and the masks the model builds from it, stay as they
+    are)."""
     config = copy.copy(layer.config)
     # the attribute itself: the property's setter would also set it on sub-configs, which the
     # copy shares with the original
     config.__dict__["_attn_implementation_internal"] = impl
     undo_list.append((layer, "config", layer.config))
     layer.config = config
-    return label
 
 
 def _kernel(name: str):
@@ -238,8 +243,10 @@ def attention_step(ctx: StepContext) -> StepRecord:
                         p._attention_backend = backend
                 for layer in layers:
                     label = _set_engine_layer(layer, name, ctx.profile, key, undo_list) or label
-                for layer in hf_layers:
-                    label = _set_transformers_layer(layer, name, ctx.profile, key, is_auto, undo_list)
+                if hf_layers:  # resolved once for the region's layers
+                    impl, label = _transformers_backend(name, ctx.profile, key, is_auto, type(hf_layers[0]).__name__)
+                    for layer in hf_layers:
+                        _set_transformers_layer(layer, impl, undo_list)
                 n += len(procs) + len(layers) + len(hf_layers)
             done.append(f"{label} on {key or '<root>'} ({n} attention layers{note})")
     except BaseException:  # a refusal part-way leaves nothing set
