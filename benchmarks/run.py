@@ -361,6 +361,7 @@ def worker(args) -> dict[str, Any]:
     rec["resident_gib"] = common.gib(torch.cuda.memory_allocated()) if device.type == "cuda" else None
     if handle.cache is not None:
         rec["cache_status"], rec["cache_load_s"] = handle.cache.status, round(handle.cache.load_s, 3)
+        rec["cache_kernel_files"] = handle.cache.kernel_files  # our Triton kernels' files restored
     fn = _prepare(args, handle.adapter, module, method)
     inputs = make_inputs()
     call = lambda: fn(**inputs)  # noqa: E731
@@ -571,7 +572,7 @@ def parent(args) -> dict[str, Any]:
                     row["warm_status"] = rec.get("status")
                     row["warm_cache_status"] = rec.get("cache_status")
                     row.setdefault("warm_detail", []).append(
-                        {key: rec.get(key) for key in ("cache_load_s", "compile_s", "compile_breakdown_s")})
+                        {key: rec.get(key) for key in ("cache_load_s", "cache_kernel_files", "compile_s", "compile_breakdown_s")})
                     if rec.get("status") != "ok":
                         row["warm_error"] = rec.get("error")
                 if rec.get("status") != "ok":

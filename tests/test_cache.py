@@ -86,7 +86,7 @@ def test_concurrent_writers_never_corrupt(tmp_path):
         p.join(60)
         assert p.exitcode == 0
     entry = CompileCache(tmp_path, FIELDS)
-    assert entry._read() in payloads  # one complete writer's bytes, checksum verified
+    assert entry._read()[0] in payloads  # one complete writer's bytes, checksum verified
     assert [f.name for f in tmp_path.iterdir()] == [entry.path.name]  # no temp files left
 
 

@@ -69,12 +69,12 @@ def test_processes_sharing_a_cache_dir_never_corrupt_or_lose_entries(tmp_path):
     by_proc = {i: written for i, written, _ in got}
     # Own keys: one writer each, so the entry is that writer's last save, intact.
     for i, written in by_proc.items():
-        payload = CompileCache(tmp_path, _own(i))._read()  # raises on a bad checksum
+        payload = CompileCache(tmp_path, _own(i))._read()[0]  # raises on a bad checksum
         assert hashlib.sha256(payload).hexdigest() == written["own"][-1]
     # The shared key: the complete bytes of one of the 4 x 12 = 48 saves, and in fact one of
     # the 4 final ones (a writer's last save may be overtaken only by another's last save or
     # an earlier one of a slower writer, so only "some save" is guaranteed; assert that).
-    shared = hashlib.sha256(CompileCache(tmp_path, SHARED)._read()).hexdigest()
+    shared = hashlib.sha256(CompileCache(tmp_path, SHARED)._read()[0]).hexdigest()
     assert shared in {sha for w in by_proc.values() for sha in w["shared"]}
     # 1 shared + 4 own entries, and no temp file left behind.
     names = sorted(f.name for f in tmp_path.iterdir())
@@ -105,7 +105,7 @@ def test_reader_never_deletes_a_fresh_entry_written_after_its_read(tmp_path, mon
     with pytest.warns(RuntimeWarning, match="ignoring corrupt"):
         assert a.load() is False
     assert a.status == "rebuilt"
-    assert CompileCache(tmp_path, SHARED)._read() == fresh  # B's entry survived A's cleanup
+    assert CompileCache(tmp_path, SHARED)._read()[0] == fresh  # B's entry survived A's cleanup
 
 
 def test_bad_entry_still_removed_when_nobody_replaced_it(tmp_path, monkeypatch):

@@ -1,5 +1,7 @@
 """Warm start: a compile-artifact cache over `torch.compiler.save_cache_artifacts` /
-`load_cache_artifacts` (inductor FX graphs, AOTAutograd entries, Triton kernels, PGO).
+`load_cache_artifacts` (inductor FX graphs, AOTAutograd entries, Triton kernels, PGO), plus the
+compiled files of our own Triton kernels, which torch's artifacts do not hold
+(`kernels.triton_bundle`: they run inside opaque custom ops, built by Triton's JIT).
 
 Entries are keyed by everything that specialises generated code: the resolved plan's spec
 digests, the model (adapter + variant), dtype, and `environment_fields()` (torch / triton /
@@ -13,13 +15,16 @@ wrote. Neither `load` nor `save` raises for a cache problem: they warn, and the 
 result is never lost to the cache.
 
 File format: MAGIC, a 4-byte big-endian header length, a JSON header
-({"format", "key", "fields", "sha256", "size"}), then the artifact bytes.
+({"format", "key", "fields", "sha256", "size", "parts"}), then the payload: torch's artifact
+bytes followed by our kernels' files as JSON ({"<group>/<file>": base64}); `parts` gives the
+two lengths, `size` and `sha256` cover both.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import base64
 import hashlib
 import importlib.metadata
 import json
@@ -35,9 +40,10 @@ from typing import Any
 import torch
 
 from ..io import fsync_dir
+from .kernels import triton_bundle
 
 ENV_VAR = "MAGI_ZOO_CACHE_DIR"
-FORMAT = 1
+FORMAT = 2  # 2: our kernels' Triton files after torch's artifacts
 MAGIC = b"MAGI_ZOO_COMPILE_CACHE\n"
 
 
@@ -91,6 +97,7 @@ class CompileCache:
     status: str = "unused"  # unused | miss | hit | rebuilt (corrupt or incompatible) | saved
     saved_frames: int = 0  # frames compiled when last saved (save again only after more)
     load_s: float = 0.0  # wall time spent reading + hot-loading (part of a warm first call)
+    kernel_files: int = 0  # our kernels' Triton files: restored by the last load / carried by the last save
 
     def __post_init__(self):
         self.directory = Path(self.directory)
@@ -113,7 +120,7 @@ class CompileCache:
             st = os.fstat(f.fileno())
             return f.read(), (st.st_dev, st.st_ino)
 
-    def _parse(self, raw: bytes) -> bytes:
+    def _parse(self, raw: bytes) -> tuple[bytes, dict[str, bytes]]:
         if not raw.startswith(MAGIC) or len(raw) < len(MAGIC) + 4:
             raise ValueError("not a magi_zoo compile-cache file")
         (n,) = struct.unpack(">I", raw[len(MAGIC):len(MAGIC) + 4])
@@ -130,10 +137,16 @@ class CompileCache:
                               f"(format {header.get('format')}, fields {header.get('fields')})")
         if len(payload) != header.get("size") or hashlib.sha256(payload).hexdigest() != header.get("sha256"):
             raise ValueError("checksum mismatch (truncated or corrupt file)")
-        return payload
+        parts = header.get("parts") or {}
+        n_torch = parts.get("torch")
+        if not isinstance(n_torch, int) or not 0 <= n_torch <= len(payload):
+            raise ValueError("unreadable header (no part lengths)")
+        kernels = json.loads(payload[n_torch:] or b"{}")
+        return payload[:n_torch], {rel: base64.b64decode(data) for rel, data in kernels.items()}
 
-    def _read(self) -> bytes:
-        """The verified payload of the entry (raises if absent, corrupt or another key's)."""
+    def _read(self) -> tuple[bytes, dict[str, bytes]]:
+        """The verified payload of the entry -- torch's artifacts and our kernels' files
+        (raises if absent, corrupt or another key's)."""
         return self._parse(self._read_file()[0])
 
     def load(self) -> bool:
@@ -157,7 +170,7 @@ class CompileCache:
             self.status = "miss"
             return False
         try:
-            payload = self._parse(raw)
+            payload, kernels = self._parse(raw)
             info = torch.compiler.load_cache_artifacts(payload)
             if info is None:
                 raise ValueError("torch could not deserialize the artifacts")
@@ -169,6 +182,12 @@ class CompileCache:
             self._discard(ident)
             return False
         self.status = "hit"
+        try:
+            self.kernel_files = triton_bundle.restore(kernels)
+        except Exception as e:  # e.g. an unwritable Triton cache: Triton compiles them, as without us
+            warnings.warn(f"magi_zoo: could not restore our kernels' compiled files from {self.path} "
+                          f"({type(e).__name__}: {e}); Triton compiles them on first use", RuntimeWarning,
+                          stacklevel=3)
         return True
 
     def _discard(self, ident: tuple[int, int]) -> None:
@@ -206,9 +225,13 @@ class CompileCache:
         result = torch.compiler.save_cache_artifacts()
         if result is None:
             return False
-        payload = result[0]
+        kernels = triton_bundle.collect()
+        kernel_blob = json.dumps({rel: base64.b64encode(data).decode() for rel, data in kernels.items()},
+                                 sort_keys=True).encode()
+        payload = result[0] + kernel_blob
         header = json.dumps({"format": FORMAT, "key": self.key, "fields": self.fields,
-                             "sha256": hashlib.sha256(payload).hexdigest(), "size": len(payload)},
+                             "sha256": hashlib.sha256(payload).hexdigest(), "size": len(payload),
+                             "parts": {"torch": len(result[0]), "triton": len(kernel_blob)}},
                             sort_keys=True, default=str).encode()
         self.directory.mkdir(parents=True, exist_ok=True)
         # mkstemp: a unique name per writer (O_EXCL), in the entry's directory so the rename
@@ -226,6 +249,7 @@ class CompileCache:
             raise
         fsync_dir(self.directory)  # make the rename durable, not only atomic
         self.status = "saved"
+        self.kernel_files = len(kernels)
         if frames_compiled is not None:
             self.saved_frames = frames_compiled
         return True

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ..custom_ops import register_custom_op
+from .triton_bundle import track
 from . import triton_available
 
 E4M3_MAX = 448.0
@@ -86,6 +87,7 @@ def _kernel():
         # overflows to inf gives -0, the right limit
         return x / (1.0 + tl.exp(-2.0 * y))
 
+    @track  # its compiled files travel in the compile cache (triton_bundle)
     @triton.jit
     def kernel(a_ptr, b_ptr, ba_ptr, bb_ptr, q_ptr, s_ptr, ka, kb, sa, sb, sq,
                GELU_A: tl.constexpr, GELU_B: tl.constexpr, HAS_B: tl.constexpr,

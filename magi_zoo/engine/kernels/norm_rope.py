@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from ..custom_ops import register_custom_op
+from .triton_bundle import track
 from . import triton_available
 
 MAX_ROW = 16384  # widest row (heads x head_dim) the kernel holds in registers
@@ -88,6 +89,7 @@ def _kernel():
     import triton
     import triton.language as tl
 
+    @track  # its compiled files travel in the compile cache (triton_bundle)
     @triton.jit
     def norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, tokens, n, half_d, sx, scs, sss, so, eps,
                          HAS_W: tl.constexpr, BLOCK: tl.constexpr):
@@ -219,6 +221,7 @@ def _heads_kernel():
     import triton
     import triton.language as tl
 
+    @track  # its compiled files travel in the compile cache (triton_bundle)
     @triton.jit
     def head_norm_rope_kernel(x_ptr, w_ptr, p_ptr, pw_ptr, cos_ptr, sin_ptr, out_ptr, n_units, heads, joint, text,
                               sxb, sxs, sxh, spb, sps, sph, scs, sss, eps, D: tl.constexpr, HALF: tl.constexpr,

@@ -1,0 +1,160 @@
+"""Our own Triton kernels' compiled files travel in the compile cache (`kernels.triton_bundle`):
+what is collected (our kernels' groups and compiled C modules, nothing else), how a group
+index is rewritten for the directory it is restored into, that existing files are left and
+bad names refused, the cache entry's round trip, and (GPU) a warm process whose Triton cache
+is empty running our kernels without one Triton compile."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from magi_zoo.engine.cache import CompileCache
+from magi_zoo.engine.kernels import triton_bundle
+
+FIELDS = {"model": "test/bundle", "dtype": "bfloat16"}
+
+
+def _group(root, name, files):
+    """A Triton cache group as Triton writes it: the files, and an index of absolute paths."""
+    d = root / name
+    d.mkdir(parents=True)
+    for f, data in files.items():
+        (d / f).write_bytes(data)
+    index = {"child_paths": {f: str(d / f) for f in files}}
+    (d / f"__grp__{next(iter(files))}").write_text(json.dumps(index))
+    return d
+
+
+@pytest.fixture
+def triton_dirs(tmp_path, monkeypatch):
+    """Two Triton cache directories (the saving and the loading process's) and one of our
+    kernels, compiled under hash 'k1', in the first; `use(root)` switches between them."""
+    saving, loading = tmp_path / "saving", tmp_path / "loading"
+    _group(saving, "k1", {"kern.json": b'{"name": "kern"}', "kern.cubin": b"\x7fELF cubin"})
+    _group(saving, "other", {"inductor_kernel.json": b"{}", "inductor_kernel.cubin": b"not ours"})
+    launcher = saving / "l1"
+    launcher.mkdir()
+    (launcher / "__triton_launcher.so").write_bytes(b"\x7fELF launcher")
+    (launcher / ".__triton_launcher.so.tmp.pid_1_x").write_bytes(b"half written")
+    fn = SimpleNamespace(device_caches={0: ({"spec": SimpleNamespace(hash="k1")}, {}, None, None, None)})
+    monkeypatch.setattr(triton_bundle, "_JIT_FUNCTIONS", [fn])
+    current = {"root": saving}
+    monkeypatch.setattr(triton_bundle, "_cache_root", lambda import_triton=False: current["root"])
+    return SimpleNamespace(saving=saving, loading=loading, use=lambda root: current.update(root=root))
+
+
+def test_collect_takes_our_kernels_and_c_modules_only(triton_dirs):
+    files = triton_bundle.collect()
+    # our kernel's group (files + index) and the launcher; not inductor's group ('other': torch's
+    # own artifacts carry it), not a temporary file
+    assert sorted(files) == ["k1/__grp__kern.json", "k1/kern.cubin", "k1/kern.json", "l1/__triton_launcher.so"]
+    assert json.loads(files["k1/__grp__kern.json"]) == {"child_paths": {"kern.json": "kern.json",
+                                                                        "kern.cubin": "kern.cubin"}}
+
+
+def test_restore_writes_missing_files_and_points_the_index_at_them(triton_dirs):
+    files = triton_bundle.collect()
+    triton_dirs.use(triton_dirs.loading)
+    assert triton_bundle.restore(files) == 4
+    d = triton_dirs.loading / "k1"
+    assert (d / "kern.cubin").read_bytes() == b"\x7fELF cubin"
+    index = json.loads((d / "__grp__kern.json").read_text())
+    assert index["child_paths"] == {"kern.json": str(d / "kern.json"), "kern.cubin": str(d / "kern.cubin")}
+    assert not [p for p in triton_dirs.loading.rglob("*") if p.name.endswith(".tmp")]
+    # a file Triton already has is left alone; the others are written again only if missing
+    (d / "kern.cubin").write_bytes(b"triton's own")
+    (d / "kern.json").unlink()
+    assert triton_bundle.restore(files) == 1
+    assert (d / "kern.cubin").read_bytes() == b"triton's own"
+
+
+@pytest.mark.parametrize("rel", ["../x", "k1/../../x", "/etc/x", "k1/", "nogroup"])
+def test_restore_refuses_names_outside_the_cache(triton_dirs, rel):
+    triton_dirs.use(triton_dirs.loading)
+    with pytest.raises(ValueError, match="not a Triton cache file name"):
+        triton_bundle.restore({rel: b"x"})
+
+
+def test_nothing_collected_without_triton(monkeypatch):
+    monkeypatch.setattr(triton_bundle, "_cache_root", lambda import_triton=False: None)
+    assert triton_bundle.collect() == {}
+
+
+def test_cache_entry_carries_the_files(triton_dirs, tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: (b"torch artifacts", None))
+    saved = CompileCache(tmp_path / "zoo", FIELDS)
+    assert saved.save() and saved.kernel_files == 4
+    loaded_payloads = []
+    monkeypatch.setattr(torch.compiler, "load_cache_artifacts", lambda p: loaded_payloads.append(p) or object())
+    triton_dirs.use(triton_dirs.loading)
+    warm = CompileCache(tmp_path / "zoo", FIELDS)
+    assert warm.load() and warm.status == "hit"
+    # torch gets its own bytes only; our files land in the loading process's Triton cache
+    assert loaded_payloads == [b"torch artifacts"] and warm.kernel_files == 4
+    assert (triton_dirs.loading / "l1" / "__triton_launcher.so").read_bytes() == b"\x7fELF launcher"
+
+
+def test_a_failed_restore_keeps_the_hit(triton_dirs, tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: (b"torch artifacts", None))
+    assert CompileCache(tmp_path / "zoo", FIELDS).save()
+    monkeypatch.setattr(torch.compiler, "load_cache_artifacts", lambda p: object())
+
+    def unwritable(files):
+        raise PermissionError("read-only Triton cache")
+
+    monkeypatch.setattr(triton_bundle, "restore", unwritable)
+    warm = CompileCache(tmp_path / "zoo", FIELDS)
+    with pytest.warns(RuntimeWarning, match="Triton compiles them on first use"):
+        assert warm.load() is True
+    assert warm.status == "hit" and warm.kernel_files == 0
+
+
+_GPU_SCRIPT = textwrap.dedent("""
+    import json, sys, torch, triton
+    from magi_zoo.engine.cache import CompileCache
+    from magi_zoo.engine.kernels import norm_rope
+    cache = CompileCache(sys.argv[1], {"model": "test/bundle-gpu"})
+    cache.load()
+    before = {p.name for p in __import__("pathlib").Path(triton.knobs.cache.dir).rglob("*.so")}
+    hits = []
+    triton.knobs.compilation.listener = lambda **kw: hits.append(kw["cache_hit"])
+    x = torch.randn(1, 64, 4 * 32, device="cuda", dtype=torch.bfloat16)
+    w = torch.ones(4 * 32, device="cuda", dtype=torch.bfloat16)
+    ang = torch.rand(1, 64, 1, 16, device="cuda")
+    cos, sin = torch.cos(ang).repeat_interleave(2, -1), torch.sin(ang).repeat_interleave(2, -1)
+    norm_rope.rms_norm_rope(x, w, 1e-6, cos, sin, 4)
+    torch.cuda.synchronize()
+    after = {p.name for p in __import__("pathlib").Path(triton.knobs.cache.dir).rglob("*.so")}
+    if cache.status == "miss":
+        torch.compiler.save_cache_artifacts = lambda: (b"", None)  # no compiled graph here: ours only
+        assert cache.save()
+    print(json.dumps({"status": cache.status, "hits": hits, "kernel_files": cache.kernel_files,
+                      "new_c_modules": sorted(after - before)}))
+""")
+
+
+@pytest.mark.gpu
+def test_warm_process_runs_our_kernel_without_compiling(tmp_path):
+    def run(tag):
+        env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / f"triton-{tag}"))
+        out = subprocess.run([sys.executable, "-c", _GPU_SCRIPT, str(tmp_path / "zoo")], env=env,
+                             capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    cold = run("cold")
+    # cold: Triton compiled the kernel (a miss) and built C modules; the entry carries them
+    assert cold["status"] == "saved" and cold["hits"] == [False] and cold["new_c_modules"]
+    assert cold["kernel_files"] > len(cold["new_c_modules"])
+    warm = run("warm")  # a fresh, empty Triton cache directory
+    assert warm["status"] == "hit" and warm["kernel_files"] == cold["kernel_files"]
+    # the kernel came from the restored files, and no C compiler ran
+    assert warm["hits"] == [True] and warm["new_c_modules"] == []
