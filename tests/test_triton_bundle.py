@@ -44,7 +44,9 @@ def triton_dirs(tmp_path, monkeypatch):
     launcher.mkdir()
     (launcher / "__triton_launcher.so").write_bytes(b"\x7fELF launcher")
     (launcher / ".__triton_launcher.so.tmp.pid_1_x").write_bytes(b"half written")
-    fn = SimpleNamespace(device_caches={0: ({"spec": SimpleNamespace(hash="k1")}, {}, None, None, None)})
+    kernel = SimpleNamespace(metadata_group={"kern.json": str(saving / "k1" / "kern.json"),
+                                             "kern.cubin": str(saving / "k1" / "kern.cubin")})
+    fn = SimpleNamespace(device_caches={0: ({"spec": kernel}, {}, None, None, None)})
     monkeypatch.setattr(triton_bundle, "_JIT_FUNCTIONS", [fn])
     current = {"root": saving}
     monkeypatch.setattr(triton_bundle, "_cache_root", lambda import_triton=False: current["root"])

@@ -55,15 +55,15 @@ def _cache_root(import_triton: bool = False) -> Path | None:
     return Path(root) if root else None
 
 
-def _kernel_hashes() -> set[str]:
-    """Triton's compile hashes of every kernel our JIT functions built in this process."""
-    hashes = set()
+def _kernel_groups() -> set[Path]:
+    """The cache directories (groups) of every kernel our JIT functions built in this process,
+    read off the kernels' own file lists (Triton names a group by a base32 form of its hash)."""
+    groups = set()
     for fn in _JIT_FUNCTIONS:
         for caches in getattr(fn, "device_caches", {}).values():
             for kernel in caches[0].values():  # (kernel_cache, key_cache, target, backend, binder)
-                if getattr(kernel, "hash", None):
-                    hashes.add(kernel.hash)
-    return hashes
+                groups.update(Path(p).parent for p in (getattr(kernel, "metadata_group", None) or {}).values())
+    return groups
 
 
 def collect() -> dict[str, bytes]:
@@ -72,7 +72,10 @@ def collect() -> dict[str, bytes]:
     root = _cache_root()
     if root is None or not root.is_dir():
         return {}
-    groups = {root / h for h in _kernel_hashes()} | {p.parent for p in root.glob("*/*.so")}
+    # a group outside Triton's directory (its setting changed mid-process) is left out: it
+    # could not be restored under the same name
+    ours = {g for g in _kernel_groups() if g.parent.resolve() == root.resolve()}
+    groups = ours | {p.parent for p in root.glob("*/*.so")}
     files: dict[str, bytes] = {}
     for group in sorted(groups):
         if not group.is_dir():
