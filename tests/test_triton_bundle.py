@@ -135,8 +135,8 @@ _GPU_SCRIPT = textwrap.dedent("""
     norm_rope.rms_norm_rope(x, w, 1e-6, cos, sin, 4)
     torch.cuda.synchronize()
     after = {p.name for p in __import__("pathlib").Path(triton.knobs.cache.dir).rglob("*.so")}
+    torch.compile(lambda a: a * 2 + 1)(x)  # torch's own artifacts: an entry needs them
     if cache.status == "miss":
-        torch.compiler.save_cache_artifacts = lambda: (b"", None)  # no compiled graph here: ours only
         assert cache.save()
     print(json.dumps({"status": cache.status, "hits": hits, "kernel_files": cache.kernel_files,
                       "new_c_modules": sorted(after - before)}))
