@@ -685,3 +685,24 @@ def test_auto_maps_a_choice_transformers_layers_cannot_take_to_native():
                          gpu=profile)
     assert "sdpa (transformers) on Qwen3OmniMoeThinkerTextModel" in rep.step("attention").did
     assert all(m.config._attn_implementation == "sdpa" for m in _qwen_text_layers(h))
+
+
+def test_auto_gives_transformers_layers_native_when_only_the_official_fa3_is_installed(no_kernel, monkeypatch):
+    # The official flash_attn_interface serves diffusers' layers (auto picks fa3 for them), but
+    # transformers' layers call the fa3-fwd wheel's op: without the wheel they get SDPA, with
+    # one warning naming the wheel -- not an error halfway through apply.
+    monkeypatch.setattr(fa3, "_official_fa3", lambda: True)
+    from magi_zoo.engine.attention import _auto
+
+    assert _auto(FA3_FIRST)[0] == "fa3"
+    h = magi_zoo.load("qwen3-omni-tiny", gpu="cpu", compile=False)
+    with pytest.warns(RuntimeWarning, match="uses 'native' instead of 'fa3'.*fa3-fwd") as caught:
+        rep = magi_zoo.apply(h.modules, {"compile": {"": False},
+                                         "attention": {"Qwen3OmniMoeThinkerTextModel": "auto"}}, gpu=FA3_FIRST)
+    assert len([w for w in caught if "instead of 'fa3'" in str(w.message)]) == 1  # once per region
+    assert "sdpa (transformers; auto: 'fa3' skipped" in rep.step("attention").did
+    assert all(m.config._attn_implementation == "sdpa" for m in _qwen_text_layers(h))
+    # named explicitly, the same request is an error naming the extra
+    with pytest.raises(RuntimeError, match="fa3-fwd"):
+        magi_zoo.apply(h.modules, {"compile": {"": False},
+                                   "attention": {"Qwen3OmniMoeThinkerTextModel": "fa3"}}, gpu=FA3_FIRST)

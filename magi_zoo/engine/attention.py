@@ -32,7 +32,8 @@ from .resolve import PlanError
 from .steps import StepContext, StepRecord, register_step
 
 # Engine backends: plan name -> the kernel module providing `missing_reason()`, `register()`
-# (returns the diffusers member that now dispatches to it) and `describe()`. They need CUDA.
+# (returns the diffusers member that now dispatches to it) and `describe()`; for transformers'
+# attention layers `register_transformers()` and `transformers_missing_reason()`. They need CUDA.
 ENGINE_BACKENDS = {"fa3": "magi_zoo.engine.kernels.fa3"}
 # Every backend here trains: diffusers' have backwards, and fa3 (whose wheel is forward-only)
 # pairs FA3's forward with cuDNN's attention backward (kernels/fa3.py, "Training").
@@ -83,12 +84,20 @@ def _transformers_layers(module: nn.Module) -> list:
 
 def _transformers_backend(name: str, profile, key: str, auto: bool, cls_name: str) -> tuple[str, str]:
     """(the attention implementation transformers layers get for backend `name`, the report
-    label). Under `auto`, a choice transformers layers cannot take becomes 'native'."""
+    label). Under `auto`, a choice transformers layers cannot take -- not one of their names, or
+    an engine kernel whose transformers path cannot run here though diffusers' layers' can --
+    becomes 'native', with one warning saying why."""
     if name not in TRANSFORMERS_NAMES:
         if not auto:
             raise PlanError(f"attention key {key!r}: {cls_name} is a transformers attention layer; it "
                             f"takes {', '.join(map(repr, TRANSFORMERS_NAMES))} or 'auto', not {name!r}")
         name = "native"
+    if auto and name in ENGINE_BACKENDS:
+        why = _kernel(name).transformers_missing_reason()
+        if why is not None:
+            warnings.warn(f"attention backend 'auto' on key {key!r} ({cls_name}, a transformers attention "
+                          f"layer) uses 'native' instead of {name!r}: {why}", RuntimeWarning, stacklevel=3)
+            return "sdpa", f"sdpa (transformers; auto: {name!r} skipped: {why})"
     if name == "native":
         return "sdpa", "sdpa (transformers)"
     _, label = _resolve(name, profile)  # the same checks as for diffusers' layers

@@ -94,6 +94,13 @@ def available() -> bool:
     return missing_reason() is None
 
 
+def transformers_missing_reason() -> str | None:
+    """None when transformers' attention layers can run fa3 here, else why not: they call the
+    fa3-fwd wheel's op (`transformers_attention`), which the official package alone does not
+    provide, so `auto` can pick fa3 for diffusers' layers and still not for these."""
+    return _wheel_missing_reason()
+
+
 def describe() -> str:
     """Which implementation the ``_flash_3`` slot dispatches to (for the report)."""
     if _official_fa3():
