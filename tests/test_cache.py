@@ -2,15 +2,14 @@
 corrupt / incompatible entries ignored with a warning and rebuilt (never a crash)."""
 
 import multiprocessing as mp
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 
 from magi_zoo.engine.cache import ENV_VAR, CompileCache, resolve_cache_dir
+
+from process_helpers import run_script
 
 FIELDS = {"model": "test/toy", "dtype": "float32", "plan": [["", "forward", "abc"]]}
 
@@ -59,11 +58,8 @@ def test_warm_start_hits_in_fresh_process(tmp_path):
     # Each process gets its own empty inductor cache dir, so only our artifact file can
     # carry compiled code from the first process to the second.
     def run(tag):
-        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / f"inductor-{tag}"))
-        out = subprocess.run([sys.executable, "-c", _WARM_SCRIPT, str(tmp_path / "zoo")], env=env,
-                             capture_output=True, text=True, timeout=600)
-        assert out.returncode == 0, out.stderr[-2000:]
-        return out.stdout.split()
+        return run_script(_WARM_SCRIPT, str(tmp_path / "zoo"),
+                          TORCHINDUCTOR_CACHE_DIR=str(tmp_path / f"inductor-{tag}")).split()
 
     assert run("cold") == ["saved", "0", "1"]  # compiled from scratch: 1 FX graph miss, saved
     assert run("warm") == ["hit", "1", "0"]  # loaded: the same graph is a cache hit

@@ -7,9 +7,6 @@ is empty running our kernels without one Triton compile."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from types import SimpleNamespace
 
@@ -18,6 +15,8 @@ import torch
 
 from magi_zoo.engine.cache import CompileCache
 from magi_zoo.engine.kernels import triton_bundle
+
+from process_helpers import run_script
 
 FIELDS = {"model": "test/bundle", "dtype": "bfloat16"}
 
@@ -147,11 +146,8 @@ _GPU_SCRIPT = textwrap.dedent("""
 @pytest.mark.gpu
 def test_warm_process_runs_our_kernel_without_compiling(tmp_path):
     def run(tag):
-        env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / f"triton-{tag}"))
-        out = subprocess.run([sys.executable, "-c", _GPU_SCRIPT, str(tmp_path / "zoo")], env=env,
-                             capture_output=True, text=True, timeout=600)
-        assert out.returncode == 0, out.stderr[-3000:]
-        return json.loads(out.stdout.strip().splitlines()[-1])
+        out = run_script(_GPU_SCRIPT, str(tmp_path / "zoo"), TRITON_CACHE_DIR=str(tmp_path / f"triton-{tag}"))
+        return json.loads(out.strip().splitlines()[-1])
 
     cold = run("cold")
     # cold: Triton compiled the kernel (a miss) and built C modules; the entry carries them
