@@ -34,19 +34,25 @@ def _group(root, name, files):
 
 @pytest.fixture
 def triton_dirs(tmp_path, monkeypatch):
-    """Two Triton cache directories (the saving and the loading process's) and one of our
-    kernels, compiled under hash 'k1', in the first; `use(root)` switches between them."""
+    """Two Triton cache directories (the saving and the loading process's); in the first, one
+    of our kernels (group 'k1', its launcher in 'l1'), Triton's driver helpers ('u1'), another
+    project's launcher ('l2') and inductor's kernel ('other'). `use(root)` switches between them."""
     saving, loading = tmp_path / "saving", tmp_path / "loading"
     _group(saving, "k1", {"kern.json": b'{"name": "kern"}', "kern.cubin": b"\x7fELF cubin"})
     _group(saving, "other", {"inductor_kernel.json": b"{}", "inductor_kernel.cubin": b"not ours"})
-    launcher = saving / "l1"
-    launcher.mkdir()
-    (launcher / "__triton_launcher.so").write_bytes(b"\x7fELF launcher")
-    (launcher / ".__triton_launcher.so.tmp.pid_1_x").write_bytes(b"half written")
+    c_modules = {}
+    for group, name in (("l1", "__triton_launcher.so"), ("u1", "cuda_utils.so"), ("l2", "__triton_launcher.so")):
+        (saving / group).mkdir()
+        (saving / group / name).write_bytes(b"\x7fELF " + group.encode())
+        # a C extension's function: its __self__ is the module, which names its file
+        c_modules[group] = SimpleNamespace(__self__=SimpleNamespace(__file__=str(saving / group / name)))
+    (saving / "l1" / ".__triton_launcher.so.tmp.pid_1_x").write_bytes(b"half written")
     kernel = SimpleNamespace(metadata_group={"kern.json": str(saving / "k1" / "kern.json"),
-                                             "kern.cubin": str(saving / "k1" / "kern.cubin")})
+                                             "kern.cubin": str(saving / "k1" / "kern.cubin")},
+                             _run=SimpleNamespace(launch=c_modules["l1"]))
     fn = SimpleNamespace(device_caches={0: ({"spec": kernel}, {}, None, None, None)})
     monkeypatch.setattr(triton_bundle, "_JIT_FUNCTIONS", [fn])
+    monkeypatch.setattr(triton_bundle, "_driver_utils", lambda: SimpleNamespace(load_binary=c_modules["u1"]))
     current = {"root": saving}
     monkeypatch.setattr(triton_bundle, "_cache_root", lambda import_triton=False: current["root"])
     return SimpleNamespace(saving=saving, loading=loading, use=lambda root: current.update(root=root))
@@ -54,9 +60,11 @@ def triton_dirs(tmp_path, monkeypatch):
 
 def test_collect_takes_our_kernels_and_c_modules_only(triton_dirs):
     files = triton_bundle.collect()
-    # our kernel's group (files + index) and the launcher; not inductor's group ('other': torch's
-    # own artifacts carry it), not a temporary file
-    assert sorted(files) == ["k1/__grp__kern.json", "k1/kern.cubin", "k1/kern.json", "l1/__triton_launcher.so"]
+    # our kernel's group (files + index), its launcher and the driver helpers; not inductor's
+    # group ('other': torch's own artifacts carry it), not another kernel's launcher, not a
+    # temporary file
+    assert sorted(files) == ["k1/__grp__kern.json", "k1/kern.cubin", "k1/kern.json", "l1/__triton_launcher.so",
+                             "u1/cuda_utils.so"]
     assert json.loads(files["k1/__grp__kern.json"]) == {"child_paths": {"kern.json": "kern.json",
                                                                         "kern.cubin": "kern.cubin"}}
 
@@ -64,7 +72,7 @@ def test_collect_takes_our_kernels_and_c_modules_only(triton_dirs):
 def test_restore_writes_missing_files_and_points_the_index_at_them(triton_dirs):
     files = triton_bundle.collect()
     triton_dirs.use(triton_dirs.loading)
-    assert triton_bundle.restore(files) == 4
+    assert triton_bundle.restore(files) == 5
     d = triton_dirs.loading / "k1"
     assert (d / "kern.cubin").read_bytes() == b"\x7fELF cubin"
     index = json.loads((d / "__grp__kern.json").read_text())
@@ -92,15 +100,15 @@ def test_nothing_collected_without_triton(monkeypatch):
 def test_cache_entry_carries_the_files(triton_dirs, tmp_path, monkeypatch):
     monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: (b"torch artifacts", None))
     saved = CompileCache(tmp_path / "zoo", FIELDS)
-    assert saved.save() and saved.kernel_files == 4
+    assert saved.save() and saved.kernel_files == 5
     loaded_payloads = []
     monkeypatch.setattr(torch.compiler, "load_cache_artifacts", lambda p: loaded_payloads.append(p) or object())
     triton_dirs.use(triton_dirs.loading)
     warm = CompileCache(tmp_path / "zoo", FIELDS)
     assert warm.load() and warm.status == "hit"
     # torch gets its own bytes only; our files land in the loading process's Triton cache
-    assert loaded_payloads == [b"torch artifacts"] and warm.kernel_files == 4
-    assert (triton_dirs.loading / "l1" / "__triton_launcher.so").read_bytes() == b"\x7fELF launcher"
+    assert loaded_payloads == [b"torch artifacts"] and warm.kernel_files == 5
+    assert (triton_dirs.loading / "l1" / "__triton_launcher.so").read_bytes() == b"\x7fELF l1"
 
 
 def test_a_failed_restore_keeps_the_hit(triton_dirs, tmp_path, monkeypatch):

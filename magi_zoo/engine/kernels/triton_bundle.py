@@ -9,8 +9,7 @@ Triton's CUDA driver helpers: about half a second each, measured as the gap betw
 and fp8 warm first calls on Wan-1.3B.
 
 `collect()` reads those files -- the cache groups of every kernel our JIT functions compiled in
-this process, and every compiled C module (launchers, driver helpers) in Triton's cache
-directory -- as `{"<group>/<file>": bytes}`. `restore()` writes what is missing back into the
+this process, of their C launchers and of Triton's driver helpers -- as `{"<group>/<file>": bytes}`. `restore()` writes what is missing back into the
 current Triton cache directory, so Triton's JIT finds them there on its first call. A group's
 index file (`__grp__*.json`) holds absolute paths; it is stored with file names only and
 rewritten for the directory it is restored into. Everything here is keyed by Triton's own
@@ -55,14 +54,44 @@ def _cache_root(import_triton: bool = False) -> Path | None:
     return Path(root) if root else None
 
 
-def _kernel_groups() -> set[Path]:
-    """The cache directories (groups) of every kernel our JIT functions built in this process,
-    read off the kernels' own file lists (Triton names a group by a base32 form of its hash)."""
-    groups = set()
+def _our_kernels():
+    """Every kernel (Triton's CompiledKernel) our JIT functions built in this process."""
     for fn in _JIT_FUNCTIONS:
         for caches in getattr(fn, "device_caches", {}).values():
-            for kernel in caches[0].values():  # (kernel_cache, key_cache, target, backend, binder)
-                groups.update(Path(p).parent for p in (getattr(kernel, "metadata_group", None) or {}).values())
+            yield from caches[0].values()  # (kernel_cache, key_cache, target, backend, binder)
+
+
+def _module_file(function) -> Path | None:
+    """The shared library a C extension's function comes from (its module's file)."""
+    path = getattr(getattr(function, "__self__", None), "__file__", None)
+    return Path(path) if path else None
+
+
+def _driver_utils():
+    """Triton's CUDA driver helpers (a C module it compiles once per cache), if loaded."""
+    try:
+        from triton.runtime import driver
+
+        return getattr(driver.active, "utils", None)
+    except Exception:  # no GPU driver here: none of our kernels ran either
+        return None
+
+
+def _groups() -> set[Path]:
+    """The cache directories (groups) to carry: each of our kernels' own (read off its file
+    list: Triton names a group by a base32 form of its hash), its C launcher's, and the driver
+    helpers' -- not every C module in Triton's directory, which holds every other project's too."""
+    groups = set()
+    kernels = list(_our_kernels())
+    for kernel in kernels:
+        groups.update(Path(p).parent for p in (getattr(kernel, "metadata_group", None) or {}).values())
+        launcher = _module_file(getattr(getattr(kernel, "_run", None), "launch", None))
+        if launcher is not None:
+            groups.add(launcher.parent)
+    utils = _driver_utils() if kernels else None
+    helpers = _module_file(getattr(utils, "load_binary", None))
+    if helpers is not None:
+        groups.add(helpers.parent)
     return groups
 
 
@@ -74,8 +103,7 @@ def collect() -> dict[str, bytes]:
         return {}
     # a group outside Triton's directory (its setting changed mid-process) is left out: it
     # could not be restored under the same name
-    ours = {g for g in _kernel_groups() if g.parent.resolve() == root.resolve()}
-    groups = ours | {p.parent for p in root.glob("*/*.so")}
+    groups = {g for g in _groups() if g.parent.resolve() == root.resolve()}
     files: dict[str, bytes] = {}
     for group in sorted(groups):
         if not group.is_dir():
