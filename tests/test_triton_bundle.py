@@ -77,7 +77,9 @@ def test_restore_writes_missing_files_and_points_the_index_at_them(triton_dirs):
     assert (d / "kern.cubin").read_bytes() == b"\x7fELF cubin"
     index = json.loads((d / "__grp__kern.json").read_text())
     assert index["child_paths"] == {"kern.json": str(d / "kern.json"), "kern.cubin": str(d / "kern.cubin")}
-    assert not [p for p in triton_dirs.loading.rglob("*") if p.name.endswith(".tmp")]
+    # exactly the carried files: no temporary file left behind
+    assert sorted(str(p.relative_to(triton_dirs.loading)) for p in triton_dirs.loading.rglob("*")
+                  if p.is_file()) == sorted(files)
     # a file Triton already has is left alone; the others are written again only if missing
     (d / "kern.cubin").write_bytes(b"triton's own")
     (d / "kern.json").unlink()

@@ -22,9 +22,9 @@ two lengths, `size` and `sha256` cover both.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import dataclasses
-import base64
 import hashlib
 import importlib.metadata
 import json

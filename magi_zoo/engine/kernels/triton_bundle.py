@@ -20,10 +20,10 @@ up by a kernel it does not belong to: it is just unused.
 from __future__ import annotations
 
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
+
+from ...io import atomic_write_bytes
 
 _JIT_FUNCTIONS: list = []  # every @triton.jit function of ours, appended as it is built
 
@@ -45,12 +45,9 @@ def _cache_root(import_triton: bool = False) -> Path | None:
             import triton  # noqa: F401
         except ImportError:  # a CPU build of torch: no kernel of ours can run here
             return None
-    try:
-        from triton import knobs
+    from triton import knobs  # every triton torch>=2.11 installs has it
 
-        root = knobs.cache.dir
-    except Exception:  # an older triton without knobs: its documented default
-        root = os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".triton", "cache")
+    root = knobs.cache.dir
     return Path(root) if root else None
 
 
@@ -142,16 +139,6 @@ def restore(files: dict[str, bytes]) -> int:
             index = json.loads(data)
             index["child_paths"] = {c: str(root / group / b) for c, b in index.get("child_paths", {}).items()}
             data = json.dumps(index).encode()
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        # a unique temporary name in the same directory, then a rename: another process
-        # reading the group never sees half a file
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=dest.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, dest)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        atomic_write_bytes(dest, data)  # another process reading the group never sees half a file
         written += 1
     return written
