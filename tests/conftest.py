@@ -1,6 +1,11 @@
 """Shared test setup: offline, CPU, quiet, and helpers to read compile counters."""
 
 import os
+import sys
+from pathlib import Path
+
+# The shared helpers live in tests/helpers (`from helpers.fusion import ...`).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # Nothing in the suite may reach a hub: fail loudly instead of downloading.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -16,7 +16,7 @@ from magi_zoo.engine.kernels import gelu_linear
 from magi_zoo.engine.precision import GELU_EPILOGUE_MARK, GeluLinear
 from magi_zoo.zoo import spec_layers
 
-from fusion_helpers import assert_undone_exactly, count_calls, forward
+from helpers.fusion import assert_undone_exactly, count_calls, forward
 
 
 def _rel(a, b):

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-HERE = Path(__file__).parent
+from helpers import HELPERS, REPO
 pytestmark = pytest.mark.gpu
 
 
@@ -33,8 +33,8 @@ def result(tmp_path_factory):
     out = tmp_path_factory.mktemp("par") / "result.json"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
-                           str(HERE / "parallel_gpu_worker.py"), str(out)], capture_output=True, text=True,
-                          timeout=1500, env=env, cwd=HERE.parent)
+                           str(HELPERS / "parallel_gpu_worker.py"), str(out)], capture_output=True, text=True,
+                          timeout=1500, env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-4000:]
     r = json.loads(out.read_text())
     return {c["name"]: c for c in r["configs"]}, r

@@ -16,11 +16,12 @@ import pytest
 import torch
 
 import magi_zoo
+from helpers import DATA as DATA_DIR
 from magi_zoo.engine import counters
 from magi_zoo.specs import with_backend
 from magi_zoo.zoo import spec_layers
 
-DATA = json.loads((Path(__file__).parent / "data" / "bagel_official_preprocessing.json").read_text())
+DATA = json.loads((DATA_DIR / "bagel_official_preprocessing.json").read_text())
 # app.py: vae_transform = ImageTransform(1024, 512, 16); vit_transform = ImageTransform(980, 224, 14);
 # ImageTransform's max_pixels default is 14 * 14 * 9 * 1024 for both.
 RULES_7B = {"vae": dict(max_size=1024, min_size=512, stride=16), "vit": dict(max_size=980, min_size=224, stride=14)}

@@ -16,7 +16,7 @@ import torch
 from magi_zoo.engine.cache import CompileCache
 from magi_zoo.engine.kernels import triton_bundle
 
-from process_helpers import run_script
+from helpers.processes import run_script
 
 FIELDS = {"model": "test/bundle", "dtype": "bfloat16"}
 

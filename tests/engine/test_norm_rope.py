@@ -15,7 +15,7 @@ from magi_zoo.engine.kernels import norm_rope
 from magi_zoo.engine.precision import NORM_ROPE_MARK
 from magi_zoo.zoo import spec_layers
 
-from fusion_helpers import assert_undone_exactly, count_calls, forward
+from helpers.fusion import assert_undone_exactly, count_calls, forward
 
 
 def _rel(a, b):

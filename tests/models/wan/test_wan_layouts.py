@@ -4,7 +4,7 @@ The test writes one tiny random model twice: as `save_pretrained` writes it (dif
 format) and in the original Wan layout (config.json with WanModel's names,
 diffusion_pytorch_model.safetensors, models_t5_umt5-xxl-enc-bf16.pth, Wan2.1_VAE.pth,
 google/umt5-xxl/). The original-layout keys come from inverting diffusers' own converters
-(tests/wan_original_layout.py); two checks make sure the inversion is right and not
+(tests/helpers/wan_original_layout.py); two checks make sure the inversion is right and not
 circular: diffusers' converters map the written keys back to exactly the model's keys,
 and the written names and shapes equal those of the official Wan modules at the same tiny
 configs (tests/data/wan21_original_keys.json, recorded from github.com/Wan-Video/Wan2.1;
@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import magi_zoo
-from wan_original_layout import OFFICIAL, original_state as _original_state, shapes as _shapes, write_original_layout
+from helpers.wan_original_layout import OFFICIAL, original_state as _original_state, shapes as _shapes, write_original_layout
 
 TINY = "wan2.1-tiny"
 

@@ -27,14 +27,14 @@ from magi_zoo import distributed
 from magi_zoo.cli import main
 from magi_zoo.specs.parallel_spec import ParallelSpec, default_parallel, with_parallel
 
-HERE = Path(__file__).parent
+from helpers import HELPERS, REPO
 
 
 def _torchrun(script_and_args: list[str], nproc: int = 2, timeout: float = 240) -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            *script_and_args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=HERE.parent)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
 
 
 # -- the section: validated before anything runs ---------------------------------------------------
@@ -105,7 +105,7 @@ def test_two_processes_equal_one(tmp_path):
     graph break or recompile (Wan and Flux); a token count that does not divide is refused
     clearly; every apply is undone exactly; ranks that disagree are told so."""
     out = tmp_path / "result.json"
-    proc = _torchrun([str(HERE / "parallel_worker.py"), str(out)])
+    proc = _torchrun([str(HELPERS / "parallel_worker.py"), str(out)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(out.read_text())
     assert r["world"] == 2

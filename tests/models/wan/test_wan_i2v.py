@@ -91,7 +91,7 @@ def i2v_dirs(handle, tmp_path_factory):
     converter needs) written as save_pretrained writes it and in the original layout."""
     from diffusers import AutoencoderKLWan
 
-    from wan_original_layout import OFFICIAL, write_original_layout
+    from helpers.wan_original_layout import OFFICIAL, write_original_layout
 
     torch.manual_seed(1)
     handle.pipe.register_modules(vae=AutoencoderKLWan(base_dim=4, z_dim=16).eval())
@@ -103,7 +103,7 @@ def i2v_dirs(handle, tmp_path_factory):
 
 
 def test_i2v_original_names_are_the_official_modules(handle):
-    from wan_original_layout import OFFICIAL, original_state, shapes
+    from helpers.wan_original_layout import OFFICIAL, original_state, shapes
 
     state = original_state(handle.pipe)
     assert shapes(state["transformer"]) == OFFICIAL["i2v_transformer"]["keys"]

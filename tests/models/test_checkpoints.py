@@ -15,7 +15,7 @@ from magi_zoo.adapters.bagel.checkpoint import (
     save_bagel_checkpoint,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+from helpers import REPO
 
 
 @pytest.fixture(scope="module")

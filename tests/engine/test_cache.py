@@ -9,7 +9,7 @@ import torch
 
 from magi_zoo.engine.cache import ENV_VAR, CompileCache, resolve_cache_dir
 
-from process_helpers import run_script
+from helpers.processes import run_script
 
 FIELDS = {"model": "test/toy", "dtype": "float32", "plan": [["", "forward", "abc"]]}
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-OFFICIAL = json.loads((Path(__file__).parent / "data" / "wan21_original_keys.json").read_text())
+OFFICIAL = json.loads(((Path(__file__).resolve().parents[1] / "data") / "wan21_original_keys.json").read_text())
 
 _DIT_BACK = [
     ("condition_embedder.time_embedder.linear_1", "time_embedding.0"),

@@ -28,7 +28,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-DATA = Path(__file__).parent / "data" / "bagel_tiny_parity.json"
+from helpers import DATA as DATA_DIR
+
+DATA = DATA_DIR / "bagel_tiny_parity.json"
 T2I = dict(num_inference_steps=4, timestep_shift=3.0, cfg_text_scale=4.0, cfg_img_scale=1.5, cfg_interval=(0.0, 1.0),
            cfg_renorm_type="global", cfg_renorm_min=0.0)
 EDIT = dict(num_inference_steps=4)  # the variant's editing defaults otherwise (cfg_img 2.0, text_channel, (0, 1])
