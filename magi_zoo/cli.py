@@ -93,7 +93,7 @@ def cmd_spec(args) -> int:
 def family_custom_ops(adapter) -> list[str]:
     """Names of the registered custom ops defined by the adapter's own modules (its package,
     or its module for a one-file family): the registry itself is process-wide."""
-    from .engine import _torch_compat as compat
+    from .engine.compat import torch as compat
     from .engine.custom_ops import list_custom_ops
 
     mod = type(adapter).__module__

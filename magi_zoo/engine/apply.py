@@ -8,23 +8,27 @@ import torch.nn as nn
 
 from ..specs.gpu_profiles import GpuProfile, get_profile
 from ..specs.plan import PlanLayer, as_layers
-from . import attention, compile as compile_mod, offload, precision  # noqa: F401  (each registers its step)
-from . import parallel  # noqa: F401  (registers the parallel step)
-from . import recompute  # noqa: F401  (registers the recompute step)
-from . import step_cache  # noqa: F401  (registers the step_cache step)
-from . import cuda_graphs  # noqa: F401  (registers the cuda_graphs step)
+from . import compile as compile_mod
+from .attention import attention_step
+from .compile import compile_step
+from .cuda_graphs import cuda_graphs_step
+from .offload import offload_step
+from .parallel import parallel_step
+from .precision import precision_step
+from .recompute import recompute_step
+from .step_cache import step_cache_step
 from .custom_ops import list_custom_ops
 from .prepare import Preparation, prepare
 from .report import Report
 from .resolve import ResolvedPlan, resolve
-from .steps import STEPS, StepContext, StepRecord
+from .steps import StepContext, StepFn, StepRecord
 
 # The fixed order. Why: preparation may add the methods a plan names, so it runs before
 # the plan is resolved; attention (and precision) change which ops the graphs contain, so
 # they precede tracing; recompute must sit *inside* compiled regions so the compiler sees
 # it; offload hooks and collectives wrap compiled regions and are never traced into them
-# (torchtitan's order: activation checkpointing -> compile -> FSDP). A step whose engine
-# module does not exist yet is skipped; adding one is a module that registers its name.
+# (torchtitan's order: activation checkpointing -> compile -> FSDP). Adding a step is a
+# package under engine/ with one `<name>_step` function and one row in STEPS below.
 # step_cache comes right after compile: diffusers' caching hooks wrap whatever `forward` an
 # instance has when they are registered, so after compile they wrap the compiled blocks and
 # decide in eager Python whether to call them; registered before, dynamo would trace the
@@ -33,6 +37,14 @@ from .steps import STEPS, StepContext, StepRecord
 # finished module (compiled blocks, attention ops, the eager code between them).
 STEP_ORDER = ("prepare", "attention", "precision", "recompute", "compile", "step_cache", "offload", "parallel",
               "cuda_graphs")
+# Every step after `prepare` (which runs before resolution, below), in STEP_ORDER: an
+# explicit table, so the order never depends on which modules happen to be imported.
+STEPS: tuple[tuple[str, StepFn], ...] = (
+    ("attention", attention_step), ("precision", precision_step), ("recompute", recompute_step),
+    ("compile", compile_step), ("step_cache", step_cache_step), ("offload", offload_step),
+    ("parallel", parallel_step), ("cuda_graphs", cuda_graphs_step),
+)
+assert tuple(name for name, _ in STEPS) == STEP_ORDER[1:], "STEPS must list STEP_ORDER's steps in order"
 
 _APPLIED = "_magi_zoo_applied"  # root instance attr: the StepRecords of the plan applied there
 
@@ -92,9 +104,8 @@ def apply(module: nn.Module, plan: Any = None, *, gpu: str | GpuProfile | None =
         records.append(prepare(module, list(preparations)))
         resolved: ResolvedPlan = resolve(module, list(layers))
         ctx = StepContext(root=module, plan=resolved, profile=profile, train=train)
-        for name in STEP_ORDER[1:]:
-            if name in STEPS:
-                records.append(STEPS[name](ctx))
+        for _name, step in STEPS:
+            records.append(step(ctx))
     except BaseException:
         _undo(records)
         raise

@@ -29,7 +29,7 @@ import warnings
 import torch.nn as nn
 
 from .resolve import PlanError
-from .steps import StepContext, StepRecord, register_step
+from .steps import StepContext, StepRecord
 
 # Engine backends: plan name -> the kernel module providing `missing_reason()`, `register()`
 # (returns the diffusers member that now dispatches to it) and `describe()`; for transformers'
@@ -210,7 +210,6 @@ def _set_engine_layer(layer: nn.Module, name: str, profile, key: str, undo_list:
     return label
 
 
-@register_step("attention")
 def attention_step(ctx: StepContext) -> StepRecord:
     section = ctx.plan.section("attention")
     undo_list: list[tuple[object, str, object]] = []  # (object, attribute, prior value)

@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 
 from .accounting import RegionStats, tracked
-from .steps import StepContext, StepRecord, register_step
+from .steps import StepContext, StepRecord
 
 _ORIGINALS = "_magi_zoo_originals"  # instance attr: method name -> prior instance attr or None
 
@@ -58,7 +58,7 @@ def boundary_ops_for(module: nn.Module) -> list[str]:
     """The registered custom ops flagged `is_subgraph_boundary` by the family that defines
     `module`'s class (the ops its forward can call): a family's flag never changes how another
     family's regions compile."""
-    from . import _torch_compat as tc
+    from .compat import torch as tc
     from .custom_ops import list_custom_ops
 
     family = _family(type(module).__module__)
@@ -74,7 +74,7 @@ def partition_at_boundaries(kw: dict, ops: list[str]) -> dict:
     Unchanged without cudagraphs, without such ops, or on a torch whose inductor lacks
     `custom_should_partition_ops`. torch.compile takes a mode or options, not both, so a
     mode becomes the options it stands for."""
-    from . import _torch_compat as tc
+    from .compat import torch as tc
 
     if not ops or kw.get("backend", "inductor") != "inductor" or \
             not tc.inductor_has_option("custom_should_partition_ops"):
@@ -120,7 +120,7 @@ def cuda_graphs_by(spec) -> str | None:
     "options triton.cudagraphs"), or None when nothing does. The mode is expanded the way
     torch.compile expands it (`partition_at_boundaries` reads it the same way); an explicit
     option overrides the mode's."""
-    from . import _torch_compat as tc
+    from .compat import torch as tc
 
     options = spec.options or {}
     if "triton.cudagraphs" in options:
@@ -149,7 +149,6 @@ def _check_cuda_graphs(key: str, method: str, targets) -> None:
             "model (a region of one instance, e.g. the transformer's forward or a step method)")
 
 
-@register_step("compile")
 def compile_step(ctx: StepContext) -> StepRecord:
     """Install every compile region of the plan; regions are booked for the report."""
     installed_on: list[nn.Module] = []

@@ -3,7 +3,7 @@
 `snapshot()` reads dynamo's global counters; `delta(before)` says what happened since:
 frames compiled, FX graphs, graph breaks with reasons, recompiles with reasons, compile
 seconds split into dynamo / AOTAutograd / inductor. `expect(delta, frames=..., ...)`
-asserts exact numbers. The raw private reads live in `_torch_compat`.
+asserts exact numbers. The raw private reads live in `compat.torch`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from . import _torch_compat as compat
+from .compat import torch as compat
 
 
 @dataclasses.dataclass(frozen=True)

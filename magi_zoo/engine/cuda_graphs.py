@@ -37,10 +37,10 @@ import torch
 import torch.nn as nn
 
 from ..specs.cuda_graph_spec import CudaGraphSpec
-from . import _torch_compat as pytree
+from .compat import torch as pytree
 from .compile import cuda_graphs_by
 from .resolve import PlanError, path_within, paths_related
-from .steps import StepContext, StepRecord, register_step
+from .steps import StepContext, StepRecord
 
 _GRAPHED = "_magi_zoo_graphed"  # instance attr: method name -> (GraphedCall, prior instance attr or None)
 _PLAIN = (type(None), bool, int, float, str, torch.dtype, torch.device)
@@ -247,7 +247,6 @@ def _uninstall(module: nn.Module, method: str) -> None:
         module.__dict__.pop(_GRAPHED, None)
 
 
-@register_step("cuda_graphs")
 def cuda_graphs_step(ctx: StepContext) -> StepRecord:
     """Install a `GraphedCall` on every enabled target; undo puts the methods back."""
     section = ctx.plan.section("cuda_graphs")

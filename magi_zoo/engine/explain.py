@@ -2,7 +2,7 @@
 user can read.
 
 What torch emits during a compile (the records TORCH_TRACE / tlparse read), received in
-process through `_torch_compat.structured_trace` and filed by compile id and region:
+process through `compat.torch.structured_trace` and filed by compile id and region:
 
     OUT/summary.md                     one page: regions, graphs, breaks, recompiles, next steps
     OUT/graph_breaks.md                every break: the user's file:line, reason, suggested fix
@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import _torch_compat as compat
+from .compat import torch as compat
 from . import accounting
 
 # Structured record -> file written per compile id (the last record of a name wins: a

@@ -47,7 +47,7 @@ import torch.nn as nn
 
 from .offload_plan import GIB, OffloadPlan, OffloadPlanError, Unit, phase_activations, plan_offload, pool_of, POOL_SEP, size
 from .compile import cuda_graphs_by
-from .steps import StepContext, StepRecord, register_step
+from .steps import StepContext, StepRecord
 
 _RUNTIME = "_magi_zoo_offload"  # root instance attr: the live OffloadRuntime
 _ALIGN = 256  # byte alignment of each tensor inside a unit's host buffer
@@ -1031,7 +1031,6 @@ def _check_compile(ctx: StepContext, streamed: Sequence[str]) -> None:
                     "mode='default' or 'max-autotune-no-cudagraphs' there, or pin the unit")
 
 
-@register_step("offload")
 def offload_step(ctx: StepContext) -> StepRecord:
     """Plan residency under the budget; stream what does not fit (module docstring)."""
     p = ctx.profile

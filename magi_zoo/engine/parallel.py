@@ -43,7 +43,7 @@ import torch.nn as nn
 
 from .. import distributed
 from ..specs.parallel_spec import ParallelSpec
-from .steps import StepContext, StepRecord, chain_undo, register_step
+from .steps import StepContext, StepRecord, chain_undo
 
 CFG_HOOK = "magi_zoo_cfg_parallel"
 UNEVEN_HOOK = "magi_zoo_cp_uneven_refusal"
@@ -515,7 +515,6 @@ def _job_fingerprint(ctx: StepContext) -> list:
     return [ctx.profile.name, ctx.plan.digests(), distributed.digest(params)]
 
 
-@register_step("parallel")
 def parallel_step(ctx: StepContext) -> StepRecord:
     dist = torch.distributed
     multi = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1

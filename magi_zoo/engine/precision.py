@@ -32,7 +32,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .kernels import fp8_quant, gelu_linear
-from .steps import StepContext, StepRecord, register_step
+from .steps import StepContext, StepRecord
 
 E4M3_MAX = 448.0  # largest finite float8_e4m3fn
 _EPS = 1e-12  # keeps an all-zero row's scale finite
@@ -178,7 +178,6 @@ def _fp8_attention(key: str, targets, ctx: StepContext, backends: list) -> str:
             + (f"; {kept} non-fa3 layer(s) kept bf16)" if kept else ")"))
 
 
-@register_step("precision")
 def precision_step(ctx: StepContext) -> StepRecord:
     section = ctx.plan.section("precision")
     swaps: list[tuple[nn.Module, str, nn.Module]] = []  # (parent, attribute, original on the host)

@@ -45,7 +45,7 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 from ..specs.recompute_spec import OP_GROUPS, SHAPE_GROUPS, RecomputeSpec, resolve_op_name
 from .custom_ops import NAMESPACE, list_custom_ops
 from .kernels import fa3 as _fa3  # noqa: F401 -- registers magi_zoo::fa3_attention, an OP_GROUPS entry
-from .steps import StepContext, StepRecord, register_step
+from .steps import StepContext, StepRecord
 
 GIB = 1024 ** 3
 _STATE = "_magi_zoo_recompute"  # block instance attr: its _BlockState
@@ -948,7 +948,6 @@ def _did(regions: list[_Region]) -> str:
     return "; ".join(_describe(r) for r in regions) if regions else "none (no recompute section)"
 
 
-@register_step("recompute")
 def recompute_step(ctx: StepContext) -> StepRecord:
     """Install a checkpointing wrapper on every block of every recompute region whose policy
     is not 'none'; the record's undo removes them."""

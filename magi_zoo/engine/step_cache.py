@@ -32,7 +32,7 @@ import torch.nn as nn
 
 from ..specs.step_cache_spec import METHODS, StepCacheSpec
 from .resolve import PlanError, path_within, paths_related
-from .steps import StepContext, StepRecord, register_step
+from .steps import StepContext, StepRecord
 
 _MISSING = object()
 
@@ -137,7 +137,6 @@ def _sequence_parallel(ctx: StepContext, path: str) -> str:
     return ""
 
 
-@register_step("step_cache")
 def step_cache_step(ctx: StepContext) -> StepRecord:
     """Enable the section's caching method on every keyed model; undo disables it exactly."""
     section = ctx.plan.section("step_cache")

@@ -1,7 +1,7 @@
 """The step protocol: what each engine module contributes to `apply`.
 
-A step is a function ``(ctx: StepContext) -> StepRecord`` registered under a name from
-`apply.STEP_ORDER`. It reads the resolved plan (its own section) and the GPU profile,
+A step is a function ``(ctx: StepContext) -> StepRecord``, named with its place in
+`apply.STEP_ORDER` (the table there is the only place that lists the steps). It reads the resolved plan (its own section) and the GPU profile,
 changes the module tree in place, and returns a record: one line for the report and an
 undo that restores exactly what it changed, so `remove()` can take every step back.
 """
@@ -42,19 +42,6 @@ class StepContext:
 
 
 StepFn = Callable[[StepContext], StepRecord]
-STEPS: dict[str, StepFn] = {}
-
-
-def register_step(name: str) -> Callable[[StepFn], StepFn]:
-    """Decorator: the engine module's step function for `name` (a name in STEP_ORDER)."""
-
-    def deco(fn: StepFn) -> StepFn:
-        if name in STEPS and STEPS[name] is not fn:
-            raise ValueError(f"engine step {name!r} is already registered by {STEPS[name].__module__}")
-        STEPS[name] = fn
-        return fn
-
-    return deco
 
 
 def chain_undo(undos: list[Callable[[], None]]) -> Callable[[], None]:

@@ -28,7 +28,7 @@ class StaticKVCache:
         self.shape = (batch, heads, n, head_dim)
         self.k = [torch.zeros(self.shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(self.shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        from ...engine._torch_compat import mark_static_address
+        from ...engine.compat.torch import mark_static_address
 
         for t in self.k + self.v:  # written in place by the compiled step: CUDA graphs need fixed addresses
             mark_static_address(t)
