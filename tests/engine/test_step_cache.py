@@ -228,7 +228,8 @@ def test_video_metrics_used_by_the_quality_benchmarks():
     assert (ssim((a * 0.5 + 0.25), a * 0.5 + 0.3) > 0.95).all()
     r = compare_videos(b, a, chunk=2)
     assert len(r["psnr_per_frame_db"]) == 3 and r["identical_frames"] == 0 and 0 < r["ssim_mean"] < 1
-    assert rel_l2(a, a) == 0.0
+    # the second argument is the reference: 2a against a is 100% off, a against 2a 50%
+    assert rel_l2(2 * a, a) == pytest.approx(1.0) and rel_l2(a, 2 * a) == pytest.approx(0.5)
 
 
 @pytest.mark.gpu

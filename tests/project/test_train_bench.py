@@ -8,11 +8,17 @@ from magi_zoo.specs import RecomputeSpec
 
 
 def test_strategies_are_valid_recompute_specs():
+    # Each strategy's own policy: a strategy mapped to the wrong one (or a new strategy left
+    # out of this table) fails here, where "is one of the four policies" could not.
+    expected = {"eager_full": "full", "regional_full": "full", "save_all": "selective",
+                "auto16": "auto", "auto40": "auto", "none": "none"}
+    assert set(train.ALL_STRATEGIES) == set(expected)
     for s in train.ALL_STRATEGIES:
         value = train._recompute(s)
         spec = RecomputeSpec.from_shorthand(value) if isinstance(value, str) else RecomputeSpec(**value)
-        assert spec.policy in ("full", "selective", "auto", "none")
-    assert train._recompute("auto16")["memory_budget_gib"] == 16.0
+        assert spec.policy == expected[s], s
+    assert train._recompute("save_all_sdpa") == train._recompute("save_all")  # the suffix only pins attention
+    assert train._recompute("auto16")["train_peak_gib"] == 16.0
     with pytest.raises(ValueError, match="unknown strategy 'fast'"):
         train._recompute("fast")
     assert train._block_keys("wan2.1-tiny") == ["WanTransformerBlock"]

@@ -143,7 +143,11 @@ def test_counters_show_where_each_region_compiles(runs):
     for r in rep.regions:
         if r.spec.fullgraph:
             assert r.counters.frames < limit, (r.label, r.counters.frames, r.counters.recompiles)
-        assert r.counters.n_graph_breaks == 0 or not r.spec.fullgraph
+    # The encoders (not fullgraph) still break, which is what made dynamo give up the shared
+    # wrapper code in issue 15: without their breaks this test would not reproduce the bug's
+    # conditions. Nothing else breaks (a fullgraph region cannot; code2wav is not compiled).
+    broke = {r.label for r in rep.regions if r.counters.n_graph_breaks}
+    assert broke == {"Qwen3OmniMoeAudioEncoder", "Qwen3OmniMoeVisionEncoder"}, broke
     assert rep.region(INDUCTOR_REGION).spec.backend == "inductor"
     assert rep.region(INDUCTOR_REGION).counters.backend_s > 0  # AOTAutograd + inductor ran
     assert shared_code_regions(h.pipe.model) == []
