@@ -1,6 +1,6 @@
 """Which attention backend is fastest for a diffusers denoiser at its real shape?
 
-    python -m benchmarks.attention_backends --model wan2.1-t2v-1.3b --out benchmarks/results
+    python -m benchmarks.attention_backends --model wan2.1-t2v-1.3b
 
 Times one eager forward of the adapter's denoiser (random weights, bf16) under each
 diffusers attention backend that can run here, and the same regionally compiled
@@ -29,8 +29,10 @@ def main(argv=None):
     p.add_argument("--device", default="cuda")
     p.add_argument("--backends", default=",".join(BACKENDS))
     p.add_argument("--compiled", default="native,_native_cudnn", help="backends also timed compiled")
-    p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--out", default=common.results_dir("attention"))
+    common.add_commit_argument(p)
     args = p.parse_args(argv)
+    common.measured_commit()  # refused before anything is measured where the commit cannot be known
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     h = magi_zoo.load(args.model, gpu="auto" if device.type == "cuda" else "cpu", weights="random",

@@ -1,7 +1,7 @@
 """Attention kernels at real model shapes, and what FA3 does to a whole Wan forward.
 
     source .whl/prelude.sh    # on the GPU box: installs the fa3-fwd wheel (the `hopper` extra)
-    python -m benchmarks.attention_kernels --out benchmarks/results            # both parts
+    python -m benchmarks.attention_kernels                                     # both parts
     python -m benchmarks.attention_kernels --part kernels                      # kernels only
     python -m benchmarks.attention_kernels --part model --model wan2.1-i2v-14b-480p
     python -m benchmarks.attention_kernels --smoke --out /tmp/ak               # CPU, tiny, seconds
@@ -204,8 +204,10 @@ def main(argv=None):
     p.add_argument("--runs", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--smoke", action="store_true", help="CPU-sized check that the script runs")
-    p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--out", default=common.results_dir("attention"))
+    common.add_commit_argument(p)
     args = p.parse_args(argv)
+    common.measured_commit()  # refused before anything is measured where the commit cannot be known
     if args.runs < 5:
         raise SystemExit("--runs >= 5 (DESIGN.md §5: warm-up, >= 5 timed runs, median)")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() and not args.smoke else "cpu"))

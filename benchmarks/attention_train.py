@@ -3,7 +3,7 @@ Hopper; what backend='native' trains with) against the fa3 backend's training pa
 forward kernel, then cuDNN's backward fed with FA3's output and LSE).
 
     source .whl/prelude.sh    # on the GPU box: the fa3-fwd wheel
-    python -m benchmarks.attention_train --out benchmarks/results
+    python -m benchmarks.attention_train
 
 Per shape and kernel: median ms of the forward alone, the backward alone (of one retained
 forward) and forward + backward (CUDA events,
@@ -92,8 +92,10 @@ def run(runs: int) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=10)
-    p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--out", default=common.results_dir("attention"))
+    common.add_commit_argument(p)
     args = p.parse_args(argv)
+    common.measured_commit()  # refused before anything is measured where the commit cannot be known
     import torch
 
     rows = run(args.runs)

@@ -1,11 +1,14 @@
 """Shared measurement helpers for every benchmark script: timing (CUDA events on GPU),
-memory, environment facts, subprocess isolation and result writing. One place, so every
-table is measured the same way (DESIGN.md §5: warm-up, >= 5 timed runs, median)."""
+memory, environment facts, the commit a result measured, subprocess isolation and result
+writing. One place, so every table is measured the same way (docs/benchmarks.md: warm-up,
+>= 5 timed runs, median) and every result names the commit it measured."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -14,6 +17,27 @@ from pathlib import Path
 from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+
+# Where the tree travels without .git (a GPU machine gets a copy of the work tree), the commit
+# it is comes from `--commit SHA` or this variable; with .git it only has to agree with git.
+COMMIT_ENV = "BENCH_COMMIT"
+
+# A model's results folder: the family or checkpoint it measures (the first prefix that matches);
+# any other model (the tiny test models) gets a folder of its own name.
+MODEL_TOPICS = (("wan2.1-t2v-1.3b", "wan2.1-t2v-1.3b"), ("wan2.1-i2v-14b", "wan2.1-i2v-14b"),
+                ("wan2.2-", "wan2.2"), ("flux", "flux"), ("bagel", "bagel"), ("qwen3-omni", "qwen3-omni"),
+                ("self-forcing", "self_forcing"))
+
+
+def results_dir(topic: str) -> Path:
+    """benchmarks/results/<topic>/: a script's default `--out` (one folder per thing measured)."""
+    return RESULTS / topic
+
+
+def model_topic(model: str) -> str:
+    """The results topic of a model the harness measures (`wan2.1-i2v-14b-480p` -> wan2.1-i2v-14b)."""
+    return next((topic for prefix, topic in MODEL_TOPICS if model.startswith(prefix)), model)
 
 
 def sync(device) -> None:
@@ -61,18 +85,77 @@ def gib(nbytes: int | float | None) -> float | None:
     return None if nbytes is None else round(nbytes / 2**30, 3)
 
 
-def git_commit() -> str | None:
-    """The commit measured; $BENCH_COMMIT names it where the tree travels without .git."""
-    if os.environ.get("BENCH_COMMIT"):
-        return os.environ["BENCH_COMMIT"]
+class CommitUnknown(RuntimeError):
+    """A result would not say which commit it measured (no .git and none given), or the commit
+    given is not what git says this tree is."""
+
+
+def _git(root: Path, *args: str) -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
-                             timeout=10, cwd=ROOT).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, timeout=10, cwd=ROOT).stdout.strip()
-        return (out + ("+dirty" if dirty else "")) or None
-    except Exception:
+        proc = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):  # no git on this machine
         return None
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def git_head(root: Path | None = None) -> tuple[str, bool] | None:
+    """(HEAD's full hash, whether tracked files differ from it) where `root` is the top of its
+    own git work tree; None where it is not (a copy without .git -- even one that lies inside
+    some other repository, whose HEAD would name the wrong project). Results files are left
+    out of the dirty check: writing one changes nothing a later measurement runs."""
+    root = Path(root or ROOT)
+    top = _git(root, "rev-parse", "--show-toplevel")
+    if top is None or Path(top.strip()).resolve() != root.resolve():
+        return None
+    sha = (_git(root, "rev-parse", "HEAD") or "").strip()
+    status = _git(root, "status", "--porcelain", "--untracked-files=no", "--", ".",
+                  ":(exclude)benchmarks/results")
+    if not sha or status is None:
+        return None
+    return sha, bool(status.strip())
+
+
+def measured_commit(given: str | None = None, root: Path | None = None) -> dict[str, Any]:
+    """The commit a result measures, as the fields every results file records: `commit`,
+    `commit_dirty` (tracked files differed from it; None where git could not say) and
+    `commit_source` ("git": read here; "given": `--commit` / $BENCH_COMMIT in a tree
+    without .git, recorded as given).
+
+    Read from git whenever the tree is a work tree; a commit given there must be HEAD's (a
+    stale $BENCH_COMMIT once named a tree that never ran). Without .git, a commit must be
+    given, as 7-40 hex digits: otherwise this raises CommitUnknown before anything is
+    measured or written."""
+    root = Path(root or ROOT)
+    given = (given if given is not None else os.environ.get(COMMIT_ENV, "")).strip() or None
+    head = git_head(root)
+    if head is not None:
+        sha, dirty = head
+        if given and not sha.startswith(given.lower()):
+            raise CommitUnknown(f"the commit given ({given}) is not this tree's: git says HEAD is {sha[:12]}; "
+                                f"drop --commit / ${COMMIT_ENV} here (git is read where the tree has .git)")
+        return {"commit": sha, "commit_dirty": dirty, "commit_source": "git"}
+    if not given:
+        raise CommitUnknown(f"{root} is not a git work tree here (no .git), so its commit cannot be read: give it with "
+                            f"--commit SHA (or ${COMMIT_ENV}=SHA); a result without its commit is not written")
+    if not re.fullmatch(r"[0-9a-fA-F]{7,40}", given):
+        raise CommitUnknown(f"--commit / ${COMMIT_ENV} must be a commit hash (7-40 hex digits), not {given!r}")
+    return {"commit": given, "commit_dirty": None, "commit_source": "given"}
+
+
+class _GivenCommit(argparse.Action):
+    """`--commit SHA` sets $BENCH_COMMIT, so the processes a script starts (isolated strategy
+    processes, torchrun workers) record the same commit."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        os.environ[COMMIT_ENV] = values
+        setattr(namespace, self.dest, values)
+
+
+def add_commit_argument(parser: argparse.ArgumentParser) -> None:
+    """Every results-writing script's `--commit SHA`: the commit a tree without .git is."""
+    parser.add_argument("--commit", action=_GivenCommit, default=None, metavar="SHA",
+                        help=f"the commit this tree is, where it has no .git (or ${COMMIT_ENV}); "
+                             "with .git the commit is read from git")
 
 
 def environment(device) -> dict[str, Any]:
@@ -80,12 +163,13 @@ def environment(device) -> dict[str, Any]:
 
     The machine fingerprint is the engine's (`environment_fields`, the same fields that key
     the compile cache); a benchmark adds only the commit it measured. `device_name` is
-    recorded as `card`, the name every results file has used."""
+    recorded as `card`, the name every results file has used. Raises CommitUnknown where the
+    commit cannot be known (see `measured_commit`; every script also checks that at its start)."""
     from magi_zoo.engine.cache import environment_fields
 
     env = environment_fields(device)
     env["card"] = env.pop("device_name")
-    env["commit"] = git_commit()
+    env.update(measured_commit())
     return env
 
 
@@ -108,8 +192,10 @@ def card_tag(env: dict[str, Any], cuda: bool = True) -> str:
 
 def env_line(env: dict[str, Any]) -> str:
     """The one-line environment header every results table starts with."""
+    commit = str(env.get("commit"))[:12] + (" (dirty)" if env.get("commit_dirty") else "") \
+        + (" (given)" if env.get("commit_source") == "given" else "")
     return (f"card: {env.get('card')} | torch {env.get('torch')} | triton {env.get('triton')} | "
-            f"diffusers {env.get('diffusers')} | transformers {env.get('transformers')} | commit {env.get('commit')}")
+            f"diffusers {env.get('diffusers')} | transformers {env.get('transformers')} | commit {commit}")
 
 
 def matmul_peak_tflops(device, dtype) -> float:
@@ -228,6 +314,10 @@ def results_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
 
 
 def write_results(out_dir: Path, stem: str, record: dict[str, Any], markdown: str) -> list[Path]:
+    """`stem`.json and `stem`.md in `out_dir`. Refuses (CommitUnknown) where the commit measured
+    cannot be known, whatever the script recorded."""
+    measured_commit()
+    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     j, m = out_dir / f"{stem}.json", out_dir / f"{stem}.md"
     j.write_text(json.dumps(record, indent=2, default=str) + "\n")
@@ -245,14 +335,14 @@ def publish(out_dir: Path, stem: str, record: dict[str, Any], markdown: str) -> 
 
 
 def kernel_bench_start(doc: str, argv=None):
-    """The start every single-kernel benchmark shares: parse `--out` (results folder), take the
-    CUDA device and describe it. Returns (args, device, environment)."""
-    import argparse
-
+    """The start every single-kernel benchmark shares: parse `--out` (results folder, default
+    benchmarks/results/kernels) and `--commit`, take the CUDA device and describe it. Returns
+    (args, device, environment)."""
     import torch
 
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    ap.add_argument("--out", type=Path, default=results_dir("kernels"))
+    add_commit_argument(ap)
     args = ap.parse_args(argv)
     dev = torch.device("cuda")
     return args, dev, environment(dev)

@@ -1,8 +1,8 @@
 """The denoising loop as a user runs it: seconds per iteration with CFG, scheduler included.
 
     source .whl/prelude.sh
-    python -m benchmarks.denoise_loop --model wan2.1-i2v-14b-480p --steps 40 --out benchmarks/results
-    python -m benchmarks.denoise_loop --model wan2.1-i2v-14b-480p --precision fp8 --steps 40 --out benchmarks/results
+    python -m benchmarks.denoise_loop --model wan2.1-i2v-14b-480p --steps 40
+    python -m benchmarks.denoise_loop --model wan2.1-i2v-14b-480p --precision fp8 --steps 40
     python -m benchmarks.denoise_loop --smoke --out /tmp/loop       # CPU, tiny: the script works
 
 What LightX2V's table reports (s/it, 40 steps, CFG, 1 GPU) measured the same way here: the
@@ -47,9 +47,12 @@ def main(argv=None):
     ap.add_argument("--width", type=int, default=832)
     ap.add_argument("--frames", type=int, default=81)
     ap.add_argument("--guidance", type=float, default=5.0)
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    ap.add_argument("--out", type=Path, default=None,
+                    help="results folder (default: benchmarks/results/<the model's topic>)")
+    common.add_commit_argument(ap)
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args(argv)
+    common.measured_commit()  # refused before anything is measured where the commit cannot be known
     cuda = torch.cuda.is_available() and not args.smoke
     device = torch.device("cuda" if cuda else "cpu")
     if args.smoke:
@@ -107,7 +110,8 @@ def main(argv=None):
     md = (f"# Denoising loop: {args.model}, {args.steps} steps, CFG {args.guidance}\n\n{common.env_line(env)}\n\n"
           f"command: `python -m benchmarks.denoise_loop {' '.join(argv or sys.argv[1:])}`\n\n"
           f"{common.results_table([row], cols)}\n\nper-step seconds: {[round(s, 3) for s in per_step]}\n")
-    for p in common.write_results(args.out, stem, {"environment": env, "row": row, "per_step_s": per_step}, md):
+    out = args.out or common.results_dir(common.model_topic(args.model))
+    for p in common.write_results(out, stem, {"environment": env, "row": row, "per_step_s": per_step}, md):
         print("wrote", p)
 
 

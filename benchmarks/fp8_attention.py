@@ -1,7 +1,7 @@
 """FP8 attention on FA3: speed and error of each scaling choice, at the Wan attention shapes.
 
     source .whl/prelude.sh    # on the GPU box (fa3-fwd wheel)
-    python -m benchmarks.fp8_attention --out benchmarks/results
+    python -m benchmarks.fp8_attention
     python -m benchmarks.fp8_attention --smoke --out /tmp/fp8a     # CPU: error columns only
 
 Rows per shape (B, S, H, D) and input kind:
@@ -141,11 +141,13 @@ def main(argv=None):
     import torch
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    ap.add_argument("--out", type=Path, default=common.results_dir("attention"))
+    common.add_commit_argument(ap)
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny shapes, error columns only")
     args = ap.parse_args(argv)
+    common.measured_commit()  # refused before anything is measured where the commit cannot be known
     device = torch.device("cpu" if args.smoke or not torch.cuda.is_available() else "cuda")
     env = common.environment(device)
     rows = bench(device, SMOKE_SHAPES if device.type == "cpu" else SHAPES, args.runs, args.warmup)

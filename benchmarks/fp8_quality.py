@@ -1,7 +1,7 @@
 """PSNR of an 8-step decoded Wan video, fp8 against bf16 (issue 9's quality gate).
 
     python -m benchmarks.fp8_quality --model wan2.1-t2v-1.3b --weights random --steps 8 \
-        --device cuda --gpu h100 --out benchmarks/results
+        --device cuda --gpu h100
     python -m benchmarks.fp8_quality --weights /path/to/Wan2.1-T2V-1.3B-Diffusers --gpu h100 ...
     python -m benchmarks.fp8_quality --smoke --out /tmp/fp8_quality     # CPU plumbing, see below
 
@@ -131,8 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda")
     p.add_argument("--gpu", default="auto")
     p.add_argument("--smoke", action="store_true", help="wan2.1-tiny on CPU, bf16 vs bf16: plumbing only")
-    p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--out", default=common.results_dir("quality"))
+    common.add_commit_argument(p)
     args = p.parse_args(argv)
+    common.measured_commit()  # refused before anything is measured where the commit cannot be known
     if args.smoke:
         args.model, args.weights, args.device, args.gpu, args.steps = "wan2.1-tiny", None, "cpu", "cpu", 4
     rec = run(args)

@@ -1,7 +1,7 @@
 """Up projection + GELU(tanh): separate kernels vs cuBLASLt's GELU epilogue, at the models' shapes.
 
     source .whl/prelude.sh
-    python -m benchmarks.gelu_epilogue --out benchmarks/results
+    python -m benchmarks.gelu_epilogue
 
 Times, per shape (tokens M, in K, out N) of a FeedForward up projection: eager
 ``gelu(linear(x))`` (a GEMM with a bias epilogue, then one elementwise pass over the M x N

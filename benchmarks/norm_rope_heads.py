@@ -1,7 +1,7 @@
 """Flux's per-head q/k RMSNorm + text/image join + rope: inductor vs Triton kernel layouts.
 
     source .whl/prelude.sh
-    python -m benchmarks.norm_rope_heads --out benchmarks/results
+    python -m benchmarks.norm_rope_heads
 
 At Flux.1-dev's 1024^2 shapes (512 text + 4096 image tokens, 24 heads x 128; the double blocks
 join a text prefix, the single blocks' input is already joint), times: the definition

@@ -1,9 +1,9 @@
 """Weight offload under a memory cap: magi_zoo's planner + streaming against resident compiled
 and diffusers group offload, one transformer forward, at several budgets.
 
-    python -m benchmarks.offload --out benchmarks/results                 # the GPU table (H100)
-    python -m benchmarks.offload --models flux.1-dev --out benchmarks/results   # one model
-    python -m benchmarks.offload --pipeline --out benchmarks/results      # whole Wan I2V generation
+    python -m benchmarks.offload                                          # the GPU table (H100)
+    python -m benchmarks.offload --models flux.1-dev                      # one model
+    python -m benchmarks.offload --pipeline                               # whole Wan I2V generation
     python -m benchmarks.offload --smoke --out /tmp/offload-smoke         # CPU, tiny model
 
 GPU rows (random weights at the published configs, bf16, batch 1, regional compile):
@@ -41,7 +41,7 @@ Every row records ms per forward (CUDA events, 2 warm-up, 5 timed, median), the 
 `torch.cuda.max_memory_reserved()` and `max_memory_allocated()` over the timed calls *and*
 over the whole process (build, apply, compile), the plan's expected peak and copy time,
 compile counters, and the relative error against the resident row's output. Output:
-benchmarks/results/offload_<card>.json / .md (and offload_smoke.* for --smoke).
+benchmarks/results/offload/offload_<card>.json / .md (and offload_smoke.* for --smoke).
 """
 
 from __future__ import annotations
@@ -388,7 +388,8 @@ def _rel(a, b) -> float:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--out", default=common.results_dir("offload"))
+    common.add_commit_argument(p)
     p.add_argument("--smoke", action="store_true", help="CPU, tiny model, 1 warm-up / 2 runs")
     p.add_argument("--strategies", default=",".join(STRATEGIES))
     p.add_argument("--models", default=None, help="comma-separated subset of the cases' models")
@@ -421,6 +422,7 @@ def main(argv=None) -> int:
     p.add_argument("--predict", default=None, help=argparse.SUPPRESS)
     p.set_defaults(pipeline=False)
     args = p.parse_args(argv)
+    common.measured_commit()  # refused before anything is measured where the commit cannot be known
     if not args.one and not args.merge:
         import difflib
 

@@ -16,7 +16,7 @@ spec for the card (regional compile, its attention backend) plus the parallel se
 - ``forward``: one transformer forward (no CFG).
 
 Rank 0 prints one ``[bench]`` row per configuration and writes
-``benchmarks/results/parallel_<card>_<N>gpu.json`` / ``.md`` (speed-up against the 1-GPU row of
+``benchmarks/results/parallel/parallel_<card>_<N>gpu.json`` / ``.md`` (speed-up against the 1-GPU row of
 the same workload, and the output's relative L2 distance to the 1-GPU output).
 """
 
@@ -31,8 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import (card_tag, env_line, environment, first_call, gib, results_table, run_isolated,
-                               time_calls, write_results)
+from benchmarks.common import (add_commit_argument, card_tag, env_line, environment, first_call, gib,
+                               measured_commit, results_dir, results_table, run_isolated, time_calls, write_results)
 
 WORKLOADS = {
     # name: (model, mode, height, width, frames)
@@ -204,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--timeout", type=float, default=1500)
-    p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--out", default=results_dir("parallel"))
+    add_commit_argument(p)
     p.add_argument("--configs", choices=("all", "default"), default="all",
                    help="per GPU count: every configuration, or only the one `--nproc N` picks")
     p.add_argument("--smoke", action="store_true", help="CPU, 2 gloo processes, wan2.1-tiny (plumbing only)")
@@ -215,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("height", "width", "frames"):
         p.add_argument(f"--{name}", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    measured_commit()  # refused before anything is measured where the commit cannot be known
     if args.worker:
         worker(args)
         return 0

@@ -1,8 +1,8 @@
 """Where a forward's GPU time goes: a torch.profiler breakdown by kernel category.
 
     source .whl/prelude.sh
-    python -m benchmarks.profile_forward --model wan2.1-t2v-1.3b --out benchmarks/results
-    python -m benchmarks.profile_forward --model wan2.1-t2v-1.3b --precision fp8 --out benchmarks/results
+    python -m benchmarks.profile_forward --model wan2.1-t2v-1.3b
+    python -m benchmarks.profile_forward --model wan2.1-t2v-1.3b --precision fp8
     python -m benchmarks.profile_forward --smoke --out /tmp/prof      # CPU, tiny: the script works
 
 Loads the model with random weights at its published config under the shipped plan
@@ -61,13 +61,15 @@ def main(argv=None):
     ap.add_argument("--precision", choices=("bf16", "fp8"), default="bf16")
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--top", type=int, default=30)
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    ap.add_argument("--out", type=Path, default=common.results_dir("profiles"))
+    common.add_commit_argument(ap)
     ap.add_argument("--overrides", default=None,
                     help='a user plan layer as JSON, e.g. \'{"precision": {"WanTransformerBlock": '
                          '{"matmul": "fp8", "keep_bf16": ["ffn.net.2"]}}}\'')
     ap.add_argument("--label", default=None, help="names the results file (default: the precision)")
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args(argv)
+    common.measured_commit()  # refused before anything is measured where the commit cannot be known
     if args.smoke:
         args.model = "wan2.1-tiny"
     cuda = torch.cuda.is_available() and not args.smoke

@@ -2,11 +2,11 @@
 
     python -m benchmarks.run --model wan2.1-t2v-1.3b \
         --strategies eager,torch_compile,diffusers_regional,magi_zoo \
-        --height 480 --width 832 --frames 81 --device cuda --out benchmarks/results/wan-1.3b
+        --height 480 --width 832 --frames 81 --device cuda
     python -m benchmarks.run --model bagel-7b-mot --strategies eager,magi_zoo --shape text_len=32 \
-        --fp32-reference --no-warm-start --device cuda --out benchmarks/results
+        --fp32-reference --no-warm-start --device cuda
     python -m benchmarks.run --model qwen3-omni-30b-a3b --entry decode_step --layers 4 \
-        --strategies eager,magi_zoo --no-warm-start --device cuda --out benchmarks/results
+        --strategies eager,magi_zoo --no-warm-start --device cuda
     python -m benchmarks.run --model wan2.1-tiny --strategies eager,torch_compile,magi_zoo \
         --device cpu --out /tmp/bench
 
@@ -541,7 +541,7 @@ def parent(args) -> dict[str, Any]:
     refused = _preflight(args, adapter, variant, strategies)
     decode = args.entry in DECODE_ENTRIES
     batch = shape.get("batch", 1)
-    out_dir = Path(args.out)
+    out_dir = Path(args.out) if args.out else common.results_dir(common.model_topic(args.model))
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="magi-bench-") as tmp_s:
         tmp = Path(tmp_s)
@@ -659,7 +659,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", default=None,
                    help="every compiled region's backend (e.g. eager / aot_eager for CPU smoke runs)")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--out", default=None, help="results folder (default: benchmarks/results/<the model's topic>)")
+    common.add_commit_argument(p)
     p.add_argument("--stem", default=None,
                    help="file name stem of the results (default: the model, plus _<entry> / _<N>L when given)")
     p.add_argument("--warmup", type=int, default=2)
@@ -689,6 +690,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = build_parser().parse_args(argv)
     args.argv = argv
     if args.worker is None:
+        common.measured_commit()  # refused before anything is measured where the commit cannot be known
         if (args.warmup < 2 or args.runs < 5) and not args.smoke:
             raise SystemExit("--warmup must be >= 2 and --runs >= 5 (DESIGN.md §5); --smoke for a plumbing check")
         if args.warmup < 0 or args.runs < 1:

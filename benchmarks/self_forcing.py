@@ -2,7 +2,7 @@
 decoded frames, and the transformer time of the full-graph static-cache step against the
 naive port of the reference -- with the graph-break and recompile counts of each.
 
-    python -m benchmarks.self_forcing --device cuda --out benchmarks/results
+    python -m benchmarks.self_forcing --device cuda
     python -m benchmarks.self_forcing --device cuda --strategies fullgraph_cudagraphs,fullgraph_flex_cudagraphs
     python -m benchmarks.self_forcing --smoke --out /tmp/sf   # CPU, tiny model, eager backend: plumbing only
 
@@ -60,7 +60,7 @@ _CUDAGRAPHS = {"denoise_step": {"fullgraph": True, "dynamic": False, "mode": "re
 # video's first frame, its second, every later one; 0 breaks, equal frames). On the
 # published VAE it fails under fullgraph: diffusers' Wan VAE compares its feature cache with
 # the string "Rep" (`feat_cache[idx] == "Rep"` on a tensor), which dynamo refuses -- kept
-# as a strategy so that error stays measured (results/self_forcing_h100_vae_contig_serial.md).
+# as a strategy so that error stays measured (results/self_forcing/self_forcing_h100_vae_contig_serial.md).
 _VAE = {"vae.decoder": {"fullgraph": True, "dynamic": False}}
 STRATEGIES: dict[str, dict[str, Any]] = {
     "eager": dict(kind="static", attention="sdpa", compile=None),
@@ -215,8 +215,10 @@ def _main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--smoke", action="store_true", help="CPU, the tiny variant, eager backend, 1 run")
-    p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--out", default=common.results_dir("self_forcing"))
+    common.add_commit_argument(p)
     args = p.parse_args(argv)
+    common.measured_commit()  # refused before anything is measured where the commit cannot be known
     names = [s.strip() for s in args.strategies.split(",") if s.strip()]
     bad = [s for s in names if s not in STRATEGIES]
     if bad:

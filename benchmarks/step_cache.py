@@ -3,7 +3,7 @@
     python -m benchmarks.step_cache --model wan2.1-t2v-1.3b --weights random \
         --height 480 --width 832 --frames 81 --steps 30 --device cuda --gpu h100 \
         --method first_block:0.05 --method first_block:0.1 \
-        --method taylorseer:use_lite_mode=true,cache_interval=3 --out benchmarks/results
+        --method taylorseer:use_lite_mode=true,cache_interval=3
     python -m benchmarks.step_cache --smoke --out /tmp/step_cache     # wan2.1-tiny on CPU
 
 One process builds the model once (`magi_zoo.load` with the shipped spec for the card,
@@ -173,8 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpu", default="auto")
     p.add_argument("--backend", default=None, help="put every compiled region on this backend (e.g. eager)")
     p.add_argument("--smoke", action="store_true", help="wan2.1-tiny on CPU, 6 steps, eager backend: plumbing")
-    p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--out", default=common.results_dir("step_cache"))
+    common.add_commit_argument(p)
     args = p.parse_args(argv)
+    common.measured_commit()  # refused before anything is measured where the commit cannot be known
     if args.smoke:
         args.model, args.weights, args.device, args.gpu = "wan2.1-tiny", None, "cpu", "cpu"
         args.steps, args.backend = min(args.steps, 6), args.backend or "eager"

@@ -32,7 +32,7 @@ same) and `auto` is re-measured without them. Strategies (`--strategies`):
 Per row: median ms per step over --runs after --warmup steps (CUDA events), peak GiB allocated
 over the timed steps, first-step seconds (compile included), graph breaks and recompiles of
 the block regions (calibration compiles every auto option: those count there) and
-recompiles during the steps, the loss. Writes benchmarks/results/train_<model>[_<gpu>].json/.md.
+recompiles during the steps, the loss. Writes benchmarks/results/train/train_<model>[_<gpu>].json/.md.
 
 --fsdp: FSDP2 (`magi_zoo.train.shard`: recompute -> compile -> fully_shard per block, bf16
 params / fp32 reduce) with `auto` at --budget GiB per GPU; ms/step and peak per rank.
@@ -395,8 +395,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--smoke", action="store_true", help="tiny models on CPU, eager backend, 2 runs: plumbing")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)
     p.add_argument("--result-file", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--out", default=common.results_dir("train"))
+    common.add_commit_argument(p)
     args = p.parse_args(argv)
+    common.measured_commit()  # refused before anything is measured where the commit cannot be known
     if args.expandable_segments:  # before any CUDA work; the rows' / ranks' processes inherit it
         common.use_expandable_segments()
     if args.smoke:

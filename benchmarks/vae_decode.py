@@ -1,7 +1,7 @@
 """One eager VAE decode at a model's benchmark resolution: the number behind a spec's choice
 to keep its VAE eager (it runs once per image or video, against every denoising step).
 
-    python -m benchmarks.vae_decode --model flux.1-dev --device cuda --out benchmarks/results
+    python -m benchmarks.vae_decode --model flux.1-dev --device cuda
     python -m benchmarks.vae_decode --model flux-tiny --device cpu --out /tmp/r   # CPU smoke run
 
 Works for any zoo model whose pipeline has a `.vae` (Flux, Wan, BAGEL): random weights at
@@ -44,9 +44,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--frames", type=int, default=None, help="video VAEs only")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--runs", type=int, default=5)
-    p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--out", default=common.results_dir("vae_decode"))
+    common.add_commit_argument(p)
     argv = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(argv)
+    common.measured_commit()  # refused before anything is measured where the commit cannot be known
 
     import torch
 

@@ -232,3 +232,114 @@ def test_flop_count_failure_is_a_missing_column_not_a_failed_row():
         raise AssertionError("sdpa_flop_count: query/key/value shapes are incompatible")
 
     assert count_flops(broken) == (None, "AssertionError: sdpa_flop_count: query/key/value shapes are incompatible")
+
+
+# -- the commit a result measured -------------------------------------------------------------
+
+def _git(cwd, *args: str) -> str:
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",
+           "HOME": str(cwd), "PATH": __import__("os").environ["PATH"]}
+    return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch):
+    """A small git work tree standing in for the project: one tracked source file and one
+    tracked results file; $BENCH_COMMIT unset (and restored, whatever a test sets)."""
+    monkeypatch.setenv("BENCH_COMMIT", "")
+    root = tmp_path / "tree"
+    (root / "benchmarks" / "results").mkdir(parents=True)
+    (root / "code.py").write_text("x = 1\n")
+    (root / "benchmarks" / "results" / "r.json").write_text("{}\n")
+    _git(root, "init", "-q")
+    _git(root, "add", ".")
+    _git(root, "commit", "-q", "-m", "first")
+    return root
+
+
+def test_commit_is_read_from_git_with_a_dirty_flag(repo):
+    from benchmarks.common import measured_commit
+
+    head = _git(repo, "rev-parse", "HEAD")
+    assert measured_commit(root=repo) == {"commit": head, "commit_dirty": False, "commit_source": "git"}
+    (repo / "notes.txt").write_text("untracked: not part of what runs\n")
+    (repo / "benchmarks" / "results" / "r.json").write_text('{"rewritten": true}\n')  # a result just written
+    assert measured_commit(root=repo)["commit_dirty"] is False
+    (repo / "code.py").write_text("x = 2\n")  # a tracked file changed: the tree is not HEAD
+    assert measured_commit(root=repo) == {"commit": head, "commit_dirty": True, "commit_source": "git"}
+
+
+def test_a_given_commit_must_agree_with_git(repo, monkeypatch):
+    from benchmarks.common import CommitUnknown, measured_commit
+
+    head = _git(repo, "rev-parse", "HEAD")
+    assert measured_commit(head[:9], root=repo)["commit"] == head  # git's, in full
+    monkeypatch.setenv("BENCH_COMMIT", "0123456789ab")  # a stale value from another run
+    with pytest.raises(CommitUnknown, match=f"git says HEAD is {head[:12]}"):
+        measured_commit(root=repo)
+
+
+def test_without_git_a_result_needs_the_commit_given(tmp_path, monkeypatch):
+    from benchmarks import common
+
+    monkeypatch.setenv("BENCH_COMMIT", "")
+    tree = tmp_path / "copy"  # the tree as it travels to a GPU machine: no .git
+    tree.mkdir()
+    with pytest.raises(common.CommitUnknown, match="--commit SHA"):
+        common.measured_commit(root=tree)
+    for bad in ("HEAD", "placeholder", "abc"):
+        with pytest.raises(common.CommitUnknown, match="7-40 hex digits"):
+            common.measured_commit(bad, root=tree)
+    assert common.measured_commit("9c7ab6b", root=tree) == {"commit": "9c7ab6b", "commit_dirty": None,
+                                                            "commit_source": "given"}
+    # write_results refuses where nothing says the commit: no file is written
+    monkeypatch.setattr(common, "ROOT", tree)
+    with pytest.raises(common.CommitUnknown):
+        common.write_results(tmp_path / "out", "r", {"x": 1}, "# r")
+    assert not (tmp_path / "out").exists()
+    # --commit on a script's command line: recorded as given, and inherited by the processes it starts
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    common.add_commit_argument(parser)
+    assert parser.parse_args(["--commit", "9c7ab6b8b11a"]).commit == "9c7ab6b8b11a"
+    assert __import__("os").environ["BENCH_COMMIT"] == "9c7ab6b8b11a"
+    common.write_results(tmp_path / "out", "r", {"env": common.measured_commit()}, "# r")
+    assert json.loads((tmp_path / "out" / "r.json").read_text())["env"]["commit_source"] == "given"
+
+
+def test_a_copy_inside_another_repository_is_not_read_as_that_repository(repo, monkeypatch):
+    """A tree without .git placed inside some other work tree: git would answer with the
+    outer repository's HEAD, which is not the commit this tree is."""
+    from benchmarks.common import CommitUnknown, measured_commit
+
+    inner = repo / "copy_of_the_project"
+    inner.mkdir()
+    with pytest.raises(CommitUnknown, match="not a git work tree"):
+        measured_commit(root=inner)
+
+
+def test_every_results_writing_script_takes_the_commit_and_none_reads_the_variable_itself():
+    from pathlib import Path
+
+    from benchmarks import common
+
+    scripts = sorted(Path(common.ROOT, "benchmarks").glob("*.py"))
+    for path in scripts:
+        src = path.read_text()
+        if path.name == "common.py":
+            continue
+        assert "BENCH_COMMIT" not in src, f"{path.name}: the commit comes from common.measured_commit"
+        if "write_results(" in src or "publish(" in src:
+            assert "add_commit_argument" in src or "kernel_bench_start" in src, path.name
+            assert "results_dir(" in src or "kernel_bench_start" in src, f"{path.name}: --out defaults to its topic"
+
+
+def test_model_topics_name_the_results_folders():
+    from benchmarks.common import RESULTS, model_topic, results_dir
+
+    assert model_topic("wan2.1-i2v-14b-480p") == "wan2.1-i2v-14b" and model_topic("flux.1-dev") == "flux"
+    assert model_topic("wan2.1-tiny") == "wan2.1-tiny"
+    for model in ("wan2.1-t2v-1.3b", "wan2.1-i2v-14b-480p", "flux.1-dev", "bagel-7b-mot", "qwen3-omni-30b-a3b"):
+        assert results_dir(model_topic(model)).is_dir(), model  # where its committed results are
+    assert not [p for p in RESULTS.iterdir() if p.is_file()]  # every result lies in a topic folder
