@@ -73,13 +73,13 @@ def register_custom_op(
     def decorator(fn: Callable) -> Callable:
         existing = _REGISTRY.get(qualname)
         if existing is not None:
-            if getattr(existing.op, "_magi_fn_qualname", None) == f"{fn.__module__}.{fn.__qualname__}":
+            if getattr(existing.op, "_magi_zoo_fn_qualname", None) == f"{fn.__module__}.{fn.__qualname__}":
                 return existing.op
             raise ValueError(f"custom op {qualname!r} is already registered by another function")
         op = torch.library.custom_op(qualname, mutates_args=mutates_args)(fn)
         if fake is not None:
             op.register_fake(fake)
-        op._magi_fn_qualname = f"{fn.__module__}.{fn.__qualname__}"
+        op._magi_zoo_fn_qualname = f"{fn.__module__}.{fn.__qualname__}"
         _REGISTRY[qualname] = CustomOpInfo(qualname, op, is_compute_sensitive, is_subgraph_boundary)
         return op
 

@@ -570,9 +570,9 @@ def test_fa3_bagel_tiny_matches_native_on_cuda():
 # -- transformers' attention layers (Qwen3-Omni) -------------------------------------------
 
 def _qwen_text_layers(h):
-    from magi_zoo.engine.attention import _transformers_layers
+    from magi_zoo.engine.attention import transformers_layers
 
-    return [m for m in _transformers_layers(h.modules["thinker"]) if type(m).__name__.endswith("TextAttention")]
+    return [m for m in transformers_layers(h.modules["thinker"]) if type(m).__name__.endswith("TextAttention")]
 
 
 def test_transformers_layers_get_their_own_config_and_undo():
@@ -678,9 +678,9 @@ def test_auto_maps_a_choice_transformers_layers_cannot_take_to_native():
     # a profile whose first auto choice is a diffusers-only kernel (SDPA's cuDNN)
     profile = GpuProfile(name="cudnn-first", device="cpu", memory_gib=16, bf16=False,
                          attention_backends=("cudnn", "native"))
-    from magi_zoo.engine.attention import _auto
+    from magi_zoo.engine.attention import auto_backend
 
-    assert _auto(profile)[0] == "cudnn"  # what auto picks: diffusers' layers would take it
+    assert auto_backend(profile)[0] == "cudnn"  # what auto picks: diffusers' layers would take it
     rep = magi_zoo.apply(h.modules, {"compile": {"": False}, "attention": {"Qwen3OmniMoeThinkerTextModel": "auto"}},
                          gpu=profile)
     assert "sdpa (transformers) on Qwen3OmniMoeThinkerTextModel" in rep.step("attention").did
@@ -692,9 +692,9 @@ def test_auto_gives_transformers_layers_native_when_only_the_official_fa3_is_ins
     # transformers' layers call the fa3-fwd wheel's op: without the wheel they get SDPA, with
     # one warning naming the wheel -- not an error halfway through apply.
     monkeypatch.setattr(fa3, "_official_fa3", lambda: True)
-    from magi_zoo.engine.attention import _auto
+    from magi_zoo.engine.attention import auto_backend
 
-    assert _auto(FA3_FIRST)[0] == "fa3"
+    assert auto_backend(FA3_FIRST)[0] == "fa3"
     h = magi_zoo.load("qwen3-omni-tiny", gpu="cpu", compile=False)
     with pytest.warns(RuntimeWarning, match="uses 'native' instead of 'fa3'.*fa3-fwd") as caught:
         rep = magi_zoo.apply(h.modules, {"compile": {"": False},

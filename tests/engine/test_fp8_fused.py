@@ -11,9 +11,8 @@ import torch.nn.functional as F
 
 import magi_zoo
 from magi_zoo.engine import remove
-from magi_zoo.engine import precision as precision_mod
 from magi_zoo.engine.kernels import fp8_quant
-from magi_zoo.engine.precision import Fp8Linear, _rowwise_fp8
+from magi_zoo.engine.precision import Fp8Linear, rowwise_fp8
 
 CPU_FP8 = magi_zoo.get_profile("cpu").model_copy(update={"fp8": True})
 
@@ -30,12 +29,12 @@ def test_op_is_the_rowwise_quantization_of_the_concatenated_gelu():
     g = torch.Generator().manual_seed(0)
     a, b, bias = torch.randn(7, 48, generator=g), torch.randn(7, 80, generator=g), torch.randn(80, generator=g)
     q, s = fp8_quant.rowwise_fp8_gelu_cat(a, b, None, bias, False, True)
-    want_q, want_s = _rowwise_fp8(torch.cat([a, F.gelu(b + bias, approximate="tanh")], dim=-1))
+    want_q, want_s = rowwise_fp8(torch.cat([a, F.gelu(b + bias, approximate="tanh")], dim=-1))
     assert q.dtype == torch.float8_e4m3fn and q.shape == (7, 128) and s.shape == (7, 1)
     torch.testing.assert_close(s, want_s)
     torch.testing.assert_close(_deq(q, s), _deq(want_q, want_s), rtol=0, atol=0)
     q1, s1 = fp8_quant.rowwise_fp8_gelu_cat(b, None, bias, None, True, False)  # one part
-    w1, ws1 = _rowwise_fp8(F.gelu(b + bias, approximate="tanh"))
+    w1, ws1 = rowwise_fp8(F.gelu(b + bias, approximate="tanh"))
     torch.testing.assert_close(_deq(q1, s1), _deq(w1, ws1), rtol=0, atol=0)
 
 
@@ -71,7 +70,7 @@ def test_flux_fp8_fuses_feedforward_gelu_and_single_block_proj_out(monkeypatch):
     assert "GELU of the input fused" in repr(blocks.transformer_blocks[0].ff)  # the fused module prints
     calls = []
     real = fp8_quant.rowwise_fp8_gelu_cat
-    monkeypatch.setattr(precision_mod.fp8_quant, "rowwise_fp8_gelu_cat",
+    monkeypatch.setattr(fp8_quant, "rowwise_fp8_gelu_cat",
                         lambda *a: calls.append(a[1] is not None) or real(*a))
     fused = _forward(h)
     # per double block: ff and ff_context (one part each); per single block: proj_out in two parts

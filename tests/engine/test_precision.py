@@ -11,7 +11,8 @@ import torch.nn as nn
 import magi_zoo
 from magi_zoo.engine import counters, remove
 from magi_zoo.engine.precision import Fp8Linear, reference_linear
-from magi_zoo.specs import PlanLayer, with_precision
+from magi_zoo.overrides import with_precision
+from magi_zoo.specs import PlanLayer
 
 # The CPU profile with fp8 switched on: the step's checks pass and its ops run on the CPU.
 CPU_FP8 = magi_zoo.get_profile("cpu").model_copy(update={"fp8": True})
@@ -87,9 +88,9 @@ def test_fp8_attention_takes_fa3_for_layers_nobody_chose_a_backend_for(wan, monk
     from magi_zoo.engine import attention as att
     from magi_zoo.engine.kernels import fa3
 
-    monkeypatch.setattr(att, "_unavailable", lambda name, profile: None)
+    monkeypatch.setattr(att, "unavailable_reason", lambda name, profile: None)
     monkeypatch.setattr(fa3, "register_fp8", lambda: "fp8-slot")
-    procs = att._processors(wan.pipe.transformer)
+    procs = att.processors(wan.pipe.transformer)
     assert procs and all(p._attention_backend is None for p in procs)
     layers = with_precision([("model default", PlanLayer(precision={"WanTransformerBlock": "bf16"},
                                                          compile={"": False}))], "fp8")

@@ -23,6 +23,10 @@ MAX_LINES = 500
 FOREIGN_PRIVATE_ALLOWED: dict[str, str] = {
     "_getframe": "CPython's sys._getframe: the caller's frame for graph-break locations (no public "
                  "equivalent short of inspect.currentframe, which is the same call)",
+    "_flash_attn_forward": "the fa3-fwd wheel's forward op, read in one place (engine/kernels/fa3.py, "
+                           "wheel_forward): the public flash_attn_func wraps it in an autograd.Function whose "
+                           "backward calls a kernel this forward-only build lacks (the engine pairs the op with "
+                           "cuDNN's backward instead), and takes no seqused_k (Self-Forcing's KV-cache prefix)",
 }
 LAZY_TAG = "# lazy:"  # a function-level import says why it is not at the top of its module
 

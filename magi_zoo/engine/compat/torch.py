@@ -7,8 +7,22 @@ code degrades to a smaller report rather than failing.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import sys
 from typing import Any
 
+import torch
+import torch._dynamo
+import torch._inductor.config as _inductor_config
+from torch._guards import TracingContext
+from torch._logging._internal import trace_log
+from torch.utils import _pytree
+
+try:  # Why private: the options a compile mode stands for (inductor_mode_options below).
+    from torch._inductor import list_mode_options as _list_mode_options
+except ImportError:  # pragma: no cover - other torch
+    _list_mode_options = None
 
 # Why private: dynamo's counters are the only record of graphs, graph breaks and their
 # reasons; torch's own tests read them the same way. There is no public equivalent.
@@ -68,11 +82,6 @@ def structured_trace(handler: "logging.Handler"):
     process (TORCH_TRACE is read once at import), so we attach a handler for the call.
     Same logger and record shape on torch 2.11 and 2.13.
     """
-    import contextlib
-    import logging
-
-    from torch._logging._internal import trace_log
-
     @contextlib.contextmanager
     def _cm():
         old_level = trace_log.level
@@ -96,14 +105,10 @@ def graph_break_in_flight() -> tuple[list[Any], BaseException | None]:
     (what its own message prints); otherwise `torch._guards.TracingContext.extract_stack()`
     is where dynamo itself reads it. Reading the structured stack avoids parsing the text.
     """
-    import sys
-
     exc = sys.exc_info()[1]
     stack = getattr(exc, "real_stack", None)
     if not stack:
         try:
-            from torch._guards import TracingContext
-
             stack = TracingContext.extract_stack()
         except Exception:  # pragma: no cover - no tracing context
             stack = []
@@ -128,8 +133,6 @@ def mark_static_address(tensor: Any) -> None:
     dynamo itself, a cache handed over as an argument needs `torch._dynamo.mark_static_address`,
     which has no public equivalent in torch.compiler (2.11-2.13). guard=False: no recompile
     if the address changes (CUDA graphs re-record instead)."""
-    import torch._dynamo
-
     torch._dynamo.mark_static_address(tensor, guard=False)
 
 
@@ -138,30 +141,121 @@ def inductor_mode_options(mode: str, dynamic: bool | None) -> dict[str, Any] | N
     """The inductor config a `torch.compile(mode=...)` stands for, or None when this torch
     cannot say. Why private: `torch._inductor.list_mode_options` is where torch.compile itself
     turns a mode into options; needed to add options to a mode (torch.compile forbids both)."""
-    try:
-        from torch._inductor import list_mode_options
-    except ImportError:  # pragma: no cover - other torch
+    if _list_mode_options is None:  # pragma: no cover - other torch
         return None
-    return dict(list_mode_options(mode, dynamic))
+    return dict(_list_mode_options(mode, dynamic))
 
 
 def inductor_has_option(name: str) -> bool:
     """Whether this torch's inductor config has `name` (e.g. custom_should_partition_ops,
     added after graph partitioning). Why private: inductor's config module is its only record."""
-    import torch._inductor.config as config
-
-    return hasattr(config, name)
+    return hasattr(_inductor_config, name)
 
 
 def tree_flatten(tree: Any) -> tuple[list[Any], Any]:
     """torch's pytree flatten (leaves, spec): it opens tuples, lists, dicts and the output
     classes diffusers and transformers register (their outputs are pytree nodes)."""
-    from torch.utils import _pytree
-
     return _pytree.tree_flatten(tree)
 
 
 def tree_unflatten(leaves: list[Any], spec: Any) -> Any:
-    from torch.utils import _pytree
-
     return _pytree.tree_unflatten(leaves, spec)
+
+
+# -- kernels: fp8 matmul, GEMM epilogue, attention backward (engine/precision, engine/kernels) ----------
+
+def scaled_mm(a: Any, b: Any, *, scale_a: Any, scale_b: Any, out_dtype: Any, use_fast_accum: bool = False) -> Any:
+    """a @ b for float8 operands with fp32 scales (row-wise here: a's per row, b's per column),
+    accumulated in fp32 and written in `out_dtype`. Why private: `torch._scaled_mm` is the fp8 GEMM
+    torchao and inductor call; the public `torch.nn.functional.scaled_mm` (newer torch) spells its
+    scaling recipe with `F._ScalingType`, itself private. checked on: torch 2.11, 2.13"""
+    return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype, use_fast_accum=use_fast_accum)
+
+
+def addmm_gelu(bias: Any, x: Any, weight_t: Any) -> Any:
+    """gelu(x @ weight_t + bias) as one cuBLASLt GEMM with the bias and GELU in its epilogue (on CUDA
+    the tanh GELU: engine/kernels/gelu_linear.py). Why private: `torch._addmm_activation` is the only
+    entry to cuBLASLt's epilogue; inductor does not move a GELU there. checked on: torch 2.11, 2.13"""
+    return torch._addmm_activation(bias, x, weight_t, use_gelu=True)
+
+
+def cudnn_attention_backward(grad_out: Any, query: Any, key: Any, value: Any, out: Any, lse: Any, philox_seed: Any,
+                             philox_offset: Any, max_q: int, max_k: int, causal: bool, scale: float) -> tuple:
+    """(dq, dk, dv) from cuDNN's fused attention backward, all (B, H, S, D), given the forward's
+    output and its log-sum-exp (B, H, S, 1); no mask, no dropout. Why private:
+    `aten._scaled_dot_product_cudnn_attention_backward` is what SDPA's cuDNN backend runs for its
+    backward; no public op takes an output and LSE computed by another kernel. checked on: torch 2.11, 2.13"""
+    return torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
+        grad_out, query, key, value, out, lse, philox_seed, philox_offset, None, None, None, max_q, max_k, 0.0,
+        causal, scale=scale)
+
+
+# -- recompute: pytree leaves, the dispatch-mode base class, checkpoint's hooks flag ------------
+# (imported here, with the section that uses them: torch has imported these modules itself)
+import inspect  # noqa: E402
+from typing import Callable  # noqa: E402
+
+from torch.utils import _pytree  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402, F401
+from torch.utils.checkpoint import checkpoint as _checkpoint  # noqa: E402
+
+# `TorchDispatchMode`: the base class of a mode that sees every aten op as it dispatches
+# (subclass it, define `__torch_dispatch__`, enter it with `with`): recompute's op recorder
+# measures each op, adapters/fast_init splits large random fills. Why private: torch documents
+# dispatch modes but ships the class only in `torch.utils._python_dispatch`.
+# checked on: torch 2.11, 2.13.
+
+
+def tree_leaves(tree: Any) -> list[Any]:
+    """The leaves of a pytree, in order (tuples, lists, dicts and registered output classes
+    opened). Why private: `torch.utils._pytree` is how torch walks op arguments and outputs
+    (what a dispatch mode receives); no public module exports it. checked on: torch 2.11, 2.13."""
+    return _pytree.tree_leaves(tree)
+
+
+def tree_map(fn: Callable[[Any], Any], tree: Any) -> Any:
+    """`tree` with every leaf replaced by `fn(leaf)`, same structure. Why private: as
+    `tree_leaves`. checked on: torch 2.11, 2.13."""
+    return _pytree.tree_map(fn, tree)
+
+
+def _names_parameter(fn: Callable, name: str) -> bool:
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # pragma: no cover - a builtin without a signature
+        return False
+
+
+# Decided once, at import: a signature does not change while the process runs.
+_CHECKPOINT_HOOKS_KWARGS: dict[str, bool] = (
+    {"respect_saved_tensors_hooks": False}
+    if _names_parameter(_checkpoint, "respect_saved_tensors_hooks") else {})
+
+
+def checkpoint_hooks_kwargs() -> dict[str, bool]:
+    """Keyword arguments for `torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`
+    that keep today's behaviour under a surrounding `saved_tensors_hooks`: the outputs a
+    selective checkpoint keeps bypass the hooks (recompute's `measure_options` relies on it:
+    its pack hook sees what autograd saves, and `options` adds the eager selective outputs
+    from the profile).
+
+    Why here (version compat, not a private name): torch 2.14 added the tri-state
+    `respect_saved_tensors_hooks` to `checkpoint` -- None (its default) keeps that behaviour
+    but warns (FutureWarning) whenever a hook is in scope, and later releases make None an
+    error, then flip the default to True; False is the same behaviour, silently, and a
+    no-op for a plain (non-selective) checkpoint and under torch.compile. Passed only where
+    this torch's `checkpoint` names the parameter: before 2.14 its `**kwargs` would hand
+    the flag to the checkpointed function. `create_selective_checkpoint_contexts` takes no
+    such parameter. checked on: torch 2.13 (absent: nothing passed); 2.14 from its release
+    notes and pytorch#191236, the rollout's tracking issue (present: False passed)."""
+    return dict(_CHECKPOINT_HOOKS_KWARGS)
+
+
+# -- adapters: Flux ----------------------------------------------------------------------------
+
+def module_has_forward_hooks(module: Any) -> bool:
+    """Whether `module` has forward or forward-pre hooks of its own (an offload or a parallel hook
+    wraps its call: its weight may then not be used directly). Why private: `nn.Module` keeps them
+    in `_forward_hooks` / `_forward_pre_hooks` and has no public way to list them.
+    checked on: torch 2.11, 2.13"""
+    return bool(module._forward_pre_hooks or module._forward_hooks)

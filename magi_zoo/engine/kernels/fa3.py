@@ -48,6 +48,8 @@ from typing import Any
 
 import torch
 
+from ..compat import diffusers as diffusers_compat
+from ..compat import torch as torch_compat
 from ..custom_ops import register_custom_op
 
 NAME = "fa3"
@@ -55,21 +57,29 @@ MODULE = "fa3_fwd_interface"  # what the fa3-fwd wheel installs
 EXTRA = "hopper"
 INSTALL = f"pip install 'magi-zoo[{EXTRA}]'"
 
-# The kernel's forward op, set by `register()`: `fa3_fwd_interface._flash_attn_forward`, the
-# custom op `fa3_fwd::_flash_attn_forward` (q, k, v, ..., softmax_scale=, causal=) ->
+# The kernel's forward op, set by `register()` from `wheel_forward()`: the custom op
+# `fa3_fwd::_flash_attn_forward` (q, k, v, ..., softmax_scale=, causal=) ->
 # (out (B, S, H, D), softmax_lse (B, H, S) fp32, out_accum, lse_accum).
 _forward: Any = None
 
 
 def _official_fa3() -> bool:
     """Whether diffusers' own ``_flash_3`` entry works (official ``flash_attn_interface``)."""
-    from diffusers.models import attention_dispatch as ad
-
-    return bool(getattr(ad, "_CAN_USE_FLASH_ATTN_3", False))
+    return diffusers_compat.official_fa3_available()
 
 
 def _import_kernel():
     return importlib.import_module(MODULE)
+
+
+def wheel_forward():
+    """The fa3-fwd wheel's forward op, ``fa3_fwd_interface._flash_attn_forward`` (raises ImportError
+    when the wheel does not load; `missing_reason()` says why first). Why that private function: it is
+    the wheel's ``torch.library`` custom op with a fake implementation (dynamo records one opaque node)
+    and takes ``seqused_k`` (Self-Forcing's KV-cache prefix); the public ``flash_attn_func`` wraps it in
+    an `autograd.Function` whose backward calls a kernel this forward-only build lacks (training pairs
+    this op with cuDNN's backward instead, below) and has no ``seqused_k``."""
+    return _import_kernel()._flash_attn_forward
 
 
 def missing_reason() -> str | None:
@@ -118,24 +128,21 @@ def _load_forward() -> None:
     why = _wheel_missing_reason()
     if why is not None:
         raise RuntimeError(f"attention backend {NAME!r}: {why}; or choose backend='native'")
-    _forward = _import_kernel()._flash_attn_forward
+    _forward = wheel_forward()
 
 
 def register():
     """Make diffusers' ``_FLASH_3`` dispatch to FA3 and return that member. Idempotent.
     Raises RuntimeError naming the extra when the kernel is missing."""
-    from diffusers.models import attention_dispatch as ad
-
-    member = ad.AttentionBackendName._FLASH_3
+    member = diffusers_compat.fa3_member()
     if _official_fa3():
         return member
     _load_forward()
-    if ad._AttentionBackendRegistry._backends.get(member) is not fa3_attention:
+    if diffusers_compat.registered_backend(member) is not fa3_attention:
         # The constraints run only with DIFFUSERS_ATTN_CHECKS=1 (diffusers' debug checks);
         # the refusals that matter are in `fa3_attention` itself, which always runs them.
-        ad._AttentionBackendRegistry.register(
-            member, constraints=[ad._check_device_cuda, ad._check_qkv_dtype_bf16, ad._check_shape],
-        )(fa3_attention)
+        diffusers_compat.register_backend(member, fa3_attention,
+                                          constraints=diffusers_compat.fa3_constraints(bf16_only=True))
     return member
 
 
@@ -219,9 +226,9 @@ def attention_backward(grad_out, query, key, value, out, lse, scale: float, caus
         t = lambda x: x.transpose(1, 2)  # noqa: E731 -- cuDNN takes (B, H, S, D) views
         # unused without dropout, but part of the op's signature (SDPA passes its own)
         philox = torch.empty((), dtype=torch.int64, device=query.device)
-        dq, dk, dv = torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
+        dq, dk, dv = torch_compat.cudnn_attention_backward(
             t(grad_out.contiguous()), t(query), t(key), t(value), t(out), lse.unsqueeze(-1), philox, philox,
-            None, None, None, query.shape[1], key.shape[1], 0.0, causal, scale=scale)
+            query.shape[1], key.shape[1], causal, scale)
         return t(dq), t(dk), t(dv)
     return reference_backward(grad_out, query, key, value, out, lse, scale, causal)
 
@@ -263,7 +270,7 @@ fa3_attention_trainable.register_autograd(_backward, setup_context=_setup_contex
 # -- fp8 attention -----------------------------------------------------------------------------
 #
 # FA3 runs QK^T and PV in float8 e4m3 when q, k, v are fp8 and one descale per (batch, head)
-# is passed. One scale per *tensor* costs 5.4e-2 relative error per call (DESIGN.md §6);
+# is passed. One scale per *tensor* costs 5.4e-2 relative error per call (docs/precision.md);
 # two exact rewrites make the per-head scales fine enough:
 # - K smoothing (SageAttention): softmax(q.(k_j - m)) = softmax(q.k_j) for any m shared by all
 #   keys, so K minus its mean over tokens attends identically while its range (what the
@@ -276,12 +283,11 @@ fa3_attention_trainable.register_autograd(_backward, setup_context=_setup_contex
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 _FP8_EPS = 1e-12
 
-# The diffusers member whose registry slot carries fp8 FA3. `AttentionBackendName` cannot gain
-# members; ``_FLASH_3_HUB`` means "FlashAttention-3 fetched from the kernels hub at run time",
-# which this project never does (no network at run time). It is taken only when diffusers'
-# own hub path cannot run here (the `kernels` package is absent), so a working library
-# backend is never replaced.
-FP8_SLOT = "_FLASH_3_HUB"
+# The diffusers member whose registry slot carries fp8 FA3 (`diffusers_compat.fa3_hub_member()`).
+# `AttentionBackendName` cannot gain members; ``_FLASH_3_HUB`` means "FlashAttention-3 fetched
+# from the kernels hub at run time", which this project never does (no network at run time). It
+# is taken only when diffusers' own hub path cannot run here (the `kernels` package is absent),
+# so a working library backend is never replaced.
 
 
 def quantize_per_head(x: torch.Tensor, *, smooth: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -346,12 +352,11 @@ def fa3_fp8_attention(
 def register_fp8():
     """Make diffusers' ``_FLASH_3_HUB`` slot dispatch to `fa3_fp8_attention` and return that
     member. Idempotent. Raises when the fa3 kernel is missing or the slot is in use."""
-    from diffusers.models import attention_dispatch as ad
-
-    member = getattr(ad.AttentionBackendName, FP8_SLOT)
-    if ad._AttentionBackendRegistry._backends.get(member) is fa3_fp8_attention:
+    member = diffusers_compat.fa3_hub_member()
+    if diffusers_compat.registered_backend(member) is fa3_fp8_attention:
         return member
     try:
+        # lazy: diffusers is heavy; `import magi_zoo` never imports it
         from diffusers.utils import is_kernels_available
     except ImportError:  # pragma: no cover - other diffusers versions
         is_kernels_available = lambda: False  # noqa: E731
@@ -364,11 +369,11 @@ def register_fp8():
         register()  # sets _forward, or raises naming the extra
     elif _forward is None:  # diffusers' official FA3 serves _flash_3; fp8 needs fa3-fwd's op
         try:
-            _forward = _import_kernel()._flash_attn_forward
+            _forward = wheel_forward()
         except Exception as e:
             raise RuntimeError(f"fp8 attention needs the fa3-fwd kernel ({INSTALL}): {e}") from e
-    ad._AttentionBackendRegistry.register(member, constraints=[ad._check_device_cuda, ad._check_shape])(
-        fa3_fp8_attention)
+    diffusers_compat.register_backend(member, fa3_fp8_attention,
+                                      constraints=diffusers_compat.fa3_constraints(bf16_only=False))
     return member
 
 
@@ -377,7 +382,7 @@ def register_fp8():
 # with q (B, H, S, D), k/v (B, H_kv, S_k, D), a mask (or None) and flags. The engine registers
 # this function under TRANSFORMERS_NAME (no "flash" in it: transformers would then hand the
 # encoders flash-attn's varlen arguments; without it they call per chunk, unmasked) and gives a
-# layer a config copy naming it (engine/attention.py). FA3 serves the calls it computes exactly
+# layer a config copy naming it (engine/attention/). FA3 serves the calls it computes exactly
 # as SDPA would; every other call is transformers' own SDPA function, so the layer's semantics
 # never depend on the backend.
 TRANSFORMERS_NAME = "magi_zoo_fa3"
@@ -413,6 +418,7 @@ def transformers_attention(module, query: torch.Tensor, key: torch.Tensor, value
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     causal = causal and query.shape[2] > 1  # one query token attends every cached key (SDPA's rule too)
     if not serves(query, key, attention_mask, dropout, causal, kwargs):
+        # lazy: transformers is heavy; `import magi_zoo` never imports it
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
@@ -425,7 +431,7 @@ def register_transformers() -> str:
     """Register `transformers_attention` in transformers' attention interface (idempotent) and
     load the kernel it calls; returns the implementation name. Raises RuntimeError naming the
     extra when the kernel is missing."""
-    from transformers import AttentionInterface
+    from transformers import AttentionInterface  # lazy: transformers is heavy; only a transformers model asks
 
     _load_forward()
     AttentionInterface.register(TRANSFORMERS_NAME, transformers_attention)

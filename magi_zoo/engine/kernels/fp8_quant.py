@@ -77,8 +77,9 @@ def rowwise_fp8_gelu_cat(a: torch.Tensor, b: torch.Tensor | None, bias_a: torch.
 # kernel is checked on a GPU (tests/test_fp8_fused.py).
 @functools.cache
 def _kernel():
+    # lazy: triton is optional (CPU builds of torch lack it) and costly; built on first CUDA call
     import triton
-    import triton.language as tl
+    import triton.language as tl  # lazy: with triton, above
 
     @triton.jit
     def _gelu(x):
@@ -127,6 +128,7 @@ def _split_row(a: torch.Tensor, bias: torch.Tensor | None, gelu: bool):
     8,960 columns (Wan-1.3B's FFN) take 8,192 + 1,024 registers per row instead of 16,384 --
     fewer wasted registers, more rows in flight per SM. Kept whole where splitting saves nothing
     (13,824 = 8,192 + 5,632 pads to 16,384 either way)."""
+    # lazy: triton is optional (CPU builds of torch lack it) and costly; built on first CUDA call
     import triton
 
     k = a.shape[1]
@@ -138,6 +140,7 @@ def _split_row(a: torch.Tensor, bias: torch.Tensor | None, gelu: bool):
 
 
 def _launch(a: torch.Tensor, b: torch.Tensor | None, bias_a, bias_b, gelu_a: bool, gelu_b: bool):
+    # lazy: triton is optional (CPU builds of torch lack it) and costly; built on first CUDA call
     import triton
 
     a = a if a.stride(-1) == 1 else a.contiguous()

@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..compat import torch as torch_compat
 from ..custom_ops import register_custom_op
 
 
@@ -52,7 +53,7 @@ def linear_gelu_tanh(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
         raise ValueError(f"linear_gelu_tanh takes x (M, K) and weight (N, K); got {tuple(x.shape)} and "
                          f"{tuple(weight.shape)}")
     if _epilogue_ok(x, weight, bias):
-        return torch._addmm_activation(bias, x, weight.t(), use_gelu=True)
+        return torch_compat.addmm_gelu(bias, x, weight.t())
     return reference(x, weight, bias)
 
 

@@ -86,8 +86,9 @@ def rms_norm_rope(x: torch.Tensor, weight: torch.Tensor | None, eps: float, cos:
 @functools.cache
 def _kernel():
     """The Triton kernel, built on first use (importing this module needs no triton)."""
+    # lazy: triton is optional (CPU builds of torch lack it) and costly; built on first CUDA call
     import triton
-    import triton.language as tl
+    import triton.language as tl  # lazy: with triton, above
 
     @track  # its compiled files travel in the compile cache (triton_bundle)
     @triton.jit
@@ -116,6 +117,7 @@ def _kernel():
 
 
 def _launch(x, weight, eps, cos, sin, heads):
+    # lazy: triton is optional (CPU builds of torch lack it) and costly; built on first CUDA call
     import triton
 
     b, s, n = x.shape
@@ -218,8 +220,9 @@ def rms_norm_rope_heads(x: torch.Tensor, weight: torch.Tensor | None, prefix: to
 def _heads_kernel():
     """The per-head kernel, built on first use. A program takes UNITS (token, head) rows of D
     channels, as (UNITS, D / 2, 2) pairs; a row's token t < T is read from the prefix, else from x."""
+    # lazy: triton is optional (CPU builds of torch lack it) and costly; built on first CUDA call
     import triton
-    import triton.language as tl
+    import triton.language as tl  # lazy: with triton, above
 
     @track  # its compiled files travel in the compile cache (triton_bundle)
     @triton.jit
@@ -264,6 +267,7 @@ def _heads_kernel():
 
 
 def _launch_heads(x, weight, prefix, prefix_weight, eps, cos, sin, units: int | None = None, warps: int = 2):
+    # lazy: triton is optional (CPU builds of torch lack it) and costly; built on first CUDA call
     import triton
 
     b, s, h, d = x.shape

@@ -42,9 +42,11 @@ def _cache_root(import_triton: bool = False) -> Path | None:
         if not import_triton:
             return None
         try:
+            # lazy: triton is optional (CPU builds of torch lack it); asked only when restoring
             import triton  # noqa: F401
         except ImportError:  # a CPU build of torch: no kernel of ours can run here
             return None
+    # lazy: triton is optional (CPU builds lack it); imported above or by a kernel already
     from triton import knobs  # every triton torch>=2.11 installs has it
 
     root = knobs.cache.dir
@@ -67,7 +69,7 @@ def _module_file(function) -> Path | None:
 def _driver_utils():
     """Triton's CUDA driver helpers (a C module it compiles once per cache), if loaded."""
     try:
-        from triton.runtime import driver
+        from triton.runtime import driver  # lazy: triton is optional; a kernel of ours ran, so it loaded
 
         return getattr(driver.active, "utils", None)
     except Exception:  # no GPU driver here: none of our kernels ran either

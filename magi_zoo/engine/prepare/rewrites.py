@@ -1,29 +1,12 @@
-"""Adapter graph preparation: model-specific changes that make a module tree compile well
-(same values, better graphs), declared by the adapter and applied as the first step.
-
-Examples: giving the first of a stack of repeated blocks the same input layout as the
-others (one compile instead of two), or splitting one `forward` into named methods that
-the plan can compile differently (a prompt-length prefill and a fixed-shape decode step).
-They run before the plan is resolved, because a plan key may name a method they add.
-"""
+"""The tree rewrites adapters' preparations are made of: an instance `forward` per module (a method
+dynamo traces in place of the class's), and a processor class swapped in for another (the same
+state, a forward that fuses more). Each returns the undo that restores the tree exactly."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Callable
 
 import torch.nn as nn
-
-from .steps import StepRecord, chain_undo
-
-
-@dataclasses.dataclass(frozen=True)
-class Preparation:
-    """One declared preparation. `install(root)` changes the tree and returns its undo."""
-
-    name: str
-    why: str
-    install: Callable[[nn.Module], Callable[[], None]]
 
 
 def instance_forwards(modules, make: Callable[[nn.Module], Callable]) -> Callable[[], None]:
@@ -68,17 +51,3 @@ def swap_processors(transformers, base: type, cls: type) -> Callable[[], None]:
             m.processor = proc
 
     return undo
-
-
-def prepare(root: nn.Module, preparations: list[Preparation]) -> StepRecord:
-    """Install every preparation (the `prepare` step); the record's undo removes them."""
-    undos, done = [], []
-    try:
-        for p in preparations:
-            undos.append(p.install(root))
-            done.append(p.name)
-    except BaseException:
-        chain_undo(undos)()
-        raise
-    did = "; ".join(f"{p.name}: {p.why}" for p in preparations) if preparations else "none declared"
-    return StepRecord("prepare", did, chain_undo(undos), {"preparations": done})

@@ -1,0 +1,104 @@
+"""Kernel fusions the precision step installs in bf16 and fp8 regions alike (same function, fewer
+passes over memory): the GELU in a GEMM's epilogue (``gelu_epilogue``: `GeluLinear`, and a mark on
+bare activations), and the q/k RMSNorm + rotary embedding in one pass (``fuse_norm_rope``: a mark
+on the norms). A mark is a flag on a module that an adapter's forward (or processor) reads: only
+the adapter knows which linear feeds a bare activation, or which norm pairs with which rope.
+Every change is appended to the step's undo list as (parent, name, prior module or None: a mark).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from ..kernels import gelu_linear
+
+# Set on a bare GELU(tanh) activation module (nn.GELU) by the precision step: "the linear that
+# feeds you may run you in its epilogue". Only an adapter knows which linear feeds a bare
+# activation (Flux's single blocks: proj_mlp -> act_mlp), so its forward reads the mark.
+GELU_EPILOGUE_MARK = "gelu_epilogue"
+# Set on an attention layer's q/k nn.RMSNorms (fuse_norm_rope) that its processor names in
+# FUSES_NORM_ROPE: "your output may be computed with the rotary embedding that follows in one
+# pass" -- only the processor knows the pairing (Wan's and Flux's, installed by their adapters).
+NORM_ROPE_MARK = "norm_rope_fusion"
+
+
+def marked_norm(norm, width: int) -> bool:
+    """Whether `norm` is an nn.RMSNorm over `width` channels that the precision step marked for
+    the norm + rope fusion (NORM_ROPE_MARK): what an adapter's processor checks before fusing."""
+    return (isinstance(norm, nn.RMSNorm) and bool(getattr(norm, NORM_ROPE_MARK, False))
+            and tuple(norm.normalized_shape) == (width,))
+
+
+class GeluLinear(nn.Module):
+    """diffusers' `GELU` module (a linear `proj`, then the tanh GELU) as one
+    `magi_zoo::linear_gelu_tanh` call. It holds the same `proj`, so state-dict keys do not change."""
+
+    def __init__(self, act: nn.Module):
+        super().__init__()
+        self.proj = act.proj
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return gelu_linear.apply(hidden_states, self.proj)
+
+
+def _is_tanh_gelu_module(m: nn.Module) -> bool:
+    """diffusers' GELU (proj + tanh GELU) over a plain bf16-able linear with a bias."""
+    proj = getattr(m, "proj", None)
+    return (type(m).__name__ == "GELU" and getattr(m, "approximate", None) == "tanh"
+            and type(proj) is nn.Linear and proj.bias is not None)
+
+
+def gelu_epilogues(root: nn.Module, epilogues: list) -> tuple[int, int]:
+    """Under `root`: swap every diffusers GELU(tanh) module over a plain linear for a `GeluLinear`
+    (an fp8 up projection is not one: `fuse_gelu` handles those), and mark every bare
+    `nn.GELU(approximate="tanh")` for an adapter's forward (GELU_EPILOGUE_MARK). Appends the
+    undo entries; returns (modules swapped, activations marked)."""
+    swapped = 0
+    marked = _mark(root, nn.GELU, GELU_EPILOGUE_MARK, epilogues, lambda m: m.approximate == "tanh")
+    for parent in list(root.modules()):
+        for name, child in list(parent.named_children()):
+            if _is_tanh_gelu_module(child):
+                setattr(parent, name, GeluLinear(child))
+                epilogues.append((parent, name, child))
+                swapped += 1
+    return swapped, marked
+
+
+def mark_norm_rope(root: nn.Module, undo: list) -> int:
+    """Mark the RMSNorms of every attention layer under `root` whose processor declares it fuses
+    them with the rotary embedding (class attribute FUSES_NORM_ROPE: the names of the norms, e.g.
+    ("norm_q", "norm_k"); Wan's and Flux's processors, installed by their adapters). Returns how
+    many layers."""
+    n = 0
+    for m in root.modules():
+        names = getattr(getattr(m, "processor", None), "FUSES_NORM_ROPE", ())
+        norms = [x for x in (getattr(m, name, None) for name in names) if isinstance(x, nn.RMSNorm)]
+        for x in norms:
+            _set_mark(x, NORM_ROPE_MARK, undo)
+        n += bool(norms)
+    return n
+
+
+def undo_fusions(epilogues: list) -> None:
+    """Undo `gelu_epilogues` and `mark_norm_rope` (last first): marks cleared, modules put back."""
+    for parent, name, act in reversed(epilogues):
+        if act is None:  # a mark
+            parent.__dict__.pop(name, None)
+        else:
+            setattr(parent, name, act)
+
+
+def _set_mark(m: nn.Module, mark: str, undo: list) -> bool:
+    """Set `mark` on `m` unless it is set; record the undo entry (m, mark, None). True if set."""
+    if m.__dict__.get(mark):
+        return False
+    m.__dict__[mark] = True
+    undo.append((m, mark, None))
+    return True
+
+
+def _mark(root: nn.Module, cls: type, mark: str, undo: list, where=lambda m: True) -> int:
+    """Set `mark` on every `cls` module under `root` (that `where` accepts); an adapter's forward reads
+    it. Returns how many."""
+    return sum(_set_mark(m, mark, undo) for m in root.modules() if isinstance(m, cls) and where(m))

@@ -1,0 +1,115 @@
+"""`precision_step`: run a region's linears (and its fa3 attention) in fp8, and install the
+kernel fusions its plan asks for.
+
+With ``matmul = "fp8"`` every eligible `nn.Linear` becomes an `Fp8Linear` (`fp8_linear`;
+``keep_bf16`` patterns keep some, ``fuse_gelu`` folds a FeedForward's GELU into the down
+projection's input quantization); with ``attention = "fp8"`` the fa3 layers switch to fp8 FA3
+(`fp8_attention`); ``gelu_epilogue`` and ``fuse_norm_rope`` install the fusions of `fusions`.
+
+The step runs before compile (the graphs must contain the fp8 ops) and its undo puts the
+original linears back. To restore them exactly the originals are kept -- on the host, so
+the device holds only the fp8 copies (half the bytes of bf16).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+
+import torch.nn as nn
+
+from ..steps import StepContext, StepRecord
+from .fp8_attention import switch_to_fp8, undo_fp8
+from .fp8_linear import Fp8Linear, eligible, fuse_feedforward_gelu, unfuse_feedforward_gelu
+from .fusions import gelu_epilogues, mark_norm_rope, undo_fusions
+
+
+def precision_step(ctx: StepContext) -> StepRecord:
+    section = ctx.plan.section("precision")
+    swaps: list[tuple[nn.Module, str, nn.Module]] = []  # (parent, attribute, original on the host)
+    backends: list[tuple[object, object]] = []  # (attention processor, its backend before)
+    fusions: list[tuple[nn.ModuleList, nn.Module, Fp8Linear]] = []  # (FeedForward.net, its GELU, down proj)
+    epilogues: list[tuple[nn.Module, str, nn.Module | None]] = []  # (parent, name, GELU module or None: a mark)
+    done, skipped = [], 0
+
+    def undo() -> None:
+        undo_fusions(epilogues)
+        unfuse_feedforward_gelu(fusions)
+        undo_fp8(backends)
+        for parent, name, original in reversed(swaps):
+            device = next(getattr(parent, name).buffers()).device
+            setattr(parent, name, original.to(device))
+
+    try:
+        for (key, _), targets in section.regions().items():
+            spec = targets[0].spec
+            if "fp8" in (spec.matmul, spec.attention) and not ctx.profile.fp8:
+                raise ValueError(f"precision key {key!r}: fp8 needs a card with fp8 matmuls (Hopper, "
+                                 f"Ada, Blackwell); profile {ctx.profile.name!r} has none. Use 'bf16' "
+                                 "(drop precision='fp8' / --fp8)")
+            if spec.attention == "fp8":
+                done.append(switch_to_fp8(key, targets, ctx.profile, backends))
+            if spec.matmul == "fp8":
+                skipped += _fp8_matmuls(key, spec, targets, swaps, fusions, done)
+            if spec.gelu_epilogue:
+                counts = [gelu_epilogues(t.module, epilogues) for t in targets]
+                swapped, marked = sum(c[0] for c in counts), sum(c[1] for c in counts)
+                if swapped or marked:
+                    done.append(f"GELU in the GEMM epilogue on {key or '<root>'} ("
+                                + ", ".join(([f"{swapped} GELU module(s)"] if swapped else [])
+                                            + ([f"{marked} nn.GELU marked, fused where the adapter's forward reads it"] if marked else []))
+                                + ")")
+            if spec.fuse_norm_rope:
+                marked = sum(mark_norm_rope(t.module, epilogues) for t in targets)
+                if marked:
+                    done.append(f"q/k RMSNorm + RoPE in one pass on {key or '<root>'} ({marked} attention layer(s) "
+                                "whose processor fuses them)")
+    except BaseException:
+        undo()
+        raise
+    did = "; ".join(done) if done else "as built (no fp8 region)"
+    if skipped:
+        did += f"; {skipped} linear(s) kept (dims not multiples of 16)"
+    return StepRecord("precision", did, undo, {"fp8_linears": len(swaps), "skipped": skipped,
+                                               "fp8_attention_layers": len(backends),
+                                               "gelu_epilogues": sum(a is not None for _, _, a in epilogues)})
+
+
+def _fp8_matmuls(key: str, spec, targets, swaps: list, fusions: list, done: list) -> int:
+    """Swap the region's eligible linears for `Fp8Linear`s (keep_bf16 honoured) and fuse the
+    FeedForward GELUs (fuse_gelu). Appends to `swaps`/`fusions` (the caller's undo) and the
+    report line to `done`; returns how many linears were kept for their dims."""
+    skipped = 0  # (the caller refused fp8 on a profile without it)
+    n, kept = 0, 0
+    seen: set[int] = set()
+    used = {pat: False for pat in spec.keep_bf16}
+    for t in targets:
+        for parent_path, parent in list(t.module.named_modules()):
+            for name, child in list(parent.named_children()):
+                if id(child) in seen or not isinstance(child, nn.Linear):
+                    continue
+                seen.add(id(child))
+                path = f"{parent_path}.{name}" if parent_path else name
+                hits = [pat for pat in spec.keep_bf16 if fnmatch.fnmatchcase(path, pat)]
+                if hits:
+                    used.update(dict.fromkeys(hits, True))
+                    kept += 1
+                    continue
+                if not eligible(child):
+                    skipped += 1
+                    continue
+                fp8 = Fp8Linear(child, fast_accum=spec.fast_accum)
+                fp8.fuse_gelu = spec.fuse_gelu  # may take its input in parts (an adapter's forward)
+                swaps.append((parent, name, child.to("cpu")))
+                setattr(parent, name, fp8)
+                n += 1
+    fused = sum(fuse_feedforward_gelu(t.module, fusions) for t in targets) if spec.fuse_gelu else 0
+    unused = [pat for pat, hit in used.items() if not hit]
+    if unused:
+        linears = sorted(p for p, m in targets[0].module.named_modules() if isinstance(m, (nn.Linear, Fp8Linear)))
+        raise ValueError(f"precision key {key!r}: keep_bf16 pattern(s) {unused} match no linear under "
+                         f"{targets[0].cls_name}; its linears: {', '.join(linears)}")
+    done.append(f"fp8 matmuls on {key or '<root>'} ({n} linears"
+                + (f", {kept} kept bf16 by keep_bf16" if kept else "")
+                + (", fast accumulation" if spec.fast_accum else "")
+                + (f", {fused} FeedForward GELU(s) quantized in one pass" if fused else "") + ")")
+    return skipped
