@@ -107,7 +107,7 @@ def test_entry_point_family_loads_plans_and_runs(plugin, fresh_dynamo, tmp_path)
     x = h.adapter.example_inputs(h.pipe, h.variant, "denoise")
     with torch.no_grad():
         h.pipe(**x)
-    # 3 identical blocks, one compile (under no_grad: see DESIGN.md section 5)
+    # 3 identical blocks, one compile (under no_grad: see docs/testing.md)
     assert (r.calls, r.counters.frames, len(r.counters.recompiles)) == (3, 1, 0)
 
     from magi_zoo.cli import main
