@@ -2,7 +2,7 @@
 Hopper; what backend='native' trains with) against the fa3 backend's training path (FA3's
 forward kernel, then cuDNN's backward fed with FA3's output and LSE).
 
-    source .whl/prelude.sh    # on the GPU box: the fa3-fwd wheel
+    pip install -e ".[hopper]"    # on a CUDA machine: the fa3-fwd wheel (docs/attention.md)
     python -m benchmarks.attention_train
 
 Per shape and kernel: median ms of the forward alone, the backward alone (of one retained
