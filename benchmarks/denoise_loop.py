@@ -1,6 +1,6 @@
 """The denoising loop as a user runs it: seconds per iteration with CFG, scheduler included.
 
-    source .whl/prelude.sh
+    pip install -e ".[hopper]"    # on a CUDA machine: the fa3-fwd wheel (docs/attention.md)
     python -m benchmarks.denoise_loop --model wan2.1-i2v-14b-480p --steps 40
     python -m benchmarks.denoise_loop --model wan2.1-i2v-14b-480p --precision fp8 --steps 40
     python -m benchmarks.denoise_loop --smoke --out /tmp/loop       # CPU, tiny: the script works
