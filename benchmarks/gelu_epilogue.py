@@ -1,6 +1,6 @@
 """Up projection + GELU(tanh): separate kernels vs cuBLASLt's GELU epilogue, at the models' shapes.
 
-    source .whl/prelude.sh
+    pip install -e ".[hopper]"    # on a CUDA machine: the fa3-fwd wheel (docs/attention.md)
     python -m benchmarks.gelu_epilogue
 
 Times, per shape (tokens M, in K, out N) of a FeedForward up projection: eager
