@@ -1,6 +1,6 @@
 """Where a forward's GPU time goes: a torch.profiler breakdown by kernel category.
 
-    source .whl/prelude.sh
+    pip install -e ".[hopper]"    # on a CUDA machine: the fa3-fwd wheel (docs/attention.md)
     python -m benchmarks.profile_forward --model wan2.1-t2v-1.3b
     python -m benchmarks.profile_forward --model wan2.1-t2v-1.3b --precision fp8
     python -m benchmarks.profile_forward --smoke --out /tmp/prof      # CPU, tiny: the script works
