@@ -1,6 +1,6 @@
 """Flux's per-head q/k RMSNorm + text/image join + rope: inductor vs Triton kernel layouts.
 
-    source .whl/prelude.sh
+    pip install -e ".[hopper]"    # on a CUDA machine: the fa3-fwd wheel (docs/attention.md)
     python -m benchmarks.norm_rope_heads
 
 At Flux.1-dev's 1024^2 shapes (512 text + 4096 image tokens, 24 heads x 128; the double blocks
