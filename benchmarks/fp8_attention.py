@@ -1,6 +1,6 @@
 """FP8 attention on FA3: speed and error of each scaling choice, at the Wan attention shapes.
 
-    source .whl/prelude.sh    # on the GPU box (fa3-fwd wheel)
+    pip install -e ".[hopper]"    # on a CUDA machine: the fa3-fwd wheel (docs/attention.md)
     python -m benchmarks.fp8_attention
     python -m benchmarks.fp8_attention --smoke --out /tmp/fp8a     # CPU: error columns only
 
