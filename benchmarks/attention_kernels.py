@@ -1,6 +1,6 @@
 """Attention kernels at real model shapes, and what FA3 does to a whole Wan forward.
 
-    source .whl/prelude.sh    # on the GPU box: installs the fa3-fwd wheel (the `hopper` extra)
+    pip install -e ".[hopper]"    # on a CUDA machine: the fa3-fwd wheel (docs/attention.md)
     python -m benchmarks.attention_kernels                                     # both parts
     python -m benchmarks.attention_kernels --part kernels                      # kernels only
     python -m benchmarks.attention_kernels --part model --model wan2.1-i2v-14b-480p
