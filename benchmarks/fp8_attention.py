@@ -7,7 +7,7 @@
 Rows per shape (B, S, H, D) and input kind:
 - ``bf16``: the fa3 backend in bf16 (the baseline);
 - ``fp8_tensor``: one scale per tensor for Q, K and V (what an outside experiment measured at
-  5.4e-2 per call, DESIGN.md §6);
+  5.4e-2 per call; docs/precision.md#fp8-attention);
 - ``fp8_head``: one scale per (batch, head), no smoothing;
 - ``fp8_head_smooth``: per-head scales with K and V smoothed over tokens -- what
   `precision attention="fp8"` runs (`magi_zoo.engine.kernels.fa3.fa3_fp8_attention`), timed
