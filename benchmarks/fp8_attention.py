@@ -18,7 +18,7 @@ Rows per shape (B, S, H, D) and input kind:
 Input kinds: ``gauss`` (i.i.d. N(0, 1)) and ``offset`` (K and V carry a per-channel offset
 shared by all tokens, 4x their spread, and Q a few 8x channels: the structure trained models
 have, which is what smoothing is for). Error: relative L2 against fp32 SDPA of the same
-inputs. TFLOP/s counts 4*B*H*S*S*D. Timing: CUDA events, warm-up, median (DESIGN.md §5).
+inputs. TFLOP/s counts 4*B*H*S*S*D. Timing: CUDA events, warm-up, median (docs/methodology.md).
 """
 
 from __future__ import annotations
