@@ -23,7 +23,7 @@ attention ("shipped") and with ``overrides={"attention": {"transformer": {"backe
 "fa3"}}}``, on the same weights and inputs. Reports median ms, first call (compile) s,
 the compile counters, and the error against the shipped plan's output.
 
-Timing: CUDA events, warm-up, >= 5 timed runs, median (DESIGN.md §5). `--smoke` runs on
+Timing: CUDA events, warm-up, >= 5 timed runs, median (docs/methodology.md). `--smoke` runs on
 CPU at tiny sizes with wan2.1-tiny (compile backend "eager"), skipping what cannot run
 there (cuDNN/flash, fa3): a check that the script works, not a measurement.
 """
