@@ -209,7 +209,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     common.measured_commit()  # refused before anything is measured where the commit cannot be known
     if args.runs < 5:
-        raise SystemExit("--runs >= 5 (DESIGN.md §5: warm-up, >= 5 timed runs, median)")
+        raise SystemExit("--runs >= 5 (docs/methodology.md: warm-up, >= 5 timed runs, median)")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() and not args.smoke else "cpu"))
     shapes_all = SMOKE_SHAPES if args.smoke else SHAPES
     unknown = [s for s in args.shapes.split(",") if s not in shapes_all]
