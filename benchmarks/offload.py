@@ -235,7 +235,7 @@ def _predict(h, module, call, dev, gpu: str, budgets: list[float]) -> dict[str, 
     times: expected copy ms, simulated wait ms per forward and expected peak -- to set
     against what the magi_zoo rows measure."""
     from magi_zoo.engine import offload as off
-    from magi_zoo.engine.offload_plan import OffloadPlanError
+    from magi_zoo.engine.offload import OffloadPlanError
     from magi_zoo.specs import get_profile
 
     entry = next(p for p, m in h.modules.named_modules() if m is module)

@@ -187,7 +187,7 @@ def _build_device(adapter, variant, layers, profile: GpuProfile, dev: torch.devi
     a budget no plan can meet is refused before anything is built."""
     if not (dev.type == "cuda" or budget_given) or not any(layer.entries("offload") for _, layer in layers):
         return dev
-    from .engine.offload import needs_streaming
+    from .engine import needs_streaming
 
     meta = adapter.build(variant, weights="random", dtype=dt, device=torch.device("meta"))
     plan = needs_streaming(nn.ModuleDict(adapter.components(meta)), layers, profile, adapter.preparations(meta))

@@ -4,7 +4,7 @@ Never imports an adapter. Entry point: `apply` (its steps and their fixed order 
 documented there); one module per step: prepare, attention, compile, offload.
 """
 
-from .apply import STEP_ORDER, apply, preview, remove
+from .apply import STEP_ORDER, apply, needs_streaming, preview, remove
 from .compile import installed
 from .custom_ops import CustomOpInfo, custom_op_info, list_custom_ops, register_custom_op
 from .prepare import Preparation
@@ -12,6 +12,6 @@ from .report import Report, format_table
 from .resolve import PlanError, ResolvedPlan, resolve
 from .steps import StepRecord
 
-__all__ = ["apply", "remove", "preview", "STEP_ORDER", "installed", "register_custom_op", "custom_op_info",
+__all__ = ["apply", "remove", "preview", "needs_streaming", "STEP_ORDER", "installed", "register_custom_op", "custom_op_info",
            "list_custom_ops", "CustomOpInfo", "Preparation", "Report", "StepRecord", "format_table",
            "PlanError", "ResolvedPlan", "resolve"]

@@ -12,7 +12,7 @@ from . import compile as compile_mod
 from .attention import attention_step
 from .compile import compile_step
 from .cuda_graphs import cuda_graphs_step
-from .offload import offload_step
+from .offload import OffloadPlan, offload_step, streaming_plan
 from .parallel import parallel_step
 from .precision import precision_step
 from .recompute import recompute_step
@@ -32,7 +32,7 @@ from .steps import StepContext, StepFn, StepRecord
 # step_cache comes right after compile: diffusers' caching hooks wrap whatever `forward` an
 # instance has when they are registered, so after compile they wrap the compiled blocks and
 # decide in eager Python whether to call them; registered before, dynamo would trace the
-# hooks' `.item()` tests and per-step state into the blocks (engine/step_cache.py).
+# hooks' `.item()` tests and per-step state into the blocks (engine/step_cache/).
 # cuda_graphs comes last: a graph records everything one call launches, so it wraps the
 # finished module (compiled blocks, attention ops, the eager code between them).
 STEP_ORDER = ("prepare", "attention", "precision", "recompute", "compile", "step_cache", "offload", "parallel",
@@ -157,3 +157,12 @@ def preview(module: nn.Module, layers: Sequence[tuple[str, PlanLayer]],
         return resolve(module, list(layers))
     finally:
         rec.undo()
+
+
+def needs_streaming(module: nn.Module, layers: Sequence[tuple[str, PlanLayer]], profile: GpuProfile,
+                    preparations: Sequence[Preparation] = ()) -> OffloadPlan | None:
+    """The offload plan for a tree (typically built on the meta device: sizes only) when it
+    streams anything, else None. `load` asks this before building on the card, so a model
+    that does not fit is built in host memory and the offload step places it. Here, beside
+    `preview`, because it resolves the plan first (the offload step never imports apply)."""
+    return streaming_plan(module, preview(module, layers, preparations), profile)

@@ -32,13 +32,25 @@ class StepRecord:
 
 @dataclasses.dataclass
 class StepContext:
-    """Everything a step is told."""
+    """Everything a step is told, and the facts steps hand on to the steps after them.
+
+    A cross-step fact is written by the step that made it true and read by later steps (in
+    `STEP_ORDER`), so no step reads another's internals (docs/steps.md). Module paths are
+    as in the plan ("" is the root)."""
 
     root: nn.Module
     plan: ResolvedPlan
     profile: GpuProfile
     regions: list = dataclasses.field(default_factory=list)  # compile regions (RegionStats), for the report
     train: bool = False  # a training apply: steps keep what backward needs (e.g. attention with a backward)
+    # Written by step_cache: path of each model whose calls a step cache now decides -> the method.
+    step_cached: dict[str, str] = dataclasses.field(default_factory=dict)
+    # Written by offload: paths of the units whose weights move between host and card during
+    # calls (streamed, or evicted for another phase); empty when every weight stays put.
+    offload_moving: frozenset[str] = frozenset()
+    # Written by parallel: path of each module a multi-process split wraps -> the split (e.g.
+    # "ulysses=2, cfg"); its hooks run collectives with per-call Python state.
+    parallel_split: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 StepFn = Callable[[StepContext], StepRecord]

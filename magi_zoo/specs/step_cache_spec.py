@@ -2,7 +2,7 @@
 
 Step caching skips or approximates part of a denoiser's forward on steps where its output
 changes little, through diffusers' caching hooks (`CacheMixin.enable_cache`). This section
-names the method and its knobs; the engine step (`magi_zoo/engine/step_cache.py`) builds
+names the method and its knobs; the engine step (`magi_zoo/engine/step_cache/`) builds
 diffusers' config dataclass from them. It is keyed on the denoiser (``transformer``).
 
 The methods are the ones diffusers 0.42.1 ships whose hooks fit the zoo's pipelines; the

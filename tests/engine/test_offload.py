@@ -8,9 +8,9 @@ import torch
 import torch.nn as nn
 
 import magi_zoo
-from magi_zoo.engine import apply, remove
+from magi_zoo.engine import apply, needs_streaming, remove
 from magi_zoo.engine import offload as off
-from magi_zoo.engine.offload_plan import GIB, OffloadPlanError, Unit, plan_offload, prefetch_schedule, simulate
+from magi_zoo.engine.offload import GIB, OffloadPlanError, Unit, plan_offload, prefetch_schedule, simulate
 from magi_zoo.specs import PlanLayer
 from magi_zoo.specs.offload_spec import OffloadSpec, with_memory_budget
 
@@ -649,7 +649,7 @@ def test_compiled_ancestor_and_cudagraphs_refused():
 
 
 def test_host_memory_check(monkeypatch):
-    monkeypatch.setattr(off, "available_host_bytes", lambda: 10 * MB)
+    monkeypatch.setattr(off.arena, "available_host_bytes", lambda: 10 * MB)
     with pytest.raises(MemoryError, match="pinned host memory"):
         off.check_host_memory(20 * GIB, already_on_host=GIB)
     off.check_host_memory(5 * MB)
@@ -685,7 +685,7 @@ def test_gpu_profiles_select_offload_by_themselves():
     adapter, variant = adapters.lookup("wan2.1-i2v-14b-480p")
     native = adapter.build(variant, weights="random", dtype=torch.bfloat16, device=torch.device("meta"))
     root = nn.ModuleDict(adapter.components(native))
-    need = {g: off.needs_streaming(root, spec_layers(adapter, get_profile(g)), get_profile(g))
+    need = {g: needs_streaming(root, spec_layers(adapter, get_profile(g)), get_profile(g))
             for g in ("h100", "l40s", "rtx4090")}
     assert need["h100"] is None and need["l40s"] is not None and need["rtx4090"] is not None
     p = need["rtx4090"]

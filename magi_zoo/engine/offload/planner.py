@@ -1,6 +1,7 @@
-"""The offload planner: which units stay on the card, which stream, and when each copy starts.
+"""The offload planner: which units stay on the card and which stream, under a memory budget.
 
 Pure functions of sizes and timings (no torch), so every decision is unit-tested on CPU.
+What a plan holds: `plan.py`; when each copy starts: `schedule.py`.
 
 Inputs: the units that may stream (one per repeated block instance, or a whole component),
 each with its weight bytes, a *group* (units with one parameter layout: all
@@ -36,137 +37,14 @@ the planner also makes the largest-blocks-first choice (fewest bytes when only o
 need stream) and keeps whichever the simulation says waits less. Within a group the
 streamed instances are spread evenly over the depth, so every streamed block is followed by
 resident ones whose compute hides its copy.
-
-When each copy starts ("JIT prefetch"): as late as possible but finished before use. With
-per-unit times, the copy of streamed unit j is issued at the start of the latest unit b
-such that the compute from b up to j covers the copy time (bytes / bandwidth), but never
-more than `prefetch` streamed units ahead (each copy in flight holds a buffer). Without
-times, the copy of streamed unit j is issued when streamed unit j - prefetch starts. The
-schedule is cyclic within a phase: the last blocks prefetch the first ones of the next call
-(a denoising loop calls the transformer again).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Sequence
 
-GIB = 1024 ** 3
-
-
-def size(nbytes: float) -> str:
-    """Bytes as GiB, or MiB / KiB for small (tiny test) models."""
-    for unit, scale in (("GiB", GIB), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
-        if abs(nbytes) >= 0.1 * scale or unit == "KiB":
-            return f"{nbytes / scale:.2f} {unit}"
-    return f"{nbytes} B"
-
-
-class OffloadPlanError(ValueError):
-    """A budget no plan can meet; the message names the minimum that would work."""
-
-    def __init__(self, msg: str, minimum_bytes: int):
-        super().__init__(msg)
-        self.minimum_bytes = minimum_bytes
-
-
-@dataclasses.dataclass(frozen=True)
-class Unit:
-    """One unit that may stream: a repeated block instance or a whole component."""
-
-    name: str  # module path, e.g. "transformer.blocks.3"
-    nbytes: int
-    group: str  # units with one parameter layout share device buffers
-    phase: str  # the component it runs in ("transformer", "text_encoder", ...)
-    mode: str = "auto"  # auto | resident | stream
-    time_s: float | None = None  # compute time of one call (None: unknown)
-    once: bool = False  # runs once per generation (encoders, VAE): streamed before per-step blocks
-    activation: int | None = None  # its phase's activation peak, when above the plan-wide reserve
-
-
-@dataclasses.dataclass
-class OffloadPlan:
-    """What the planner decided (every number in bytes / seconds)."""
-
-    budget: int
-    fixed: int
-    activation: int
-    resident: list[str]
-    streamed: list[str]
-    slots: dict[str, tuple[int, int]]  # pool -> (buffers, bytes per buffer); pool label: its groups joined by '+' (`pool_of`)
-    transient: int  # largest streamed one-of-a-kind unit (its buffer lives only while it runs)
-    schedule: dict[str, list[str]]  # unit name -> streamed units whose copy starts at its pre-hook
-    copy_s: dict[str, float]  # phase -> copy seconds per call of that phase
-    expected_peak: int
-    minimum_budget: int  # the smallest budget that has a plan (everything streamable streamed)
-    resident_bytes: int
-    streamed_bytes: int
-    stall_s: dict[str, float] = dataclasses.field(default_factory=dict)  # phase -> simulated wait per call (times known)
-    prefetch: int = 1  # copies in flight ahead of use (0: one buffer per group, copies never overlap)
-    phase_activation: dict[str, int] = dataclasses.field(default_factory=dict)  # phase -> the reserve planned with
-    measured_phases: tuple[str, ...] = ()  # phases whose reserve came from a measured peak (refit)
-    # Phase residency: phase -> resident units of other phases that leave the card when it
-    # starts; phase -> seconds to copy its evicted units back when it runs again (once per
-    # return, e.g. once per generation for the denoiser after the VAE).
-    evict: dict[str, list[str]] = dataclasses.field(default_factory=dict)
-    reload_s: dict[str, float] = dataclasses.field(default_factory=dict)
-
-    @property
-    def streams(self) -> bool:
-        """Whether any weights move during a generation (streamed, or evicted for a phase)."""
-        return bool(self.streamed or self.evict)
-
-    def summary(self, units: Sequence[Unit] | None = None) -> str:
-        """One line for the report."""
-        moves = "".join(f"; while {ph} runs {len(v)} resident unit(s) leave the card" for ph, v in self.evict.items())
-        if not self.streamed:
-            return (f"all weights resident: {size(self.resident_bytes)} in units + {size(self.fixed)} "
-                    f"other, expected peak {size(self.expected_peak)} of {size(self.budget)} budget{moves}")
-        by_group: dict[str, list[int]] = {}
-        if units is not None:
-            pooled = pool_of(self.slots)
-            for u in units:
-                if u.group in pooled or u.name in self.streamed:
-                    by_group.setdefault(u.group, [0, 0])[u.name in self.streamed] += 1
-        groups = ", ".join(f"{g}: {n_res} resident / {n_str} streamed" for g, (n_res, n_str) in by_group.items())
-        copy = ", ".join(f"{p} {s * 1e3:.0f} ms" for p, s in self.copy_s.items() if s)
-        return (f"budget {size(self.budget)}: {len(self.resident)} unit(s) resident "
-                f"({size(self.resident_bytes)}), {len(self.streamed)} streamed "
-                f"({size(self.streamed_bytes)} from host memory){f' [{groups}]' if groups else ''}; "
-                f"expected copy per call: {copy}; expected peak {size(self.expected_peak)}{moves}")
-
-    def to_dict(self) -> dict:
-        g = lambda b: round(b / GIB, 3)  # noqa: E731
-        return {"budget_gib": g(self.budget), "expected_peak_gib": g(self.expected_peak),
-                "minimum_budget_gib": g(self.minimum_budget), "fixed_gib": g(self.fixed),
-                "activation_gib": g(self.activation), "resident_gib": g(self.resident_bytes),
-                "streamed_gib": g(self.streamed_bytes), "resident": list(self.resident),
-                "streamed": list(self.streamed),
-                "buffers": {k: {"count": n, "gib_each": g(b)} for k, (n, b) in self.slots.items()},
-                "transient_gib": g(self.transient), "prefetch": self.prefetch,
-                "activation_gib_per_phase": {p: g(b) for p, b in self.phase_activation.items()},
-                **({"measured_phases": list(self.measured_phases)} if self.measured_phases else {}),
-                **({"evict": {p: list(v) for p, v in self.evict.items()},
-                    "reload_ms": {p: round(s * 1e3, 2) for p, s in self.reload_s.items()}} if self.evict else {}),
-                "copy_ms_per_call": {p: round(s * 1e3, 2) for p, s in self.copy_s.items()},
-                **({"simulated_stall_ms_per_call": {p: round(s * 1e3, 2) for p, s in self.stall_s.items()}}
-                   if self.stall_s else {}),
-                "prefetch_schedule": {k: list(v) for k, v in self.schedule.items()}}
-
-
-def _groups(units: Sequence[Unit]) -> dict[str, list[Unit]]:
-    out: dict[str, list[Unit]] = {}
-    for u in units:
-        out.setdefault(u.group, []).append(u)
-    return out
-
-
-POOL_SEP = "+"  # group labels (class names, '#k', 'component/') never contain it
-
-
-def pool_of(pools: dict[str, tuple[int, int]]) -> dict[str, str]:
-    """group -> the label of the streaming pool its blocks share (`OffloadPlan.slots`)."""
-    return {g: label for label in pools for g in label.split(POOL_SEP)}
+from .plan import POOL_SEP, OffloadPlan, OffloadPlanError, Unit, size, units_by_group
+from .schedule import prefetch_schedule, stalls
 
 
 def phase_activations(units: Sequence[Unit], activation: int,
@@ -197,7 +75,7 @@ def _phase_totals(units: Sequence[Unit], streamed: set[str], *, fixed: int, acti
     # phase -> [pool bytes, largest transient, activations]
     per_phase = {ph: [0, 0, act] for ph, act in phase_activations(units, activation, measured).items()}
     members: dict[str, list[tuple[str, int, int]]] = {}  # phase -> (group, streamed count, block bytes)
-    for g, us in _groups(units).items():
+    for g, us in units_by_group(units).items():
         n_str = sum(u.name in streamed for u in us)
         if not n_str:
             continue
@@ -288,7 +166,7 @@ def _demote(units: Sequence[Unit], forced: set[str], auto: list[Unit], kw: dict,
     equally. A group's streamed blocks are spread evenly over its depth."""
     streamed = set(forced)
     peak, _, _ = _peak(units, streamed, **kw)
-    groups = _groups(units)
+    groups = units_by_group(units)
     for once in (True, False):
         if peak <= budget:
             break
@@ -331,7 +209,7 @@ def _demote(units: Sequence[Unit], forced: set[str], auto: list[Unit], kw: dict,
 def plan_offload(units: Sequence[Unit], *, fixed_bytes: int, activation_bytes: int, budget_bytes: int,
                  bandwidth_bytes_s: float = 55e9, prefetch: int = 1,
                  phase_activation_bytes: dict[str, int] | None = None, phase_residency: bool = False) -> OffloadPlan:
-    """Decide residency and the prefetch schedule (rules: module docstring).
+    """Decide residency (rules: module docstring) and the prefetch schedule (`schedule.py`).
 
     `units` are in execution order within each phase. `phase_activation_bytes` replaces the
     reserve of the phases it names (a measured peak: `offload.refit`). `phase_residency`:
@@ -383,7 +261,7 @@ def plan_offload(units: Sequence[Unit], *, fixed_bytes: int, activation_bytes: i
             def cost(st):
                 _, pools_, _ = _peak(units, st, **kw)
                 sched = prefetch_schedule(units, st, prefetch, bandwidth_bytes_s)
-                wait = sum(_waits(units, st, sched, pools_, bandwidth_bytes_s).values())
+                wait = sum(stalls(units, st, sched, pools_, bandwidth_bytes_s).values())
                 return round(wait, 6), sum(u.nbytes for u in units if u.name in st)
             streamed = min((streamed, other), key=cost)
     peak, pools, transient = _peak(units, streamed, **kw)
@@ -394,7 +272,7 @@ def plan_offload(units: Sequence[Unit], *, fixed_bytes: int, activation_bytes: i
         copy_s.setdefault(u.phase, 0.0)
         if u.name in streamed:
             copy_s[u.phase] += u.nbytes / bandwidth_bytes_s
-    stall = _waits(units, streamed, schedule, pools, bandwidth_bytes_s)
+    stall = stalls(units, streamed, schedule, pools, bandwidth_bytes_s)
     evict = (evictions(units, streamed, fixed=fixed_bytes, activation=activation_bytes, prefetch=prefetch,
                        budget=budget_bytes, measured=measured) if phase_residency else {})
     size_of = {u.name: u for u in units}
@@ -412,110 +290,3 @@ def plan_offload(units: Sequence[Unit], *, fixed_bytes: int, activation_bytes: i
         phase_activation=phase_activations(units, activation_bytes, measured),
         measured_phases=tuple(p for p in (measured or {}) if p in copy_s))
 
-
-def _waits(units: Sequence[Unit], streamed: set[str], schedule: dict[str, list[str]],
-           pools: dict[str, tuple[int, int]], bandwidth_bytes_s: float) -> dict[str, float]:
-    """phase -> simulated wait per call (`simulate`), for each phase that streams and whose
-    units' times are all known."""
-    out: dict[str, float] = {}
-    for phase in dict.fromkeys(u.phase for u in units if u.name in streamed):
-        us = [u for u in units if u.phase == phase]
-        if all(u.time_s is not None for u in us):
-            out[phase] = simulate(us, streamed, schedule, pools, bandwidth_bytes_s)
-    return out
-
-
-def prefetch_schedule(units: Sequence[Unit], streamed: set[str], prefetch: int,
-                      bandwidth_bytes_s: float) -> dict[str, list[str]]:
-    """unit name -> streamed units whose copy starts when that unit starts (rules: module
-    docstring). One-of-a-kind streamed units are loaded by their own pre-hook (no
-    prefetch: they run once, and an early copy would only hold memory longer)."""
-    groups = _groups(units)
-    out: dict[str, list[str]] = {}
-    phases: dict[str, list[Unit]] = {}
-    for u in units:
-        phases.setdefault(u.phase, []).append(u)
-    for us in phases.values():
-        n = len(us)
-        s_idx = [i for i, u in enumerate(us) if u.name in streamed and len(groups[u.group]) > 1]
-        n_s = len(s_idx)
-        if prefetch == 0:  # one buffer: each copy waits for the previous block to finish
-            continue
-        known = all(u.time_s is not None for u in us)
-        issues: list[tuple[int, int]] = []  # (unrolled issue position, use position)
-        for j, p in enumerate(s_idx):
-            # Earliest allowed start, in unrolled positions (negative = the previous call):
-            # the start of the streamed unit `prefetch` before this one, whose buffer
-            # count then holds it; with no more streamed units than that, right after this
-            # unit's own use in the previous call.
-            if n_s > prefetch:
-                k = j - prefetch
-                limit = s_idx[k] if k >= 0 else s_idx[k + n_s] - n
-            else:
-                limit = p - n + 1
-            issue = limit
-            if known:  # as late as possible: the compute from `issue` up to p covers the copy
-                need, acc, b = us[p].nbytes / bandwidth_bytes_s, 0.0, p
-                while b - 1 >= limit and (acc < need or b == p):
-                    b -= 1
-                    acc += us[b % n].time_s
-                issue = b
-            issues.append((issue, p))
-        # Per issuing unit, copies in the order they are used (the copy engine is serial).
-        for issue, p in sorted(issues, key=lambda ip: (ip[0] % n, ip[1] - ip[0])):
-            out.setdefault(us[issue % n].name, []).append(us[p].name)
-    return out
-
-
-def simulate(units: Sequence[Unit], streamed: set[str], schedule: dict[str, list[str]],
-             pools: dict[str, tuple[int, int]], bandwidth_bytes_s: float, calls: int = 3) -> float:
-    """Simulated wait for copies per call in steady state (the last of `calls` calls), in
-    seconds: compute runs units in order; one copy engine runs copies in issue order; a
-    copy needs a free buffer of its pool (freed when the unit that held it finishes); a
-    streamed unit waits for its copy. Times must be known."""
-    t = 0.0  # compute clock
-    engine = 0.0  # copy engine clock
-    ready: dict[str, float] = {}  # unit -> time its copy finishes
-    busy: dict[str, list[float]] = {g: [0.0] * n for g, (n, _) in pools.items()}  # buffer free times
-    shared = pool_of(pools)
-    group = {u.name: shared.get(u.group, u.group) for u in units}  # unit -> its pool
-    nbytes = {u.name: u.nbytes for u in units}
-    held: dict[str, int] = {}
-    wait_last = 0.0
-    for c in range(calls):
-        wait = 0.0
-        for u in units:
-            for v in schedule.get(u.name, []):
-                if v in ready:
-                    continue
-                slots = busy[group[v]]
-                i = min(range(len(slots)), key=lambda k: slots[k])
-                if slots[i] == float("inf"):  # no buffer free: the runtime defers this copy too
-                    continue
-                start = max(t, engine, slots[i])
-                engine = start + nbytes[v] / bandwidth_bytes_s
-                ready[v], held[v] = engine, i
-                slots[i] = float("inf")
-            if u.name in streamed and group[u.name] in pools:
-                if u.name not in ready:  # not prefetched: a demand copy
-                    slots = busy[group[u.name]]
-                    i = min(range(len(slots)), key=lambda k: slots[k])
-                    start = max(t, engine, slots[i])
-                    engine = start + u.nbytes / bandwidth_bytes_s
-                    ready[u.name], held[u.name] = engine, i
-                    slots[i] = float("inf")
-                if ready[u.name] > t:
-                    wait += ready[u.name] - t
-                    t = ready[u.name]
-                t += u.time_s
-                busy[group[u.name]][held.pop(u.name)] = t
-                del ready[u.name]
-            elif u.name in streamed:  # one of a kind: loaded on demand
-                start = max(t, engine)
-                engine = start + u.nbytes / bandwidth_bytes_s
-                wait += engine - t
-                t = engine + u.time_s
-            else:
-                t += u.time_s
-        wait_last = wait
-    return wait_last

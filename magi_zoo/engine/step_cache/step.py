@@ -4,8 +4,9 @@ For each region of the ``step_cache`` section whose method is not ``none``, the 
 builds diffusers' config dataclass (`diffusers.hooks.<Method>Config`) from the spec and
 calls the model's own `CacheMixin.enable_cache(config)`; undo calls `disable_cache()` and
 then removes what diffusers leaves behind (a `forward` bound method stored on each hooked
-instance, the `_diffusers_hook` registries, the instance's `_cache_config`), so `remove()`
-gives back the module exactly as it was.
+instance, the hook registries, the instance's cache config: `compat.diffusers.hook_state`),
+so `remove()` gives back the module exactly as it was. The step publishes the models it
+cached on the step context (`StepContext.step_cached`) for the steps after it.
 
 Why it runs after compile: diffusers' `HookRegistry.register_hook` wraps whatever
 `forward` the instance has at that moment. After the compile step that is the compiled
@@ -30,11 +31,11 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ..specs.step_cache_spec import METHODS, StepCacheSpec
-from .resolve import PlanError, path_within, paths_related
-from .steps import StepContext, StepRecord
-
-_MISSING = object()
+from ...specs.section import SECTIONS
+from ...specs.step_cache_spec import METHODS, StepCacheSpec
+from ..compat.diffusers import cache_config, hook_registry, hook_state, restore_hook_state
+from ..resolve import PlanError, path_within, paths_related
+from ..steps import StepContext, StepRecord
 
 
 def config_for(spec: StepCacheSpec, timestep=None) -> Any:
@@ -43,7 +44,7 @@ def config_for(spec: StepCacheSpec, timestep=None) -> Any:
     m = METHODS[spec.method]
     if m.config is None:
         return None
-    import diffusers.hooks as hooks
+    import diffusers.hooks as hooks  # lazy: diffusers is heavy; only a plan that caches needs it
 
     cls = getattr(hooks, m.config)
     kw = spec.config_kwargs()
@@ -84,30 +85,21 @@ class _TimestepProbe:
         return float(t.max()) if isinstance(t, torch.Tensor) else float(t)
 
 
-def _snapshot(module: nn.Module) -> list[tuple[nn.Module, Any, Any]]:
-    """Per submodule: its instance `forward` and `_diffusers_hook` (or _MISSING)."""
-    return [(m, m.__dict__.get("forward", _MISSING), m.__dict__.get("_diffusers_hook", _MISSING))
-            for m in module.modules()]
+def _snapshot(module: nn.Module) -> list[tuple[nn.Module, dict[str, Any]]]:
+    """Per submodule: what enabling a cache may change on it (`compat.diffusers.hook_state`)."""
+    return [(m, hook_state(m)) for m in module.modules()]
 
 
-def _restore(module: nn.Module, snap: list[tuple[nn.Module, Any, Any]], cache_config: Any) -> None:
-    for m, fwd, reg in snap:
-        for attr, prior in (("forward", fwd), ("_diffusers_hook", reg)):
-            if prior is _MISSING:
-                m.__dict__.pop(attr, None)
-            else:
-                object.__setattr__(m, attr, prior)
-    if cache_config is _MISSING:
-        module.__dict__.pop("_cache_config", None)
-    else:
-        object.__setattr__(module, "_cache_config", cache_config)
+def _restore(snap: list[tuple[nn.Module, dict[str, Any]]]) -> None:
+    for m, state in snap:
+        restore_hook_state(m, state)
 
 
 def _hooked(module: nn.Module, path: str, before: dict[int, set[str]]) -> list[tuple[str, nn.Module]]:
     """(path, submodule) of every submodule that got a diffusers hook from this step."""
     out = []
     for sub, m in module.named_modules():
-        reg = m.__dict__.get("_diffusers_hook")
+        reg = hook_registry(m)
         if reg is not None and set(reg.hooks) - before.get(id(m), set()):
             out.append((f"{path}.{sub}" if path and sub else path or sub, m))
     return out
@@ -122,9 +114,8 @@ def _inside_compiled(path: str, compiled: dict[str, str]) -> str | None:
 
 
 def _sequence_parallel(ctx: StepContext, path: str) -> str:
-    """The parallel section's sequence split on `path` or around/inside it ('' = none)."""
-    from ..specs.section import SECTIONS
-
+    """The parallel section's sequence split on `path` or around/inside it ('' = none). The
+    plan's section, not a fact of the parallel step: that step runs after this one."""
     if "parallel" not in SECTIONS:
         return ""
     for t in ctx.plan.section("parallel").targets:
@@ -173,9 +164,9 @@ def _enable(ctx: StepContext, key: str, spec: StepCacheSpec, t, compiled: dict[s
     if not callable(getattr(module, "enable_cache", None)):
         raise PlanError(f"{where} has no enable_cache (diffusers' CacheMixin): step caching applies to "
                         "diffusers denoisers; key the transformer")
-    if module.__dict__.get("_cache_config") is not None:
+    if cache_config(module) is not None:
         raise PlanError(f"{where} already has caching enabled outside the plan "
-                        f"({type(module._cache_config).__name__}); call its disable_cache() first")
+                        f"({type(cache_config(module)).__name__}); call its disable_cache() first")
     split = _sequence_parallel(ctx, t.path)
     if split:
         raise PlanError(f"{where}: step caching with sequence parallelism ({split}) is not supported: each "
@@ -185,21 +176,20 @@ def _enable(ctx: StepContext, key: str, spec: StepCacheSpec, t, compiled: dict[s
     probe = _TimestepProbe() if spec.method == "pab" else None
     config = config_for(spec, probe)
     snap = _snapshot(module)
-    prior_config = module.__dict__.get("_cache_config", _MISSING)
-    before = {id(m): set(m.__dict__["_diffusers_hook"].hooks) for m, _, reg in snap if reg is not _MISSING}
+    before = {id(m): set(reg.hooks) for m in module.modules() if (reg := hook_registry(m)) is not None}
     handle = None
 
     def undo_one() -> None:
         if handle is not None:
             handle.remove()
-        if module.__dict__.get("_cache_config") is not None:
+        if cache_config(module) is not None:
             module.disable_cache()
-        _restore(module, snap, prior_config)
+        _restore(snap)
 
     try:
         module.enable_cache(config)
     except BaseException:
-        _restore(module, snap, prior_config)
+        _restore(snap)
         raise
     undos.append(undo_one)
     hooked = _hooked(module, t.path, before)
@@ -221,6 +211,7 @@ def _enable(ctx: StepContext, key: str, spec: StepCacheSpec, t, compiled: dict[s
             f"compile {{{inside[0][1]!r}: {{'enabled': false}}}}")
     if probe is not None:
         handle = module.register_forward_pre_hook(probe.hook, with_kwargs=True)
+    ctx.step_cached[t.path] = spec.method
     details[t.path or "<root>"] = {"method": spec.method, "config": type(config).__name__,
                                    "hooked": len(hooked), **{k: v for k, v in spec.config_kwargs().items()
                                                              if not isinstance(v, tuple)}}
