@@ -55,14 +55,14 @@ class GpuProfile(BaseModel):
 # the spec sheet's 989 is the ceiling a %-of-peak column is taken against (benchmarks).
 #
 # attention_backends (what an attention spec's backend="auto" picks, first that can run):
-# - h100 / h200: ("fa3", "native"). Measured on an H100 (benchmarks/results/attention_kernels_h100.md):
+# - h100 / h200: ("fa3", "native"). Measured on an H100 (benchmarks/results/attention/attention_kernels_h100.md):
 #   FA3 660-710 TFLOP/s against SDPA's 589-598 at the Wan shapes (32,760 tokens x 12 or 40
 #   heads), and one Wan2.1-1.3B forward 520.4 -> 463.3 ms (1.12x); at Flux 1024^2 (4,608
 #   tokens) FA3 is no faster (605 vs 624), so the Flux spec does not ask for auto. Without
 #   the `hopper` extra, auto falls back to native with one warning naming it.
 # - native = torch SDPA's own dispatch, which already picks cuDNN at the Wan shape (H200:
 #   native 629.7 ms vs forced _native_cudnn 648.3 ms eager, 530.4 vs 535.9 ms compiled;
-#   benchmarks/results/attention_backends_wan2.1-t2v-1.3b_h200.md). Other cards are not
+#   benchmarks/results/attention/attention_backends_wan2.1-t2v-1.3b_h200.md). Other cards are not
 #   measured; native is the library default there.
 PROFILES: dict[str, GpuProfile] = {
     p.name: p

@@ -214,7 +214,7 @@ def test_profile_preferences():
     for p in PROFILES.values():
         assert p.attention_backends and set(p.attention_backends) <= valid
         assert p.attention_backend == p.attention_backends[0]  # the preferred choice
-    # Hopper prefers fa3 (measured on an H100: benchmarks/results/attention_kernels_h100.md)
+    # Hopper prefers fa3 (measured on an H100: benchmarks/results/attention/attention_kernels_h100.md)
     assert H100.attention_backends == magi_zoo.get_profile("h200").attention_backends == ("fa3", "native")
     assert magi_zoo.get_profile("a100").attention_backends == ("native",)
     base = dict(name="x", device="cuda", memory_gib=80, bf16=True)

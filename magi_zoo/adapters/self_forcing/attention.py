@@ -40,7 +40,7 @@ def check_impl(impl: str) -> None:
 
 
 def auto_impl(device: torch.device, dtype: torch.dtype) -> str:
-    """The measured order on an H100 (benchmarks/results/self_forcing_h100.md): FA3 reading
+    """The measured order on an H100 (benchmarks/results/self_forcing/self_forcing_h100.md): FA3 reading
     only the valid keys, then FlexAttention skipping the tiles past them; both beat a masked
     SDPA over the whole cache. Off CUDA, sdpa."""
     if device.type != "cuda":

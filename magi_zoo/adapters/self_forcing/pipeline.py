@@ -67,7 +67,7 @@ class SelfForcingPipeline:
         self.timesteps, self.sigmas = warped_schedule()
         self.strategy = "static"
         # CUDA only: decode block b on a side stream while block b+1 denoises (same frames;
-        # measured on an H100 in benchmarks/results/self_forcing_*). False: one stream.
+        # measured on an H100 in benchmarks/results/self_forcing/self_forcing_*). False: one stream.
         self.overlap_decode = True
         # CUDA only: the VAE's 3D-convolution weights in channels_last_3d (cuDNN's native 3D
         # layout): decode 2.40 -> 2.18 s per 81-frame video on an H100. "contiguous": as loaded.

@@ -6,7 +6,7 @@ Why a kernel of our own: an fp8 linear quantizes each input row with its own sca
 reduction that reads the pre-activation twice (once for the amax, once for the cast) and
 recomputes GELU; on Flux.1-dev's single blocks (GELU of the 12,288-wide MLP concatenated with
 the 3,072-wide attention output, `proj_out`'s input) that kernel took ~220 us per call at
-~1.7 TB/s (benchmarks/results/profile_flux.1-dev_fp8_graphs_h100.json). This kernel holds one
+~1.7 TB/s (benchmarks/results/profiles/profile_flux.1-dev_fp8_graphs_h100.json). This kernel holds one
 whole row in registers: one read of each part, GELU once, the row's amax, one fp8 write.
 
 Semantics (the CPU / fallback path, `reference`, is the definition): x = concat(parts along

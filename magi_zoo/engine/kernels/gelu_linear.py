@@ -4,7 +4,7 @@ Why: a FeedForward's up projection writes an N-wide output (8,960 at Wan2.1-1.3B
 14B, 12,288 at Flux) that a separate elementwise pass reads back for the GELU and writes
 again. cuBLASLt can apply the bias and the tanh GELU in the GEMM's epilogue
 (``torch._addmm_activation(bias, x, W^T, use_gelu=True)``), so the output is written once,
-already activated. Measured on an H100 (benchmarks/results/gelu_epilogue_h100.md): Wan-1.3B's
+already activated. Measured on an H100 (benchmarks/results/kernels/gelu_epilogue_h100.md): Wan-1.3B's
 up projection 1.815 -> 1.38 ms against the same two ops under torch.compile, Wan-14B's 7.34 ->
 6.50, Flux's 0.68 -> 0.44 (FeedForward) and 0.59 -> 0.48 (single-block MLP), with a smaller
 error against fp32 (the GELU is applied to the fp32 accumulator, not to a bf16-rounded one).

@@ -5,10 +5,10 @@ norm over each head, a text prefix joined in front; see `rms_norm_rope_heads` be
 Why: Wan normalises q and k over all heads (an RMSNorm over 1,536 channels at 1.3B, 5,120 at
 14B) and then rotates channel pairs (2j, 2j+1) by per-token angles. Under inductor that is a
 looped reduction plus strided pair reads and writes, ~0.9 TB/s on an H100: 13.4 ms of a 457 ms
-Wan-1.3B forward (benchmarks/results/profile_wan2.1-t2v-1.3b_bf16_h100.md). This kernel reads
+Wan-1.3B forward (benchmarks/results/profiles/profile_wan2.1-t2v-1.3b_bf16_h100.md). This kernel reads
 each token's row once, keeps it in registers as (pairs, 2), and writes the rotated row once,
 already in the (batch, tokens, heads, head_dim) layout attention takes. Measured (H100,
-Wan2.1-I2V-14B forward, benchmarks/results/profile_wan2.1-i2v-14b-480p_bf16_{unfused,fused}_h100.md):
+Wan2.1-I2V-14B forward, benchmarks/results/profiles/profile_wan2.1-i2v-14b-480p_bf16_{unfused,fused}_h100.md):
 inductor's kernel 56.1 ms per forward, this one 39.9 (~1.3 TB/s: one row per program leaves
 few rows in flight; the next thing to tune). A version reading rows contiguously with each
 pair partner as a second load was slower (87.7 ms, ..._bf16_fused2_h100.md) and was dropped.
@@ -151,7 +151,7 @@ def apply(x: torch.Tensor, norm: torch.nn.Module, rotary_emb, heads: int) -> tor
 # stream's q/k (normalised by their own norms) in front of the image stream's, and rotates the
 # joint sequence with diffusers' `apply_rotary_emb(..., sequence_dim=1)`. Under inductor that is
 # a reduction kernel writing a permuted layout (~0.12 ms per single block at 1024^2 on an H100,
-# ~0.5 TB/s: benchmarks/results/profile_flux.1-dev_bf16_h100.md) plus the concatenation's copy.
+# ~0.5 TB/s: benchmarks/results/profiles/profile_flux.1-dev_bf16_h100.md) plus the concatenation's copy.
 # This kernel reads each (token, head) row of D channels once, from whichever stream holds the
 # token, and writes the joint (batch, prefix + tokens, heads, head_dim) result once: 26-28 us per
 # call at 1024^2 on an H100 against inductor's 43-68 (GPU time, benchmarks/norm_rope_heads.py).
@@ -278,7 +278,7 @@ def _launch_heads(x, weight, prefix, prefix_weight, eps, cos, sin, units: int | 
     half = triton.next_power_of_2(d // 2)
     # ~512 channels per program on 2 warps: at Flux's shapes 2.1-2.2 TB/s, where 4,096 channels on
     # 8 warps ran at 0.4 TB/s and inductor's kernel at 0.8-1.3 (benchmarks/norm_rope_heads.py,
-    # results/norm_rope_heads_h100.md: the speed swings 5x with these two numbers)
+    # results/kernels/norm_rope_heads_h100.md: the speed swings 5x with these two numbers)
     units = units or max(1, 512 // (2 * half))
     n = b * (t + s) * h
     p = prefix if prefix is not None else x

@@ -1,0 +1,366 @@
+"""Every results table in the docs, generated from the committed JSON under benchmarks/results/.
+
+    python -m benchmarks.tables            # rewrite every marked block in README.md and docs/*.md
+    python -m benchmarks.tables --check    # exit 1 naming each block that differs (tests/project/test_results.py)
+
+A doc asks for a table with a pair of markers; everything between them is this script's:
+
+    <!-- table:wan-1.3b -->
+    <!-- /table:wan-1.3b -->
+
+Each table names its source file(s), the card and the commit they measured. A results file
+whose recorded commit is not the tree that ran (written before the harness read git itself;
+`UNKNOWN_COMMITS`) shows its commit as unknown: such a file is re-measured, never corrected
+by hand. Numbers are copied from the JSON as recorded (rounded for display); a ratio is
+always between two rows of the same file, i.e. of the same run on the same card.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+MARKER = re.compile(r"(<!-- table:([\w.-]+) -->\n)(.*?)(<!-- /table:\2 -->)", re.S)
+COMMIT = re.compile(r"[0-9a-f]{7,40}(\+dirty)?")
+
+# Files whose recorded commit is not the tree that ran; the generator shows "unknown" for them.
+UNKNOWN_COMMITS = {
+    "attention/attention_backends_wan2.1-t2v-1.3b_h200.json": "records no commit",
+    "qwen3-omni/qwen3-omni_decode_h200.json": "records 'HEAD'",
+    "profiles/profile_flux.1-dev_fp8_graphs_h100.json": "corrected by hand (a mistyped BENCH_COMMIT)",
+    "profiles/profile_flux.1-dev_bf16_graphs_cdt_h100.json": "corrected by hand (a mistyped BENCH_COMMIT)",
+    "profiles/profile_flux.1-dev_fp8_graphs_cdt_h100.json": "corrected by hand (a mistyped BENCH_COMMIT)",
+    "offload/offload_h100_flux.1-dev_refit_inference_mode.json": "written in after the run (a placeholder BENCH_COMMIT)",
+    "kernels/norm_rope_heads_h100.json": "corrected by hand (the device's stale git HEAD)",
+    "wan2.1-i2v-14b/wan2.1-i2v-14b-480p_480x832x81_cfg_fast_h100.json": "corrected by hand (the device's stale git HEAD)",
+    "flux/flux.1-dev_1024x1024_graphs_h100.json": "names the device's stale git HEAD, not the tree that ran",
+}
+
+
+@dataclass(frozen=True)
+class Result:
+    """One committed results file."""
+
+    rel: str  # path under benchmarks/results/
+    data: dict
+
+    @property
+    def env(self) -> dict:
+        d = self.data
+        env = d.get("env") or d.get("environment")
+        if env is None and d.get("rows"):  # parallel.py records the environment per row
+            env = d["rows"][0].get("env")
+        return env or d  # the oldest files kept card and commit at the top level
+
+    @property
+    def card(self) -> str:
+        return str(self.env.get("card") or "unknown")
+
+    @property
+    def commit(self) -> str:
+        """The commit as shown: 12 digits, "(dirty)" / "(given)" where recorded so; unknown where
+        the file records none, something that is no hash, or a commit known to be wrong."""
+        env = self.env
+        raw = str(env.get("commit") or "")
+        if self.rel in UNKNOWN_COMMITS or not COMMIT.fullmatch(raw):
+            return "unknown"
+        dirty = raw.endswith("+dirty") or env.get("commit_dirty") is True
+        sha = raw.removesuffix("+dirty")[:12]
+        return sha + (" (dirty)" if dirty else "") + (" (given)" if env.get("commit_source") == "given" else "")
+
+    def rows(self, key: str = "results") -> list[dict]:
+        return list(self.data.get(key) or [])
+
+    def row(self, strategy: str, key: str = "results") -> dict:
+        for r in self.rows(key):
+            if r.get("strategy") == strategy:
+                return r
+        raise KeyError(f"{self.rel}: no {strategy!r} row")
+
+
+@lru_cache(maxsize=None)
+def load(rel: str) -> Result:
+    path = RESULTS / rel
+    if not path.is_file():
+        raise FileNotFoundError(f"benchmarks/results/{rel}: a table's source is missing (moved or deleted?)")
+    return Result(rel, json.loads(path.read_text()))
+
+
+# -- formatting ----------------------------------------------------------------------------------
+
+def num(v: Any, digits: int = 1) -> str:
+    return "—" if v is None else f"{float(v):,.{digits}f}"
+
+
+def ratio(v: float | None) -> str:
+    return "—" if v is None else f"{v:.2f}×"
+
+
+def sci(v: Any) -> str:
+    """1.29e-2, as the results tables print errors."""
+    if v is None:
+        return "—"
+    mant, exp = f"{float(v):.2e}".split("e")
+    return f"{mant}e{int(exp)}"
+
+
+def faster(baseline: float | None, value: float | None) -> float | None:
+    """How many times faster `value` is than `baseline`, both times (ms, s/it)."""
+    return baseline / value if baseline and value else None
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+Link = Callable[[str], str]  # results rel path -> markdown link from the doc being written
+
+
+def sources(results: list[Result], link: Link) -> str:
+    """The line under every table: each source file with its card and commit."""
+    parts = [f"{link(r.rel)} ({r.card}, commit {r.commit})" for r in results]
+    commands = [f"`{r.data['command']}`" for r in results if r.data.get("command")]
+    return "Source: " + "; ".join(parts) + "." + (" Command: " + "; ".join(commands) + "." if commands else "")
+
+
+# -- the tables ----------------------------------------------------------------------------------
+
+HARNESS_NAMES = {"eager": "eager", "diffusers_regional": "diffusers `compile_repeated_blocks`",
+                 "magi_zoo_unfused": "magi_zoo, fusions off", "magi_zoo": "**magi_zoo**",
+                 "magi_zoo_fp8": "**magi_zoo, fp8**"}
+
+WAN_13B = "wan2.1-t2v-1.3b/wan2.1-t2v-1.3b_480x832x81_fused_h100.json"
+WAN_13B_WARM = "wan2.1-t2v-1.3b/wan2.1-t2v-1.3b_480x832x81_fp8warm_final_h100.json"
+FLUX = "flux/flux.1-dev_1024x1024_fused2_h100.json"
+I2V_LOOP = ("wan2.1-i2v-14b/denoise_loop_wan2.1-i2v-14b-480p_bf16_15steps_h100.json",
+            "wan2.1-i2v-14b/denoise_loop_wan2.1-i2v-14b-480p_fp8_15steps_h100.json")
+OFFLOAD_FLUX = "offload/offload_h100_flux.1-dev_pool.json"
+OFFLOAD_I2V = ("offload/offload_h100_wan2.1-i2v-14b-480p_16_24gib.json",
+               "offload/offload_h100_wan2.1-i2v-14b-480p_16_40gib.json",
+               "offload/offload_h100_wan2.1-i2v-14b-480p_12gib_diffusers.json",
+               "offload/offload_h100_wan2.1-i2v-14b-480p_24gib_diffusers.json")
+TRAIN = "train/train_wan2.1-t2v-1.3b_h100_noopt.json"
+TRAIN_MULTI = ("train/train_dp_wan2.1-t2v-1.3b_h100.json", "train/train_fsdp_wan2.1-t2v-14b_h100.json")
+SELF_FORCING = "self_forcing/self_forcing_h100_vae_contig_serial.json"
+SELF_FORCING_DEFAULT = "self_forcing/self_forcing_h100.json"
+PARALLEL = ("parallel/parallel_h100_2gpu.json", "parallel/parallel_h200_4gpu.json")
+
+
+def harness(rel: str, strategies: list[str], link: Link) -> str:
+    """benchmarks.run rows: ms per forward and each row against diffusers' regional compile."""
+    r = load(rel)
+    base = r.row("diffusers_regional")["median_ms"]
+    rows = []
+    for s in strategies:
+        x = r.row(s)
+        rows.append([HARNESS_NAMES.get(s, s), num(x.get("median_ms")), ratio(faster(base, x.get("median_ms"))),
+                     sci(x.get("rel_err_vs_fp32")), num(x.get("peak_gib"))])
+    shape = r.data["shape"]
+    what = f"{r.data['model']}, {shape['height']}×{shape['width']}" + (f"×{shape['frames']}" if shape.get("frames") else "")
+    head = [what, "ms / forward", "vs diffusers regional", "rel. error vs fp32", "peak GiB"]
+    return table(head, rows) + "\n\n" + sources([r], link)
+
+
+def wan_13b(link: Link) -> str:
+    return harness(WAN_13B, ["eager", "diffusers_regional", "magi_zoo_unfused", "magi_zoo", "magi_zoo_fp8"], link)
+
+
+def flux(link: Link) -> str:
+    return harness(FLUX, ["eager", "diffusers_regional", "magi_zoo_unfused", "magi_zoo", "magi_zoo_fp8"], link)
+
+
+def warm_start(link: Link) -> str:
+    r = load(WAN_13B_WARM)
+    rows = []
+    for x in r.rows():
+        if x.get("warm_first_call_s_all"):
+            rows.append([HARNESS_NAMES.get(x["strategy"], x["strategy"]), num(x.get("first_call_s")),
+                         num(x.get("warm_first_call_s")), " / ".join(num(s, 2) for s in x["warm_first_call_s_all"])])
+    head = ["Wan2.1-T2V-1.3B first call", "cold process, s", "warm process, s (median)", "each warm process, s"]
+    return table(head, rows) + "\n\n" + sources([r], link)
+
+
+def i2v_loop(link: Link) -> str:
+    files = [load(rel) for rel in I2V_LOOP]
+    base = files[0].data["row"]["s_per_it_median"]
+    rows = [[f"{f.data['row']['precision']}", num(f.data["row"]["s_per_it_median"], 2),
+             ratio(faster(base, f.data["row"]["s_per_it_median"])), num(f.data["row"]["peak_gib"]),
+             num(f.data["row"]["vae_decode_s"], 2)] for f in files]
+    row = files[0].data["row"]
+    head = [f"{row['model']}, {row['shape']}, CFG {row['cfg']}, {row['steps']} steps", "s / it",
+            "vs bf16", "peak GiB", "VAE decode, s"]
+    return table(head, rows) + "\n\n" + sources(files, link)
+
+
+def _offload_rows(r: Result) -> list[list[str]]:
+    rows = r.rows("rows")
+    resident = next((x["median_ms"] for x in rows if x.get("strategy") == "resident" and x.get("median_ms")), None)
+    out = []
+    for x in rows:
+        if x.get("status") != "ok" or x.get("strategy") == "resident" and resident is None:
+            continue
+        budget = "—" if x.get("budget_gib") is None else num(x["budget_gib"], 0)
+        out.append([x["model"], x["strategy"], budget, num(x.get("median_ms")),
+                    ratio(resident / x["median_ms"] if resident and x.get("median_ms") else None),
+                    num(x.get("timed_max_reserved_gib")), r.rel.rsplit("/", 1)[-1]])
+    return out
+
+
+def offload(link: Link) -> str:
+    files = [load(rel) for rel in (OFFLOAD_FLUX, *OFFLOAD_I2V)]
+    rows = [row for f in files for row in _offload_rows(f)]
+    head = ["model", "strategy", "budget GiB", "ms / forward", "vs resident (same run)", "peak reserved GiB", "file"]
+    return table(head, rows) + "\n\n" + sources(files, link)
+
+
+def training(link: Link) -> str:
+    r = load(TRAIN)
+    base = r.row("eager_full")["ms_per_step"]
+    order = ["eager_full", *[x["strategy"] for x in r.rows() if x["strategy"] != "eager_full"]]
+    rows = [[f"`{s}`", num(r.row(s).get("ms_per_step")), ratio(faster(base, r.row(s).get("ms_per_step"))),
+             num(r.row(s).get("peak_gib"))] for s in order]
+    head = [f"{r.data['model']} training step", "ms / step", "vs eager + full recompute", "peak GiB"]
+    return table(head, rows) + f"\n\nStep: {r.data['step']}. " + sources([r], link)
+
+
+def training_multi_gpu(link: Link) -> str:
+    files = [load(rel) for rel in TRAIN_MULTI]
+    rows = []
+    for f in files:
+        single = next((x["ms_per_step"] for x in f.rows() if x.get("world") == 1), None)
+        for x in f.rows():
+            scaling = x["world"] * single / x["ms_per_step"] if single and x.get("ms_per_step") else None
+            rows.append([f.data["model"], x["mode"], str(x["world"]), num(x.get("ms_per_step")),
+                         ratio(scaling) if x["world"] > 1 else "—", num(x.get("peak_gib_per_gpu"))])
+    head = ["model", "mode", "GPUs", "ms / step", "throughput vs 1 GPU", "peak GiB per GPU"]
+    return table(head, rows) + "\n\n" + sources(files, link)
+
+
+def self_forcing(link: Link) -> str:
+    r, default = load(SELF_FORCING), load(SELF_FORCING_DEFAULT)
+    base = r.row("naive_compiled")["fps"]
+    rows = []
+    for f, x in [*((r, x) for x in r.rows()), *((default, x) for x in default.rows())]:
+        if x.get("status") != "ok":
+            continue
+        vs = ratio(x["fps"] / base) if f is r else "—"
+        rows.append([f"`{x['strategy']}`" + (" (shipped default)" if f is default else ""), num(x.get("fps")), vs,
+                     num(x.get("transformer_ms")), num(x.get("first_video_s")), num(x.get("peak_gib"))])
+    shape = r.data["shape"]
+    head = [f"{r.data['model']}, {shape['height']}×{shape['width']}×{shape['num_frames']}", "FPS",
+            "vs the naive port", "transformer ms / video", "first video, s", "peak GiB"]
+    return table(head, rows) + "\n\n" + sources([r, default], link)
+
+
+def multi_gpu(link: Link) -> str:
+    files = [load(rel) for rel in PARALLEL]
+    rows = [[x["workload"], f.card, str(x["gpus"]), x["config"], num(x.get("ms")), ratio(x.get("speedup")),
+             num(x.get("peak_gib"))] for f in files for x in f.rows("rows")]
+    head = ["workload", "card", "GPUs", "configuration", "ms / step", "speed-up", "peak GiB"]
+    return table(head, rows) + "\n\n" + sources(files, link)
+
+
+def headline(link: Link) -> str:
+    """A handful of rows, each magi_zoo against the baseline measured in the same run."""
+    wan, fl, sf, off = load(WAN_13B), load(FLUX), load(SELF_FORCING), load(OFFLOAD_FLUX)
+    rows = []
+
+    def add(what: str, r: Result, value: float, unit: str, base_name: str, base: float, times: float):
+        rows.append([what, f"{num(value)} {unit}", f"{base_name}: {num(base)} {unit}", f"**{ratio(times)}**",
+                     r.card.replace("NVIDIA ", ""), f"{link(r.rel)} ({r.commit})"])
+
+    regional = wan.row("diffusers_regional")["median_ms"]
+    for s, what in (("magi_zoo", "Wan2.1-T2V-1.3B forward, bf16"), ("magi_zoo_fp8", "Wan2.1-T2V-1.3B forward, fp8")):
+        ms = wan.row(s)["median_ms"]
+        add(what, wan, ms, "ms", "diffusers regional compile", regional, regional / ms)
+    regional, ms = fl.row("diffusers_regional")["median_ms"], fl.row("magi_zoo_fp8")["median_ms"]
+    add("Flux.1-dev 1024² forward, fp8", fl, ms, "ms", "diffusers regional compile", regional, regional / ms)
+    naive, fps = sf.row("naive_compiled")["fps"], sf.row("fullgraph_fa3_cudagraphs")["fps"]
+    add("Self-Forcing video, FPS", sf, fps, "FPS", "the naive port, compiled", naive, fps / naive)
+    group, ms = off.row("diffusers", "rows")["median_ms"], off.row("magi_zoo_refit", "rows")["median_ms"]
+    budget = num(off.row("magi_zoo_refit", "rows")["budget_gib"], 0)
+    add(f"Flux.1-dev forward under a {budget} GiB cap", off, ms, "ms", "diffusers group offload", group, group / ms)
+    head = ["what", "magi_zoo", "baseline (same run)", "ratio", "card", "source (commit)"]
+    return table(head, rows)
+
+
+def unknown_commits(link: Link) -> str:
+    """The results files whose commit is unknown: each needs re-measuring before a table uses it."""
+    rows = [[link(rel), why] for rel, why in sorted(UNKNOWN_COMMITS.items())]
+    return table(["results file", "why its commit is unknown"], rows)
+
+
+TABLES: dict[str, Callable[[Link], str]] = {
+    "headline": headline, "wan-1.3b": wan_13b, "warm-start": warm_start, "flux": flux, "i2v-14b-loop": i2v_loop,
+    "offload": offload, "training": training, "training-multi-gpu": training_multi_gpu,
+    "self-forcing": self_forcing, "multi-gpu": multi_gpu, "unknown-commits": unknown_commits,
+}
+
+
+# -- the docs ------------------------------------------------------------------------------------
+
+def doc_files(root: Path = ROOT) -> list[Path]:
+    """Where tables may be asked for: the README and every page under docs/."""
+    return [p for p in [root / "README.md", *sorted((root / "docs").glob("*.md"))] if p.is_file()]
+
+
+def render(text: str, doc: Path) -> str:
+    """`text` with every marked block replaced by its table, links relative to `doc`."""
+
+    def link(rel: str) -> str:
+        target = os.path.relpath(RESULTS / rel, doc.parent).replace(os.sep, "/")
+        return f"[`{rel.rsplit('/', 1)[-1]}`]({target})"
+
+    def fill(m: re.Match) -> str:
+        name = m.group(2)
+        if name not in TABLES:
+            raise KeyError(f"{doc.name}: unknown table {name!r}; tables: {', '.join(TABLES)}")
+        return f"{m.group(1)}{TABLES[name](link)}\n{m.group(4)}"
+
+    return MARKER.sub(fill, text)
+
+
+def stale_blocks(root: Path = ROOT) -> list[str]:
+    """'file: table' for every marked block that differs from what the generator writes."""
+    out = []
+    for doc in doc_files(root):
+        text = doc.read_text()
+        want = render(text, doc)
+        if want != text:
+            got = {m.group(2): m.group(3) for m in MARKER.finditer(text)}
+            new = {m.group(2): m.group(3) for m in MARKER.finditer(want)}
+            out += [f"{doc.relative_to(root)}: {name}" for name in new if got.get(name) != new[name]]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.tables", description=__doc__.splitlines()[0])
+    p.add_argument("--check", action="store_true", help="write nothing; exit 1 if any marked block is stale")
+    args = p.parse_args(argv)
+    if args.check:
+        stale = stale_blocks()
+        for s in stale:
+            print(f"stale table: {s} (run: python -m benchmarks.tables)", file=sys.stderr)
+        return 1 if stale else 0
+    for doc in doc_files():
+        text = doc.read_text()
+        new = render(text, doc)
+        if new != text:
+            doc.write_text(new)
+            print(f"wrote {doc.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

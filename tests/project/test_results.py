@@ -1,0 +1,155 @@
+"""Results that cannot drift: every table in README.md and docs/*.md is what
+`python -m benchmarks.tables` writes from the committed JSON; no measured number is typed
+into those docs outside a generated block; every results file names its commit (or is listed
+as unknown, and shown so); every path that cites a results file names one that exists."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from benchmarks import tables
+from helpers import REPO
+
+RESULTS = REPO / "benchmarks" / "results"
+ALLOWED_FILE = Path(__file__).with_name("prose_numbers_allowed.txt")
+
+# A number with a unit that only a measurement has (any number: "18 FPS" is as measured as
+# "18.6 FPS") ...
+MEASURED_UNITS = r"ms|s/it|dB|FPS|fps|TFLOP/s|TB/s"
+# ... and units that settings and sizes share with measurements, where only a decimal is read
+# as measured: "80 GiB card", "a 12 GiB budget", "2× H100", "832x480" and "a 5 s timeout" are
+# prose; "43.55 dB", "4.0 s", "1.44×" and "51.7 GiB" are results.
+DECIMAL_UNITS = r"s|GiB|GB|×|x"
+NUMBER_WITH_UNIT = re.compile(
+    rf"(?<![\w.,])(?:\d+(?:,\d{{3}})*(?:\.\d+)?\s?(?:{MEASURED_UNITS})|\d+\.\d+\s?(?:{DECIMAL_UNITS}))(?![\w/])")
+
+
+def _allowed() -> set[tuple[str, str]]:
+    """(file, exact text) pairs from prose_numbers_allowed.txt: `file: text  # why` per line."""
+    out = set()
+    for line in ALLOWED_FILE.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            file, text = (part.strip() for part in line.split(":", 1))
+            out.add((file, text))
+    return out
+
+
+def _prose_numbers(text: str) -> list[tuple[int, str]]:
+    """(line, match) for every number with a unit outside the generated blocks."""
+    outside = tables.MARKER.sub(lambda m: m.group(1) + "\n" * m.group(3).count("\n") + m.group(4), text)
+    return [(i, m.group(0)) for i, line in enumerate(outside.splitlines(), 1)
+            for m in NUMBER_WITH_UNIT.finditer(line)]
+
+
+def test_every_marked_table_is_what_the_generator_writes():
+    stale = tables.stale_blocks(REPO)
+    assert not stale, "tables differ from benchmarks/results (run `python -m benchmarks.tables`): " + ", ".join(stale)
+
+
+def test_the_generator_fills_the_readme_headline_and_every_table_of_docs_benchmarks():
+    readme = (REPO / "README.md").read_text()
+    assert "<!-- table:headline -->" in readme
+    page = (REPO / "docs" / "benchmarks.md").read_text()
+    named = {m.group(2) for m in tables.MARKER.finditer(page)}
+    assert named == set(tables.TABLES) - {"headline"}, set(tables.TABLES) ^ named
+
+
+def test_a_stale_or_unknown_table_is_found(tmp_path):
+    (tmp_path / "docs").mkdir()
+    doc = tmp_path / "docs" / "page.md"
+    fresh = tables.render("<!-- table:flux -->\n<!-- /table:flux -->\n", doc)
+    assert "| **magi_zoo, fp8** |" in fresh and "commit aaa18b9b17a6" in fresh
+    doc.write_text(fresh.replace("| **magi_zoo, fp8** | 91.7 |", "| **magi_zoo, fp8** | 90.1 |"))  # typed in
+    assert tables.stale_blocks(tmp_path) == ["docs/page.md: flux"]
+    doc.write_text(fresh)
+    assert tables.stale_blocks(tmp_path) == []
+    doc.write_text("<!-- table:nonsense -->\n<!-- /table:nonsense -->\n")
+    with pytest.raises(KeyError, match="unknown table 'nonsense'"):
+        tables.stale_blocks(tmp_path)
+
+
+def test_no_measured_number_is_typed_into_readme_or_docs():
+    allowed, used, found = _allowed(), set(), []
+    for doc in tables.doc_files(REPO):
+        rel = doc.relative_to(REPO).as_posix()
+        for line, text in _prose_numbers(doc.read_text()):
+            if (rel, text) in allowed:
+                used.add((rel, text))
+            else:
+                found.append(f"{rel}:{line}: {text}")
+    assert not found, ("numbers with a unit outside a generated block (put the number in a results file and the "
+                       "table between <!-- table:NAME --> markers, or, for a setting, add it to "
+                       f"{ALLOWED_FILE.name}): " + "; ".join(found))
+    assert not allowed - used, f"{ALLOWED_FILE.name} lists numbers no doc has any more: {sorted(allowed - used)}"
+
+
+def test_the_number_check_reads_results_and_leaves_prose_alone():
+    prose = ("a 12 GiB budget on an 80 GiB card, 832x480 frames, 2× H100, a 5 s timeout, 66% attention, "
+             "torch 2.11 and Wan2.1-1.3B at 1e-2")
+    assert _prose_numbers(prose) == []
+    measured = "448.4 ms, 43.55 dB, 4.0 s, 5.06 s/it, 1.44×, 1.2x, 51.7 GiB, 18 FPS, 690 TFLOP/s, 1,917 ms"
+    assert [t for _, t in _prose_numbers(measured)] == [
+        "448.4 ms", "43.55 dB", "4.0 s", "5.06 s/it", "1.44×", "1.2x", "51.7 GiB", "18 FPS", "690 TFLOP/s", "1,917 ms"]
+    block = "<!-- table:flux -->\n| 91.7 ms |\n<!-- /table:flux -->\n448.4 ms\n"
+    assert _prose_numbers(block) == [(4, "448.4 ms")]  # inside the block: the generator's
+
+
+def _commits(record: dict) -> list:
+    """Every commit a results record states (its environment; parallel.py's per row)."""
+    envs = [record.get("env"), record.get("environment"), *(r.get("env") for r in record.get("rows") or [])]
+    found = [e.get("commit") for e in envs if isinstance(e, dict) and "commit" in e]
+    return found or [record.get("commit")]
+
+
+def test_every_result_names_its_commit_or_is_listed_as_unknown():
+    """A results file without a real commit (None, 'HEAD', corrected by hand) is listed in
+    UNKNOWN_COMMITS, so every table shows it as unknown; GPU test runs (gpu_tests/) are test
+    output, whose commit their log names."""
+    missing = []
+    for path in sorted(RESULTS.rglob("*.json")):
+        rel = path.relative_to(RESULTS).as_posix()
+        if rel.startswith("gpu_tests/") or rel in tables.UNKNOWN_COMMITS:
+            continue
+        commits = _commits(json.loads(path.read_text()))
+        if not all(isinstance(c, str) and tables.COMMIT.fullmatch(c) for c in commits):
+            missing.append(f"{rel}: {commits}")
+    assert not missing, missing
+    for rel in tables.UNKNOWN_COMMITS:
+        assert (RESULTS / rel).is_file(), f"UNKNOWN_COMMITS lists {rel}, which is gone: drop it from the list"
+        assert tables.load(rel).commit == "unknown"
+
+
+def test_a_result_written_by_the_harness_shows_its_commit(tmp_path):
+    r = tables.Result("x/r.json", {"env": {"card": "NVIDIA H100 80GB HBM3", "commit": "9c7ab6b8b11aa32238e53a8d856d77fade2c27c1",
+                                           "commit_dirty": True, "commit_source": "git"}})
+    assert r.commit == "9c7ab6b8b11a (dirty)"
+    given = tables.Result("x/r.json", {"env": {"commit": "9c7ab6b", "commit_dirty": None, "commit_source": "given"}})
+    assert given.commit == "9c7ab6b (given)"
+    for bad in (None, "HEAD", "abc", "placeholder"):
+        assert tables.Result("x/r.json", {"env": {"commit": bad}}).commit == "unknown"
+
+
+CITED = re.compile(r"benchmarks/results/[\w.+\-/]*[\w+\-]")
+CITED_FILES = {".py", ".md", ".toml", ".txt", ".sh", ".cfg"}
+
+
+def test_every_cited_results_path_exists():
+    """Code, specs and docs that cite a results file or folder by path name one that exists
+    (moved or deleted results leave no dangling citation). A name followed by a placeholder
+    (`<card>`, `*`, `{a,b}`) is a pattern, not a path: not checked."""
+    dangling = []
+    for path in REPO.rglob("*"):
+        rel = path.relative_to(REPO)
+        if (path.suffix not in CITED_FILES or not path.is_file() or rel.parts[0] in (".git", "venv", ".venv")
+                or rel.as_posix().startswith("benchmarks/results/")):
+            continue
+        text = path.read_text(errors="replace")
+        for m in CITED.finditer(text):
+            if text[m.end():m.end() + 1] not in ("<", "*", "{") and not (REPO / m.group(0)).exists():
+                dangling.append(f"{rel.as_posix()}: {m.group(0)}")
+    assert not dangling, dangling
