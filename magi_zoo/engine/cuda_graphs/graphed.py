@@ -201,4 +201,3 @@ def uninstall(module: nn.Module, method: str) -> None:
         object.__setattr__(module, method, prior)
     if not table:
         module.__dict__.pop(_GRAPHED, None)
-

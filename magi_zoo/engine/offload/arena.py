@@ -101,4 +101,3 @@ class HostArenas:
         self._free[i] -= need
         buf = self.buffers[i]
         return None if buf is None else buf[off:off + nbytes]
-

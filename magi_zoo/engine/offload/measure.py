@@ -140,4 +140,3 @@ def refit(root: nn.Module, call=None, *, activation_gib: dict[str, float] | None
     out.update({"reserve_gib": {ph: round(b / GIB, 3) for ph, b in reserve.items()},
                 "made_resident": made_resident, "made_streamed": made_streamed, "plan": rt.plan.to_dict()})
     return out
-

@@ -289,4 +289,3 @@ def plan_offload(units: Sequence[Unit], *, fixed_bytes: int, activation_bytes: i
         streamed_bytes=sum(u.nbytes for u in units if u.name in streamed), stall_s=stall, prefetch=prefetch,
         phase_activation=phase_activations(units, activation_bytes, measured),
         measured_phases=tuple(p for p in (measured or {}) if p in copy_s))
-

@@ -487,4 +487,3 @@ class OffloadRuntime:
             out["measured_activation_gib"] = round((peak - self.weights_on_device - buffers) / GIB, 3)
             out["activation_reserve_gib"] = round(self.plan.activation / GIB, 3)
         return out
-

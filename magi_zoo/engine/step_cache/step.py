@@ -221,5 +221,3 @@ def full_passes(report) -> dict[str, int]:
     """Calls per compiled region (the engine's own accounting): with block caching on, the
     blocks a cache skipped are not called, so this counts the block work really done."""
     return {r.name: r.calls for r in report.regions}
-
-
