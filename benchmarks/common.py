@@ -165,7 +165,7 @@ def environment(device) -> dict[str, Any]:
     the compile cache); a benchmark adds only the commit it measured. `device_name` is
     recorded as `card`, the name every results file has used. Raises CommitUnknown where the
     commit cannot be known (see `measured_commit`; every script also checks that at its start)."""
-    from magi_zoo.engine.cache import environment_fields
+    from magi_zoo.engine.compile.cache import environment_fields
 
     env = environment_fields(device)
     env["card"] = env.pop("device_name")

@@ -193,7 +193,7 @@ def _assemble(adapter, variant, *, gpu: str, dtype, device, compiled: bool, back
     import torch.nn as nn
 
     from magi_zoo.engine import apply
-    from magi_zoo.engine.cache import CompileCache, resolve_cache_dir
+    from magi_zoo.engine.compile.cache import CompileCache, resolve_cache_dir
     from magi_zoo.specs import get_profile, with_backend
     from magi_zoo.zoo import ZooPipeline, spec_layers
 

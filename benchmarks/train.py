@@ -71,7 +71,7 @@ def _recompute(strategy: str, budget: float | None = None, optimizer: str = "ada
     if strategy == "none":
         return "none"
     if strategy.startswith("auto"):
-        return {"policy": "auto", "memory_budget_gib": float(budget if budget is not None else strategy[4:]),
+        return {"policy": "auto", "train_peak_gib": float(budget if budget is not None else strategy[4:]),
                 "optimizer_states": 2.0 if optimizer == "adamw" else 0.0}
     raise ValueError(f"unknown strategy {strategy!r}; choices: {', '.join(ALL_STRATEGIES)}")
 

@@ -1,6 +1,6 @@
 """Training with magi_zoo: the pieces `load(..., train=True)` and the training benchmark use.
 
-    handle = magi_zoo.load("wan2.1", train=True, recompute={"policy": "auto", "memory_budget_gib": 16})
+    handle = magi_zoo.load("wan2.1", train=True, recompute={"policy": "auto", "train_peak_gib": 16})
     model = handle.trainable            # the denoiser, in train mode, plan applied
     loss = flow_matching_loss(model, handle.adapter.example_inputs(handle.pipe, handle.variant, "denoise"))
     loss.backward()
@@ -22,6 +22,8 @@ from typing import Any, Callable, Iterable
 import torch
 import torch.nn as nn
 
+from .engine.compile import compiled_methods
+from .engine.recompute import recompute_state
 from .specs.recompute_spec import with_recompute
 
 DEFAULT_RECOMPUTE = "full"  # train=True without recompute=: what always fits one block at a time
@@ -154,13 +156,10 @@ def unify_dtypes(model: nn.Module, dtype: torch.dtype | None = None) -> torch.dt
 
 
 def _blocks(model: nn.Module, block_types: Iterable[type] | None) -> list[nn.Module]:
-    from .engine.compile import _ORIGINALS
-    from .engine.recompute import _STATE
-
     if block_types is not None:
         types = tuple(block_types)
         return [m for m in model.modules() if isinstance(m, types) and m is not model]
-    return [m for m in model.modules() if m is not model and (_STATE in m.__dict__ or _ORIGINALS in m.__dict__)]
+    return [m for m in model.modules() if m is not model and (recompute_state(m) is not None or compiled_methods(m))]
 
 
 def parse_recompute(text: str) -> Any:
@@ -170,7 +169,7 @@ def parse_recompute(text: str) -> Any:
         if not budget:
             raise ValueError("--recompute auto needs a budget: auto:GIB, e.g. auto:16")
         try:
-            return {"policy": "auto", "memory_budget_gib": float(budget)}
+            return {"policy": "auto", "train_peak_gib": float(budget)}
         except ValueError:
             raise ValueError(f"--recompute {text!r}: the budget after 'auto:' is GiB, a number") from None
     if budget:

@@ -11,7 +11,7 @@ import torch.nn as nn
 
 from . import adapters
 from .engine import apply
-from .engine.cache import CompileCache, resolve_cache_dir
+from .engine.compile import CompileCache, resolve_cache_dir
 from .engine.report import Report
 from .specs import PlanLayer, SpecFile, get_profile
 from .specs.gpu_profiles import GpuProfile
@@ -234,7 +234,7 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
         attention (fa3 trains with cuDNN's backward). `handle.trainable` is the module to optimise.
     recompute: with train=True, the blocks' activation recompute: "full" (default), "none",
         "selective" or a dict of RecomputeSpec fields, e.g. {"policy": "auto",
-        "memory_budget_gib": 16} (measured on the example inputs at load; README, "Training").
+        "train_peak_gib": 16} (measured on the example inputs at load; README, "Training").
     calibrate: with recompute "auto", measure the blocks and choose at load (default). False
         defers it to `magi_zoo.train.calibrate(handle)`: FSDP2 flows call it after
         `magi_zoo.train.shard`, so the choice sees per-rank memory and load never runs the

@@ -9,7 +9,8 @@ Policies, per region (a region is usually a repeated block class):
   (``"matmuls"``, ``"attention"``, or op names such as ``"aten.mm"``), so backward
   recomputes only the cheap ops in between;
 - ``auto``: per block one of the above, chosen from a measured profile so that the
-  training step's peak fits `memory_budget_gib` at the least recompute time.
+  training step's peak fits `train_peak_gib` at the least recompute time (its own name:
+  `memory_budget_gib` is the offload plan's device-memory budget).
 
 `selective` and `auto` also keep the outputs of custom ops registered with
 ``is_compute_sensitive=True``; `full` recomputes everything.
@@ -22,6 +23,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from .plan import PlanLayer
 from .section import SectionSpec, register_section
 
 POLICIES = ("none", "full", "selective", "auto")
@@ -52,7 +54,7 @@ SAVE_GROUPS = (*OP_GROUPS, *SHAPE_GROUPS)
 def resolve_op_name(name: str):
     """The torch op a `save` entry names: ``aten.mm`` / ``aten::mm`` (every overload) or
     ``aten.mm.default`` (one overload); an unknown name raises with a did-you-mean."""
-    import torch
+    import torch  # lazy: specs are plain data and import without torch; only naming an op needs it
 
     text = name.strip().replace("::", ".")
     parts = text.split(".")
@@ -81,7 +83,7 @@ def resolve_op_name(name: str):
 def _known_names(ns: str) -> list[str]:
     """Candidate op names for a did-you-mean: the ops torch has loaded in namespace `ns`
     (``dir(torch.ops.aten)`` lists every aten op), or the namespaces' group members."""
-    import torch
+    import torch  # lazy: as in `resolve_op_name`
 
     try:
         return [f"{ns}.{n}" for n in dir(getattr(torch.ops, ns)) if not n.startswith("__")]
@@ -98,18 +100,21 @@ class RecomputeSpec(SectionSpec):
     """
 
     section: ClassVar[str] = "recompute"
+    # The training peak had the offload budget's name; the two mean different memories.
+    renamed_fields: ClassVar[dict[str, str]] = {"memory_budget_gib": "train_peak_gib"}
 
     policy: Literal["none", "full", "selective", "auto"] = Field(
         "none", description="'none': keep every activation; 'full': keep the block inputs, recompute "
         "the rest; 'selective': keep the outputs of the `save` ops; 'auto': per block, what fits "
-        "`memory_budget_gib` at the least recompute time (measured).")
+        "`train_peak_gib` at the least recompute time (measured).")
     save: tuple[str, ...] | None = Field(
         None, description="selective only: op groups ('matmuls', 'attention', 'down-projections': "
         "matmuls with K > N) and/or op names "
         "('aten.mm', 'aten._scaled_dot_product_flash_attention'); default both groups.")
-    memory_budget_gib: float | None = Field(
+    train_peak_gib: float | None = Field(
         None, gt=0, description="auto only (required): the peak device memory a training step may "
-        "reach -- weights, gradients, optimizer states and activations together.")
+        "reach -- weights, gradients, optimizer states and activations together (formerly "
+        "memory_budget_gib, the offload budget's name).")
     optimizer_states: float = Field(
         2.0, ge=0, description="auto only: bytes of optimizer state per byte of trainable weight, "
         "counted against the budget (AdamW 2, SGD with momentum 1, none 0).")
@@ -144,11 +149,11 @@ class RecomputeSpec(SectionSpec):
         if self.save is not None and self.policy != "selective":
             raise ValueError(f"save= is for policy='selective' (got policy={self.policy!r}); drop save or "
                              "set policy='selective'")
-        if self.policy == "auto" and self.memory_budget_gib is None:
-            raise ValueError("policy='auto' needs memory_budget_gib (the peak a training step may reach, "
+        if self.policy == "auto" and self.train_peak_gib is None:
+            raise ValueError("policy='auto' needs train_peak_gib (the peak a training step may reach, "
                              "e.g. 16)")
-        if self.memory_budget_gib is not None and self.policy != "auto":
-            raise ValueError(f"memory_budget_gib is for policy='auto' (got policy={self.policy!r})")
+        if self.train_peak_gib is not None and self.policy != "auto":
+            raise ValueError(f"train_peak_gib is for policy='auto' (got policy={self.policy!r})")
         return self
 
     @property
@@ -173,8 +178,6 @@ def with_recompute(layers: list, value: Any) -> list:
     `RecomputeSpec` fields, or a spec) on every region the recompute section names in any
     layer -- the blocks a spec file declares may be checkpointed. No such region is an error:
     the model's spec does not say which of its modules are the repeated blocks."""
-    from .plan import PlanLayer
-
     if isinstance(value, RecomputeSpec):
         spec = value
     elif isinstance(value, str):

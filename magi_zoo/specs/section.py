@@ -17,7 +17,7 @@ import hashlib
 import json
 from typing import Any, ClassVar, Mapping, Union
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 SECTIONS: dict[str, type["SectionSpec"]] = {}  # section name -> spec class, in registration order
 
@@ -35,6 +35,18 @@ class SectionSpec(BaseModel):
 
     section: ClassVar[str]
     per_method: ClassVar[bool] = False
+    # Fields a release renamed: old name -> new name. Given the old name, every way of
+    # building the spec (keyword, plan dict, spec file) says what to write instead.
+    renamed_fields: ClassVar[dict[str, str]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_renamed_fields(cls, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            old = [k for k in data if k in cls.renamed_fields]
+            if old:
+                raise ValueError("; ".join(renamed_field_message(cls, k, data[k]) for k in old))
+        return data
 
     @classmethod
     def from_shorthand(cls, value: Any) -> "SectionSpec":
@@ -100,9 +112,16 @@ def flat_error(e: Exception) -> str:
     return str(e)
 
 
+def renamed_field_message(cls: type[SectionSpec], old: str, value: Any = ...) -> str:
+    """What to write instead of a field `cls.renamed_fields` lists as renamed."""
+    new = cls.renamed_fields[old]
+    return f"field {old!r} was renamed {new!r}: write {new}={'...' if value is ... else repr(value)} instead"
+
+
 def _fields_error(cls: type[SectionSpec], where: str, unknown: list[str]) -> ValueError:
     fields = list(cls.model_fields)
-    parts = [f"unknown field {u!r}{did_you_mean(u, fields)}" for u in unknown]
+    parts = [renamed_field_message(cls, u) if u in cls.renamed_fields else
+             f"unknown field {u!r}{did_you_mean(u, fields)}" for u in unknown]
     return ValueError(f"{where}: {'; '.join(parts)} (valid {cls.section} fields: {', '.join(fields)})")
 
 

@@ -7,7 +7,7 @@ import textwrap
 import pytest
 import torch
 
-from magi_zoo.engine.cache import ENV_VAR, CompileCache, resolve_cache_dir
+from magi_zoo.engine.compile.cache import ENV_VAR, CompileCache, resolve_cache_dir
 
 from helpers.processes import run_script
 
@@ -43,7 +43,7 @@ def test_first_load_into_empty_dir_is_a_miss(tmp_path):
 _WARM_SCRIPT = textwrap.dedent("""
     import sys, torch
     from torch._dynamo.utils import counters
-    from magi_zoo.engine.cache import CompileCache
+    from magi_zoo.engine.compile.cache import CompileCache
     cache = CompileCache(sys.argv[1], {"model": "test/toy"})
     cache.load()
     f = torch.compile(lambda x: torch.nn.functional.gelu(x @ x.T) + 1)

@@ -14,7 +14,7 @@ import os
 import pytest
 import torch
 
-from magi_zoo.engine.cache import CompileCache
+from magi_zoo.engine.compile.cache import CompileCache
 
 N_PROCS = 4
 ROUNDS = 12

@@ -11,7 +11,8 @@ import torch.nn as nn
 import magi_zoo
 from magi_zoo.engine import counters, remove
 from magi_zoo.engine.recompute import (BlockProfile, GroupCost, Option, OptionCost, block_choices, choose, options,
-                                       _hull)
+                                       recompute_state)
+from magi_zoo.engine.recompute.auto import _hull
 from magi_zoo.specs import PlanLayer, RecomputeSpec
 from magi_zoo.specs.plan import with_backend
 from magi_zoo.specs.recompute_spec import with_recompute
@@ -34,22 +35,27 @@ def test_spec_shorthand_fields_and_errors():
         RecomputeSpec(policy="selective", save=["aten.mm.nope"])
     with pytest.raises(ValueError, match="save= is for policy='selective'"):
         RecomputeSpec(policy="full", save=["matmuls"])
-    with pytest.raises(ValueError, match="policy='auto' needs memory_budget_gib"):
+    with pytest.raises(ValueError, match="policy='auto' needs train_peak_gib"):
         RecomputeSpec(policy="auto")
-    with pytest.raises(ValueError, match="memory_budget_gib is for policy='auto'"):
-        RecomputeSpec(policy="full", memory_budget_gib=8)
+    with pytest.raises(ValueError, match="train_peak_gib is for policy='auto'"):
+        RecomputeSpec(policy="full", train_peak_gib=8)
+    # the training peak's former name (the offload budget's) says what to write instead, however given
+    with pytest.raises(ValueError, match="'memory_budget_gib' was renamed 'train_peak_gib': write train_peak_gib=16"):
+        RecomputeSpec(policy="auto", memory_budget_gib=16)
+    with pytest.raises(ValueError, match="'memory_budget_gib' was renamed 'train_peak_gib'"):
+        PlanLayer(recompute={"Block": {"policy": "auto", "memory_budget_gib": 16}})
     with pytest.raises(ValueError, match="unknown field 'polcy' -- did you mean 'policy'"):
         PlanLayer(recompute={"Block": {"polcy": "full"}})
 
 
 def test_with_recompute_sets_declared_regions_only():
     layers = [("model default", PlanLayer(recompute={"Block": "none"}, compile={"Block": {}}))]
-    out = with_recompute(layers, {"policy": "auto", "memory_budget_gib": 16})
+    out = with_recompute(layers, {"policy": "auto", "train_peak_gib": 16})
     spec = out[-1][1].entries("recompute")["Block"]
-    assert (spec.policy, spec.memory_budget_gib) == ("auto", 16)
+    assert (spec.policy, spec.train_peak_gib) == ("auto", 16)
     with pytest.raises(ValueError, match="declares no \\[\\*.recompute\\] regions"):
         with_recompute([("model default", PlanLayer(compile={"Block": {}}))], "full")
-    with pytest.raises(ValueError, match="needs memory_budget_gib"):
+    with pytest.raises(ValueError, match="needs train_peak_gib"):
         with_recompute(layers, "auto")
 
 
@@ -84,7 +90,8 @@ def test_options_follow_the_profile():
 
 
 def test_down_projections_are_matmuls_with_k_over_n():
-    from magi_zoo.engine.recompute import _policy, is_down_projection, save_set
+    from magi_zoo.engine.recompute import is_down_projection, save_set
+    from magi_zoo.engine.recompute.policy import _policy
     from torch.utils.checkpoint import CheckpointPolicy
 
     a, up, down = torch.empty(4, 16), torch.empty(16, 64), torch.empty(64, 16)
@@ -242,12 +249,10 @@ class _MatBlock(nn.Module):
 def test_blocks_of_one_class_with_different_choices_run_their_own_compiled_variant(fresh_dynamo):
     # dynamo does not guard on which selective policy a checkpoint uses: blocks of one class
     # whose choices differ must not share compiled code (each choice: its own code object).
-    from magi_zoo.engine.recompute import _STATE
-
     net = nn.Sequential(_MatBlock(), _MatBlock())
     magi_zoo.apply(net, {"recompute": {"_MatBlock": {"policy": "selective", "save": ["matmuls"]}},
                          "compile": {"_MatBlock": {"backend": "aot_eager", "fullgraph": True}}}, gpu="cpu", train=True)
-    net[1].__dict__[_STATE].choose(("attention",))  # block 1: another save set (no attention here: nothing)
+    recompute_state(net[1]).choose(("attention",))  # block 1: another save set (no attention here: nothing)
 
     def saved_bytes(block, x):
         seen = {}
@@ -268,6 +273,34 @@ def test_blocks_of_one_class_with_different_choices_run_their_own_compiled_varia
     counters.expect(counters.delta(before), frames=2, breaks=0, recompiles=0)
     assert [c for _, c in block_choices(net)] == ["keep matmuls", "keep attention"]
     remove(net)
+
+
+def test_selective_checkpoint_keeps_its_outputs_out_of_saved_tensors_hooks():
+    # What `measure_options` relies on, on every torch: the outputs a selective checkpoint keeps
+    # bypass a surrounding saved_tensors_hooks. torch 2.14 made that a choice
+    # (`respect_saved_tensors_hooks`, warning while unset, later an error, then the other
+    # default); the wrapper passes False where torch takes it. So the hook sees only the
+    # block's input -- as under full recompute -- and nothing warns.
+    import warnings
+
+    for policy in ("full", {"policy": "selective", "save": ["matmuls"]}):
+        net = nn.Sequential(_MatBlock())
+        magi_zoo.apply(net, {"recompute": {"_MatBlock": policy}, "compile": {"": False}}, gpu="cpu", train=True)
+        params = {p.untyped_storage().data_ptr() for p in net.parameters()}
+        seen = set()
+
+        def pack(t):
+            seen.add(t.untyped_storage().data_ptr())
+            return t.detach()
+
+        x = torch.randn(64, 16, requires_grad=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                y = net(x)
+        y.sum().backward()
+        remove(net)
+        assert seen - params == {x.untyped_storage().data_ptr()}, policy
 
 
 # -- tiny Wan and Flux: compiled + recompute gradients equal eager ----------------------------------------
@@ -346,7 +379,7 @@ def test_inference_is_untouched_by_recompute(wan):
 def test_load_train_auto_measures_chooses_and_reports(fresh_dynamo, monkeypatch):
     from magi_zoo.train import flow_matching_loss
 
-    big = magi_zoo.load("wan2.1-tiny", gpu="cpu", train=True, recompute={"policy": "auto", "memory_budget_gib": 4},
+    big = magi_zoo.load("wan2.1-tiny", gpu="cpu", train=True, recompute={"policy": "auto", "train_peak_gib": 4},
                         compile={"WanTransformerBlock": {"backend": "aot_eager"}})
     assert big.trainable.training and not big.pipe.text_encoder.training
     assert not any(p.requires_grad for p in big.pipe.text_encoder.parameters())
@@ -372,7 +405,7 @@ def test_load_train_auto_measures_chooses_and_reports(fresh_dynamo, monkeypatch)
     from magi_zoo.train import calibrate
 
     remove(big.modules)
-    layers = with_recompute(big.layers, {"policy": "auto", "memory_budget_gib": 1e-6})
+    layers = with_recompute(big.layers, {"policy": "auto", "train_peak_gib": 1e-6})
     magi_zoo.apply(big.modules, layers=layers, gpu="cpu", train=True)
     with pytest.raises(RuntimeError, match="not made yet.*calibrate"):
         big.trainable(**big.adapter.example_inputs(big.pipe, big.variant, "denoise"))
@@ -389,7 +422,7 @@ def test_load_train_auto_measures_chooses_and_reports(fresh_dynamo, monkeypatch)
     # The accounting separates the frozen components' weights left on the device (the text
     # encoder here) from the rest, and names them when they are large (GIB shrunk to 1 KiB).
     text = sum(p.numel() * p.element_size() for p in big.pipe.text_encoder.parameters())
-    import magi_zoo.engine.recompute as rc
+    from magi_zoo.engine.recompute import calibration as rc
 
     monkeypatch.setattr(rc, "GIB", 1024)
     with pytest.warns(RuntimeWarning, match="of frozen weights .* count against the"):
@@ -415,7 +448,7 @@ def test_calibrate_leaves_nothing_alive(fresh_dynamo):
     # 3.8 GiB left on the card per calibration).
     from magi_zoo.train import calibrate
 
-    h = magi_zoo.load("wan2.1-tiny", gpu="cpu", train=True, recompute={"policy": "auto", "memory_budget_gib": 4},
+    h = magi_zoo.load("wan2.1-tiny", gpu="cpu", train=True, recompute={"policy": "auto", "train_peak_gib": 4},
                       compile={"WanTransformerBlock": {"backend": "aot_eager"}})
     before = _live_tensor_bytes()
     calibrate(h)
@@ -433,7 +466,7 @@ def test_cli_spec_shows_the_training_plan(capsys):
 
     assert main(["spec", "wan2.1-t2v-1.3b", "--gpu", "h100", "--recompute", "auto:16"]) == 0
     out = capsys.readouterr().out
-    assert "| WanTransformerBlock | -      | 30 x WanTransformerBlock | policy=auto, memory_budget_gib=16.0" in out
+    assert "| WanTransformerBlock | -      | 30 x WanTransformerBlock | policy=auto, train_peak_gib=16.0" in out
     assert "recompute auto: the per-block choice is measured" in out and "--measure" in out
     assert main(["spec", "wan2.1-tiny", "--gpu", "cpu", "--recompute", "auto"]) == 2
     assert "auto needs a budget: auto:GIB" in capsys.readouterr().err
@@ -444,7 +477,7 @@ def test_load_can_defer_the_auto_calibration():
     block is refused with what to call, and `magi_zoo.train.calibrate` then chooses."""
     from magi_zoo.train import calibrate, flow_matching_loss
 
-    auto = {"policy": "auto", "memory_budget_gib": 1.0}
+    auto = {"policy": "auto", "train_peak_gib": 1.0}
     h = magi_zoo.load("wan2.1-tiny", gpu="cpu", train=True, recompute=auto, calibrate=False,
                       compile={"WanTransformerBlock": {"backend": "eager"}})
     assert "auto" not in h.report().step("recompute").details

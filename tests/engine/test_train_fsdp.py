@@ -156,7 +156,7 @@ def test_auto_after_sharding_reuses_the_compiled_measurement(tmp_path, fresh_dyn
     import magi_zoo
     from magi_zoo.train import calibrate, flow_matching_loss, shard
 
-    h = magi_zoo.load("wan2.1-tiny", gpu="cpu", train=True, recompute={"policy": "auto", "memory_budget_gib": 1.0},
+    h = magi_zoo.load("wan2.1-tiny", gpu="cpu", train=True, recompute={"policy": "auto", "train_peak_gib": 1.0},
                       compile={"WanTransformerBlock": {"backend": "eager"}})
     before = h.report().step("recompute").details["auto"]["WanTransformerBlock"]
     assert before["bytes_from"] == "compiled forward + backward per option"

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from magi_zoo.engine.cache import CompileCache
+from magi_zoo.engine.compile.cache import CompileCache
 from magi_zoo.engine.kernels import triton_bundle
 
 from helpers.processes import run_script
@@ -130,7 +130,7 @@ def test_a_failed_restore_keeps_the_hit(triton_dirs, tmp_path, monkeypatch):
 
 _GPU_SCRIPT = textwrap.dedent("""
     import json, sys, torch, triton
-    from magi_zoo.engine.cache import CompileCache
+    from magi_zoo.engine.compile.cache import CompileCache
     from magi_zoo.engine.kernels import norm_rope
     cache = CompileCache(sys.argv[1], {"model": "test/bundle-gpu"})
     cache.load()

@@ -259,3 +259,64 @@ def module_has_forward_hooks(module: Any) -> bool:
     in `_forward_hooks` / `_forward_pre_hooks` and has no public way to list them.
     checked on: torch 2.11, 2.13"""
     return bool(module._forward_pre_hooks or module._forward_hooks)
+
+
+# -- recompute: pytree leaves, the dispatch-mode base class, checkpoint's hooks flag ------------
+# (imported here, with the section that uses them: torch has imported these modules itself)
+import inspect  # noqa: E402
+from typing import Callable  # noqa: E402
+
+from torch.utils import _pytree  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402, F401
+from torch.utils.checkpoint import checkpoint as _checkpoint  # noqa: E402
+
+# `TorchDispatchMode`: the base class of a mode that sees every aten op as it dispatches
+# (subclass it, define `__torch_dispatch__`, enter it with `with`): recompute's op recorder
+# measures each op, adapters/fast_init splits large random fills. Why private: torch documents
+# dispatch modes but ships the class only in `torch.utils._python_dispatch`.
+# checked on: torch 2.11, 2.13.
+
+
+def tree_leaves(tree: Any) -> list[Any]:
+    """The leaves of a pytree, in order (tuples, lists, dicts and registered output classes
+    opened). Why private: `torch.utils._pytree` is how torch walks op arguments and outputs
+    (what a dispatch mode receives); no public module exports it. checked on: torch 2.11, 2.13."""
+    return _pytree.tree_leaves(tree)
+
+
+def tree_map(fn: Callable[[Any], Any], tree: Any) -> Any:
+    """`tree` with every leaf replaced by `fn(leaf)`, same structure. Why private: as
+    `tree_leaves`. checked on: torch 2.11, 2.13."""
+    return _pytree.tree_map(fn, tree)
+
+
+def _names_parameter(fn: Callable, name: str) -> bool:
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # pragma: no cover - a builtin without a signature
+        return False
+
+
+# Decided once, at import: a signature does not change while the process runs.
+_CHECKPOINT_HOOKS_KWARGS: dict[str, bool] = (
+    {"respect_saved_tensors_hooks": False}
+    if _names_parameter(_checkpoint, "respect_saved_tensors_hooks") else {})
+
+
+def checkpoint_hooks_kwargs() -> dict[str, bool]:
+    """Keyword arguments for `torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`
+    that keep today's behaviour under a surrounding `saved_tensors_hooks`: the outputs a
+    selective checkpoint keeps bypass the hooks (recompute's `measure_options` relies on it:
+    its pack hook sees what autograd saves, and `options` adds the eager selective outputs
+    from the profile).
+
+    Why here (version compat, not a private name): torch 2.14 added the tri-state
+    `respect_saved_tensors_hooks` to `checkpoint` -- None (its default) keeps that behaviour
+    but warns (FutureWarning) whenever a hook is in scope, and later releases make None an
+    error, then flip the default to True; False is the same behaviour, silently, and a
+    no-op for a plain (non-selective) checkpoint and under torch.compile. Passed only where
+    this torch's `checkpoint` names the parameter: before 2.14 its `**kwargs` would hand
+    the flag to the checkpointed function. `create_selective_checkpoint_contexts` takes no
+    such parameter. checked on: torch 2.13 (absent: nothing passed); 2.14 from its release
+    notes and pytorch#191236, the rollout's tracking issue (present: False passed)."""
+    return dict(_CHECKPOINT_HOOKS_KWARGS)

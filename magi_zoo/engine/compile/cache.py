@@ -1,7 +1,9 @@
-"""Warm start: a compile-artifact cache over `torch.compiler.save_cache_artifacts` /
-`load_cache_artifacts` (inductor FX graphs, AOTAutograd entries, Triton kernels, PGO), plus the
-compiled files of our own Triton kernels, which torch's artifacts do not hold
-(`kernels.triton_bundle`: they run inside opaque custom ops, built by Triton's JIT).
+"""The compile cache (warm start): compile artifacts kept across processes.
+
+A cache over `torch.compiler.save_cache_artifacts` / `load_cache_artifacts` (inductor FX
+graphs, AOTAutograd entries, Triton kernels, PGO), plus the compiled files of our own
+Triton kernels, which torch's artifacts do not hold (`kernels.triton_bundle`: they run
+inside opaque custom ops, built by Triton's JIT).
 
 Entries are keyed by everything that specialises generated code: the resolved plan's spec
 digests, the model (adapter + variant), dtype, and `environment_fields()` (torch / triton /
@@ -39,8 +41,8 @@ from typing import Any
 
 import torch
 
-from ..io import fsync_dir
-from .kernels import triton_bundle
+from ...io import fsync_dir
+from ..kernels import triton_bundle
 
 ENV_VAR = "MAGI_ZOO_CACHE_DIR"
 FORMAT = 2  # 2: our kernels' Triton files after torch's artifacts
@@ -66,7 +68,7 @@ def environment_fields(device: torch.device | str | None = None) -> dict[str, An
     available, else the CPU.
     """
     try:
-        import triton
+        import triton  # lazy: optional (CPU-only installs have no triton) and costly to import
 
         triton_version = triton.__version__
     except Exception:  # no triton on CPU-only installs
@@ -261,7 +263,7 @@ def _dir_lock(directory: Path):
     held only around a rename or a check-then-unlink: microseconds. Yields whether the lock
     is held (False where `fcntl` or directory locks are unavailable)."""
     try:
-        import fcntl
+        import fcntl  # lazy: optional -- POSIX only (Windows has none)
     except ImportError:  # Windows
         yield False
         return

@@ -1,4 +1,4 @@
-"""Compile strategies: install a resolved spec on one (submodule, method).
+"""The compile step: install a resolved spec on one (submodule, method), and take it back.
 
 Every target is compiled *in place* by replacing the method on the instance with a
 tracked wrapper around `torch.compile(bound_method, **spec)`. That one mechanism covers:
@@ -23,8 +23,10 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-from .accounting import RegionStats, tracked
-from .steps import StepContext, StepRecord
+from ..compat import torch as tc
+from ..custom_ops import list_custom_ops
+from ..observe.accounting import RegionStats, tracked
+from ..steps import StepContext, StepRecord
 
 _ORIGINALS = "_magi_zoo_originals"  # instance attr: method name -> prior instance attr or None
 
@@ -58,9 +60,6 @@ def boundary_ops_for(module: nn.Module) -> list[str]:
     """The registered custom ops flagged `is_subgraph_boundary` by the family that defines
     `module`'s class (the ops its forward can call): a family's flag never changes how another
     family's regions compile."""
-    from .compat import torch as tc
-    from .custom_ops import list_custom_ops
-
     family = _family(type(module).__module__)
     return sorted(i.name for i in list_custom_ops(is_subgraph_boundary=True)
                   if _family(tc.custom_op_module(i.op) or "") == family)
@@ -74,8 +73,6 @@ def partition_at_boundaries(kw: dict, ops: list[str]) -> dict:
     Unchanged without cudagraphs, without such ops, or on a torch whose inductor lacks
     `custom_should_partition_ops`. torch.compile takes a mode or options, not both, so a
     mode becomes the options it stands for."""
-    from .compat import torch as tc
-
     if not ops or kw.get("backend", "inductor") != "inductor" or \
             not tc.inductor_has_option("custom_should_partition_ops"):
         return kw
@@ -112,7 +109,13 @@ def uninstall_all(root: nn.Module) -> int:
 
 def installed(root: nn.Module) -> list[tuple[str, str]]:
     """(path, method) pairs that currently carry a compiled wrapper."""
-    return [(path, m) for path, mod in root.named_modules() for m in mod.__dict__.get(_ORIGINALS, {})]
+    return [(path, m) for path, mod in root.named_modules() for m in compiled_methods(mod)]
+
+
+def compiled_methods(module: nn.Module) -> list[str]:
+    """The methods of this one module (not its children) that carry a compiled (or
+    `enabled=False`) wrapper installed by the compile step."""
+    return list(module.__dict__.get(_ORIGINALS, {}))
 
 
 def cuda_graphs_by(spec) -> str | None:
@@ -120,8 +123,6 @@ def cuda_graphs_by(spec) -> str | None:
     "options triton.cudagraphs"), or None when nothing does. The mode is expanded the way
     torch.compile expands it (`partition_at_boundaries` reads it the same way); an explicit
     option overrides the mode's."""
-    from .compat import torch as tc
-
     options = spec.options or {}
     if "triton.cudagraphs" in options:
         return "options triton.cudagraphs" if options["triton.cudagraphs"] else None
