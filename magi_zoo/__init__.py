@@ -9,8 +9,7 @@ Importing this package is cheap: it imports neither diffusers nor transformers a
 not initialise CUDA. Adapters load lazily when a model is asked for.
 """
 
-from .engine import apply, register_custom_op, remove
-from .engine.resolve import PlanError
+from .engine import PlanError, apply, register_custom_op, remove
 from .specs import AttentionSpec, GpuProfile, PlanLayer, PrecisionSpec, SpecFile, TorchCompileSpec, get_profile
 from .zoo import ZooPipeline, list_models, load
 

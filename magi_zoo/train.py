@@ -1,12 +1,12 @@
-"""Training with magi_zoo: the pieces `load(..., train=True)` and the training benchmark use.
+"""Training with magi_zoo: the pieces `load(..., train=True)` and the training benchmark use
+(library code: the training plan's layers come from `magi_zoo.overrides`, and nothing here
+loads a model or reads a command line).
 
     handle = magi_zoo.load("wan2.1", train=True, recompute={"policy": "auto", "train_peak_gib": 16})
     model = handle.trainable            # the denoiser, in train mode, plan applied
     loss = flow_matching_loss(model, handle.adapter.example_inputs(handle.pipe, handle.variant, "denoise"))
     loss.backward()
 
-- `training_layers`: the recompute policy set on the regions a spec declares (its
-  ``[default.recompute]`` keys, the repeated blocks);
 - `set_train_mode`: the denoiser in train mode with gradients, the other components (text
   encoders, VAE) frozen in eval mode, as a fine-tune runs them;
 - `calibrate`: measures the `auto` regions on the denoiser's example inputs;
@@ -17,21 +17,16 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
+from torch.distributed.device_mesh import init_device_mesh
 
 from .engine.compile import compiled_methods
+from .engine.recompute import calibrate as calibrate_module
 from .engine.recompute import recompute_state
-from .specs.recompute_spec import with_recompute
-
-DEFAULT_RECOMPUTE = "full"  # train=True without recompute=: what always fits one block at a time
-
-
-def training_layers(layers: list, recompute: Any) -> list:
-    """`layers` with the recompute policy on every region the spec declares."""
-    return with_recompute(layers, DEFAULT_RECOMPUTE if recompute is None else recompute)
 
 
 def trainable_module(adapter, native) -> nn.Module:
@@ -54,18 +49,12 @@ def set_train_mode(adapter, native) -> nn.Module:
 def calibrate(handle, **shape) -> list[dict[str, Any]]:
     """Measure the `auto` recompute regions of a train handle on the denoiser's example
     inputs (at `shape`, default the variant's call size) and make the per-block choice."""
-    from .engine.recompute import calibrate as calibrate_module
-
     entry = handle.adapter.entry_points[0]
     module, method = handle.adapter.entry(handle.pipe, entry)
     kwargs = handle.adapter.example_inputs(handle.pipe, handle.variant, entry, **shape)
     # forward through __call__: module hooks (FSDP2's all-gather) must run as in training
     fn = module if method == "forward" else getattr(module, method)
     return calibrate_module(handle.modules, lambda: fn(**kwargs))
-
-
-def has_auto(layers: list) -> bool:
-    return any(spec.policy == "auto" for _, layer in layers for _, _, spec in layer.items("recompute"))
 
 
 def flow_matching_loss(model: nn.Module, inputs: dict[str, Any], *,
@@ -110,7 +99,7 @@ def shard(model: nn.Module, block_types: Iterable[type] | None = None, *, mesh=N
     mixed-precision policy: the usual mixed-precision training). `torch.bfloat16` halves
     the weight and optimizer-state memory instead, at the cost of those fp32 layers.
     """
-    import torch.distributed as dist
+    # lazy: importing FSDP costs ~0.5 s, which every `import magi_zoo` would pay for shard() alone
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     if not dist.is_initialized():
@@ -118,8 +107,6 @@ def shard(model: nn.Module, block_types: Iterable[type] | None = None, *, mesh=N
                            "torch.distributed.init_process_group first")
     device = next(model.parameters()).device
     if mesh is None:
-        from torch.distributed.device_mesh import init_device_mesh
-
         mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     blocks = _blocks(model, block_types)
     if not blocks:
@@ -161,37 +148,3 @@ def _blocks(model: nn.Module, block_types: Iterable[type] | None) -> list[nn.Mod
         return [m for m in model.modules() if isinstance(m, types) and m is not model]
     return [m for m in model.modules() if m is not model and (recompute_state(m) is not None or compiled_methods(m))]
 
-
-def parse_recompute(text: str) -> Any:
-    """A CLI value: ``full`` / ``selective`` / ``none`` / ``auto:16`` (budget GiB)."""
-    policy, _, budget = text.partition(":")
-    if policy == "auto":
-        if not budget:
-            raise ValueError("--recompute auto needs a budget: auto:GIB, e.g. auto:16")
-        try:
-            return {"policy": "auto", "train_peak_gib": float(budget)}
-        except ValueError:
-            raise ValueError(f"--recompute {text!r}: the budget after 'auto:' is GiB, a number") from None
-    if budget:
-        raise ValueError(f"--recompute {text!r}: only auto takes a budget (auto:GIB)")
-    return policy
-
-
-def spec_recompute_lines(model: str, gpu: str, value: Any, measure: bool) -> list[str]:
-    """What `magi-zoo spec --recompute` adds: for `auto`, the measured per-block choice
-    (--measure builds the model with random weights on this machine and calibrates it), or
-    how to get it."""
-    if not (isinstance(value, dict) and value.get("policy") == "auto"):
-        return []
-    if not measure:
-        return ["recompute auto: the per-block choice is measured, not resolved: add --measure (builds the model "
-                "with random weights here and measures one block), or read load(train=True).report()"]
-    from .zoo import load
-
-    h = load(model, gpu=gpu, weights=None if model.endswith("tiny") else "random", train=True, recompute=value)
-    rec = h.report().step("recompute")
-    lines = [f"recompute (measured on {h.device}): {rec.did}"]
-    for key, a in rec.details.get("auto", {}).items():
-        lines.append(f"  {key}: options per block: " + "; ".join(
-            f"{o['name']} {o['gib_per_block']} GiB / {o['recompute_ms_per_block']} ms" for o in a["options"]))
-    return lines

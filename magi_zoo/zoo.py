@@ -10,11 +10,14 @@ import torch
 import torch.nn as nn
 
 from . import adapters
-from .engine import apply
+from .engine import Report, apply, needs_streaming, offload
 from .engine.compile import CompileCache, resolve_cache_dir
-from .engine.report import Report
-from .specs import PlanLayer, SpecFile, get_profile
+from .engine.observe.explain import explain_call
+from .overrides import has_auto_recompute, spec_layers
+from .specs import PlanLayer, get_profile
 from .specs.gpu_profiles import GpuProfile
+from .train import calibrate as calibrate_handle
+from .train import set_train_mode, trainable_module
 
 
 def _dtype(dtype: str | torch.dtype | None, profile: GpuProfile) -> torch.dtype:
@@ -59,8 +62,6 @@ class ZooPipeline:
     @property
     def trainable(self) -> nn.Module:
         """The module a fine-tune optimises (the denoiser; `load(train=True)` put it in train mode)."""
-        from .train import trainable_module
-
         return trainable_module(self.adapter, self.pipe)
 
     @property
@@ -94,8 +95,6 @@ class ZooPipeline:
         resident where the spec's reserves were generous (fewer where they were short). With
         `activation_gib={component: GiB}` no generation runs: those reserves as given.
         Returns what moved. ValueError when nothing streams."""
-        from .engine import offload
-
         run = None if activation_gib is not None else (lambda: self(*args, **kwargs))
         return offload.refit(self.modules, run, activation_gib=activation_gib, margin=margin, floor_gib=floor_gib)
 
@@ -130,8 +129,6 @@ class ZooPipeline:
 
         Resets torch's in-process compile caches first, so what is shown is a real compile.
         """
-        from .engine.explain import explain_call
-
         if self._report is None:
             raise ValueError("explain needs the plan applied: load without compile=False, or call apply_plan()")
         entry = entry or (self.adapter.entry_points[0] if self.adapter.entry_points else None)
@@ -156,29 +153,6 @@ def list_models() -> list[str]:
     return adapters.list_models()
 
 
-def spec_layers(adapter: adapters.Adapter, profile: GpuProfile, *, compile: Any = None,
-                overrides: Any = None, spec_file: str | Path | None = None) -> list[tuple[str, PlanLayer]]:
-    """Stack model default, GPU section and user override for one load.
-
-    The user layer is `overrides` (any section) with `compile` (the compile section) on top.
-    """
-    spec = SpecFile.from_toml(spec_file if spec_file is not None else adapter.spec_path())
-    layers = spec.layers_for(profile.name)
-    user = PlanLayer.coerce(overrides) if overrides is not None else PlanLayer()
-    if isinstance(compile, PlanLayer):
-        user = compile.merged_over(user)
-    elif isinstance(compile, Mapping):
-        user = PlanLayer(compile=compile).merged_over(user)
-    elif compile not in (None, True, False):
-        raise TypeError(
-            "compile= takes None/True (use the spec), False (run eager), or a compile override "
-            f"{{submodule key: spec}}; got {type(compile).__name__}"
-        )
-    if user:
-        layers.append(("user", user))
-    return layers
-
-
 def _build_device(adapter, variant, layers, profile: GpuProfile, dev: torch.device, dt: torch.dtype,
                   compile: Any, budget_given: bool = False) -> torch.device:
     """Where to build: the card, unless the offload plan streams weights (then host memory,
@@ -187,8 +161,6 @@ def _build_device(adapter, variant, layers, profile: GpuProfile, dev: torch.devi
     a budget no plan can meet is refused before anything is built."""
     if not (dev.type == "cuda" or budget_given) or not any(layer.entries("offload") for _, layer in layers):
         return dev
-    from .engine import needs_streaming
-
     meta = adapter.build(variant, weights="random", dtype=dt, device=torch.device("meta"))
     plan = needs_streaming(nn.ModuleDict(adapter.components(meta)), layers, profile, adapter.preparations(meta))
     if plan is None or dev.type != "cuda":
@@ -206,8 +178,12 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
          compile: Any = None, overrides: Any = None, precision: str | None = None,
          spec_file: str | Path | None = None, cache_dir: str | Path | None = None,
          memory_budget_gib: float | None = None, train: bool = False, recompute: Any = None,
-         calibrate: bool = True) -> ZooPipeline:
+         calibrate: bool = True, parallel: Mapping[str, Any] | None = None) -> ZooPipeline:
     """Build a model with its compile spec for a GPU applied.
+
+    The plan's layers come from `magi_zoo.overrides.spec_layers`: the spec file's, then one
+    user layer from `overrides`, `compile`, `precision`, `parallel`, `train` / `recompute`
+    and `memory_budget_gib`, in that order (a named argument beats `overrides`).
 
     name: a model variant or alias (`magi_zoo.list_models()`).
     gpu: a profile ("auto", "cpu", "h100", "h200", "a100", "l40s", "rtx4090", "rtx5090");
@@ -225,20 +201,25 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
     cache_dir: warm-start cache of compile artifacts (default: $MAGI_ZOO_CACHE_DIR; unset =
         off). Loaded before the first compile, saved after it; keyed by plan, versions,
         device, dtype and model, so a stale entry is never used.
-    memory_budget_gib: device memory for weights + streaming buffers + activations (default:
-        the GPU profile's memory). When the model does not fit, the blocks and components
-        the spec's offload section names stream from pinned host memory (README, "Weight
-        offload"); the model is then built in host memory and placed by the offload step.
+    memory_budget_gib: the offload plan's budget: device memory for weights + streaming
+        buffers + activations (default: the GPU profile's memory; a training step's peak is
+        recompute's `train_peak_gib`, not this). When the model does not fit, the blocks and
+        components the spec's offload section names stream from pinned host memory
+        (docs/offload.md); the model is then built in host memory and placed by the offload step.
     train: the denoiser in train mode with gradients (other components frozen, eval), the
         plan applied for training: recompute on the spec's declared blocks, the plan's
         attention (fa3 trains with cuDNN's backward). `handle.trainable` is the module to optimise.
     recompute: with train=True, the blocks' activation recompute: "full" (default), "none",
         "selective" or a dict of RecomputeSpec fields, e.g. {"policy": "auto",
-        "train_peak_gib": 16} (measured on the example inputs at load; README, "Training").
+        "train_peak_gib": 16} (measured on the example inputs at load; docs/training.md).
     calibrate: with recompute "auto", measure the blocks and choose at load (default). False
         defers it to `magi_zoo.train.calibrate(handle)`: FSDP2 flows call it after
         `magi_zoo.train.shard`, so the choice sees per-rank memory and load never runs the
         unsharded model's training forward. Until then a training forward is refused.
+    parallel: ParallelSpec fields, e.g. {"ulysses_degree": 2} or {"cfg": True}, set on every
+        region the spec's parallel section declares (the denoiser): its forward is split over
+        the processes of a torchrun job (what `magi-zoo run --nproc N` passes). Not with
+        compile=False, which applies no plan.
     """
     mark = time.perf_counter()
     timings: dict[str, float] = {}
@@ -256,25 +237,11 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
     dev = torch.device(device if device is not None else profile.device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(f"gpu={gpu!r} needs CUDA, which is not available here; use gpu='cpu'")
-    layers = spec_layers(adapter, profile, compile=compile, overrides=overrides, spec_file=spec_file)
-    if precision is not None:
-        from .specs import MATMUL_FORMATS, with_precision
-
-        if precision not in MATMUL_FORMATS:
-            raise ValueError(f"precision={precision!r}; choices: {', '.join(MATMUL_FORMATS)}")
-        if precision == "fp8" and not profile.fp8:
-            raise ValueError(f"precision='fp8' needs a card with fp8 matmuls (Hopper, Ada, Blackwell); "
-                             f"profile {profile.name!r} has none")
-        layers = with_precision(layers, precision)
-    if recompute is not None and (not train or compile is False):
-        raise ValueError("recompute= sets activation recompute for training: pass train=True (and not compile=False, "
-                         "which applies no plan; for eager blocks use compile={'<Block>': {'enabled': False}})")
-    auto = False  # the training plan has a recompute='auto' region (from recompute= or the spec)
-    if train and compile is not False:
-        from .train import has_auto, training_layers
-
-        layers = training_layers(layers, recompute)
-        auto = has_auto(layers)
+    layers = spec_layers(adapter, profile, spec_file=spec_file, compile=compile, overrides=overrides,
+                         precision=precision, parallel=parallel, train=train, recompute=recompute,
+                         memory_budget_gib=memory_budget_gib)
+    # the training plan has a recompute='auto' region (from recompute= or the spec): measured below
+    auto = train and compile is not False and has_auto_recompute(layers)
     if calibrate is not True and not auto:
         raise ValueError("calibrate= defers the measuring of recompute='auto' (e.g. until after FSDP2 sharding): "
                          "pass it with train=True and recompute={'policy': 'auto', ...}")
@@ -282,25 +249,17 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
     if directory is not None and directory.exists() and not directory.is_dir():
         raise ValueError(f"cache_dir {str(directory)!r} exists and is not a directory; pass a directory "
                          "(it is created if missing) or leave the cache off")
-    if memory_budget_gib is not None:
-        from .specs.offload_spec import with_memory_budget
-
-        layers = with_memory_budget(layers, memory_budget_gib)
     build_dev = _build_device(adapter, variant, layers, profile, dev, dt, compile, memory_budget_gib is not None)
     lap("plan_s")
     native = adapter.build(variant, weights=weights, dtype=dt, device=build_dev)
     lap("build_s")
     modules = nn.ModuleDict(adapter.components(native))
     if train:
-        from .train import set_train_mode
-
         set_train_mode(adapter, native)
     report = None if compile is False else apply(modules, layers=layers, gpu=profile,
                                                  preparations=adapter.preparations(native), train=train)
     if build_dev != dev and report is not None:
-        from .engine.offload import runtime
-
-        if runtime(modules) is None:  # the applied plan streams nothing after all (fp8 weights fit): place it whole
+        if offload.runtime(modules) is None:  # the applied plan streams nothing after all (fp8 weights fit): place it whole
             modules.to(dev)
     lap("apply_s")
     cache = None
@@ -313,8 +272,6 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
     handle = ZooPipeline(native, modules, report, adapter=adapter, variant=variant, profile=profile,
                          dtype=dt, device=dev, layers=layers, cache=cache, train=train)
     if auto and calibrate and report is not None:
-        from .train import calibrate as calibrate_handle
-
         lap()  # the cache and the handle are not a phase of their own
         calibrate_handle(handle)  # recompute='auto': measure the blocks on the example inputs, choose
         lap("calibrate_s")

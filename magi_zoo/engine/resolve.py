@@ -20,6 +20,7 @@ import torch.nn as nn
 
 from ..specs.plan import LAYER_ORDER, PlanLayer
 from ..specs.section import SECTIONS, SectionSpec, section_class
+from .observe.table import format_table
 
 
 class PlanError(ValueError):
@@ -112,8 +113,6 @@ class ResolvedPlan:
     def __repr__(self) -> str:
         """The resolved table (one row per region and section), not every target's spec:
         a published Wan has ~600 targets, which is what `print(plan)` used to dump."""
-        from .report import format_table
-
         rows = self.table()
         n = sum(len(s.targets) for s in self.sections.values())
         head = f"ResolvedPlan: {len(rows)} region(s) over {n} target(s)"

@@ -9,7 +9,7 @@ from pathlib import Path
 from .attention_spec import AttentionSpec
 from .compile_spec import VALID_MODES, TorchCompileSpec
 from .gpu_profiles import GPU_CHOICES, PROFILES, GpuProfile, get_profile
-from .plan import LAYER_ORDER, PlanLayer, SpecFile, as_layers, with_backend, with_precision
+from .plan import LAYER_ORDER, PlanLayer, SpecFile, as_layers, with_backend
 from .precision_spec import MATMUL_FORMATS, PrecisionSpec
 from .parallel_spec import ParallelSpec  # registers the parallel section
 from .recompute_spec import RecomputeSpec
@@ -26,6 +26,6 @@ def spec_path(name: str) -> Path:
     return SPEC_DIR / name
 
 
-__all__ = ["TorchCompileSpec", "AttentionSpec", "PrecisionSpec", "RecomputeSpec", "MATMUL_FORMATS", "with_precision", "SectionSpec", "SECTIONS", "register_section", "VALID_MODES",
+__all__ = ["TorchCompileSpec", "AttentionSpec", "PrecisionSpec", "RecomputeSpec", "MATMUL_FORMATS", "SectionSpec", "SECTIONS", "register_section", "VALID_MODES",
            "GpuProfile", "PROFILES", "GPU_CHOICES", "get_profile", "PlanLayer", "SpecFile", "LAYER_ORDER",
            "as_layers", "with_backend", "spec_path", "SPEC_DIR"]

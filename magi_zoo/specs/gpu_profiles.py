@@ -51,8 +51,8 @@ class GpuProfile(BaseModel):
         return "bfloat16" if self.device == "cuda" and self.bf16 else "float32"
 
 
-# Spec-sheet numbers (dense, no sparsity). DESIGN.md measured ~800 TFLOP/s bf16 on H100/H200;
-# the spec sheet's 989 is the ceiling a %-of-peak column is taken against (benchmarks).
+# Spec-sheet numbers (dense, no sparsity). Measured bf16 matmuls reach ~800 TFLOP/s on H100/H200
+# (docs/benchmarks.md); the spec sheet's 989 is the ceiling a %-of-peak column is taken against.
 #
 # attention_backends (what an attention spec's backend="auto" picks, first that can run):
 # - h100 / h200: ("fa3", "native"). Measured on an H100 (benchmarks/results/attention/attention_kernels_h100.md):
@@ -84,7 +84,7 @@ GPU_CHOICES = ("auto", *PROFILES)
 
 def detect_profile_name() -> str:
     """The profile of the current CUDA device, or 'cpu' when there is none."""
-    import torch
+    import torch  # lazy: specs are data and import no torch (seconds to import); only detection asks CUDA
 
     if not torch.cuda.is_available():
         return "cpu"

@@ -125,18 +125,3 @@ class OffloadSpec(SectionSpec):
         """The plan-wide fields this spec set explicitly."""
         return {k: getattr(self, k) for k in ROOT_FIELDS if k in self.model_fields_set}
 
-
-def with_memory_budget(layers: list, gib: float) -> list:
-    """The layers plus a user layer setting the plan-wide budget (root key "") to `gib`:
-    what `load(..., memory_budget_gib=...)` and `magi-zoo run --memory-budget` add."""
-    from .plan import PlanLayer
-
-    if not isinstance(gib, (int, float)) or isinstance(gib, bool) or not gib > 0:
-        raise ValueError(f"memory_budget_gib must be a positive number of GiB, got {gib!r}")
-    if not any(layer.entries("offload") for _, layer in layers):
-        raise ValueError("memory_budget_gib: this spec names no [*.offload] units, so nothing may stream; add "
-                         "e.g. `Block = \"auto\"` under [default.offload] for the repeated blocks")
-    top = PlanLayer(offload={"": {"memory_budget_gib": float(gib)}})
-    if layers and layers[-1][0] == "user":
-        return [*layers[:-1], ("user", top.merged_over(layers[-1][1]))]
-    return [*layers, ("user", top)]

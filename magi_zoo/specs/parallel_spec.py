@@ -17,7 +17,7 @@ Three degrees, multiplied together, give the processes one copy of the model spa
 The world size must be a multiple of ``(2 if cfg else 1) * ulysses_degree * ring_degree``;
 more processes than that hold replicas that compute the same thing. A spec file declares
 which regions may be parallelised with an all-default entry (``WanTransformer3DModel =
-{ cfg = false }``); `with_parallel` (what ``magi-zoo run --nproc`` uses) sets the degrees
+{ cfg = false }``); `load(..., parallel={...})` and ``magi-zoo run --nproc`` set the degrees
 on exactly those.
 """
 
@@ -115,19 +115,3 @@ def default_parallel(world_size: int, runs_cfg: bool) -> dict[str, Any]:
         return {"cfg": True, **({"ulysses_degree": rest} if rest > 1 else {})}
     return {"ulysses_degree": world_size}
 
-
-def with_parallel(layers: list, fields: dict[str, Any]) -> list:
-    """The layers plus a user layer setting `fields` (ParallelSpec fields) on every region the
-    parallel section names in any layer (the regions a spec file declares parallelisable).
-    No such region is an error: the model's spec does not say what may be split."""
-    from .plan import PlanLayer
-
-    keys = list(dict.fromkeys(key for _, layer in layers for key in layer.entries("parallel")))
-    if not keys:
-        raise ValueError("this model's spec declares no [*.parallel] region, so nothing can be spread over "
-                         "processes; add e.g. `Transformer = { cfg = false }` under [default.parallel] for the "
-                         "denoiser (multi-process inference covers diffusers transformers: Wan, Flux)")
-    top = PlanLayer(parallel={k: dict(fields) for k in keys})
-    if layers and layers[-1][0] == "user":
-        return [*layers[:-1], ("user", top.merged_over(layers[-1][1]))]
-    return [*layers, ("user", top)]

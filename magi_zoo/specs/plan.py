@@ -28,6 +28,7 @@ from typing import Any, Iterator, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from .gpu_profiles import PROFILES
 from .section import SECTIONS, Entry, SectionSpec, coerce_entry, did_you_mean, flat_error, section_class
 
 # Layer names in increasing precedence; the resolver folds them in this order.
@@ -256,8 +257,6 @@ class SpecFile(BaseModel):
         """Validate a spec file's parsed tables. A spec file is data: inductor options that
         name programs or paths (`REFUSED_FILE_OPTIONS`) are refused here and allowed only
         from Python (`load(..., compile=...)`, `apply`)."""
-        from .gpu_profiles import PROFILES  # profiles are data too; checked here, early
-
         where = f"spec file {source!r}" if source else "spec"
         unknown = set(data) - {"default", "gpu"}
         if unknown:
@@ -335,17 +334,3 @@ def with_backend(layers: list[tuple[str, PlanLayer]], backend: str) -> list[tupl
         out.append((name, PlanLayer(sections=sections)))
     return out
 
-
-def with_precision(layers: list[tuple[str, PlanLayer]], matmul: str) -> list[tuple[str, PlanLayer]]:
-    """The layers plus a user layer setting `matmul` and `attention` on every region the
-    precision section names in any layer (the regions a spec file declares eligible). No such region is an
-    error: the model's spec does not say which of its matmuls may change format."""
-    keys = list(dict.fromkeys(key for _, layer in layers for key in layer.entries("precision")))
-    if not keys:
-        raise ValueError(f"precision={matmul!r}: this spec declares no [*.precision] regions, so no "
-                         "matmul may change format; add e.g. `Block = { matmul = \"bf16\" }` under "
-                         "[default.precision] for the repeated blocks")
-    top = PlanLayer(precision={k: {"matmul": matmul, "attention": matmul} for k in keys})
-    if layers and layers[-1][0] == "user":
-        return [*layers[:-1], ("user", top.merged_over(layers[-1][1]))]
-    return [*layers, ("user", top)]

@@ -14,11 +14,12 @@ knob names are a table here, and a test checks the table against diffusers' data
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any, ClassVar, Mapping
 
 from pydantic import Field, field_validator, model_validator
 
-from .section import SectionSpec, did_you_mean, register_section
+from .section import SectionSpec, did_you_mean, flat_error, register_section
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,8 +214,6 @@ def parse_cli(text: str) -> dict[str, Any]:
     Values are JSON (numbers, true/false, [lists]) or else plain strings. The result is
     validated (did-you-mean on the method and option names) before it is returned.
     """
-    import json
-
     method, _, rest = text.partition(":")
     spec: dict[str, Any] = {"method": method}
     rest = rest.strip()
@@ -239,8 +238,6 @@ def parse_cli(text: str) -> dict[str, Any]:
                 spec["threshold"] = opts.pop("threshold")
             if opts:
                 spec["options"] = opts
-    from .section import flat_error
-
     try:
         StepCacheSpec(**spec)
     except Exception as e:  # pydantic ValidationError -> one line

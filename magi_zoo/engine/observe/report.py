@@ -10,20 +10,9 @@ import dataclasses
 import json
 from typing import Any
 
+from ..resolve import ResolvedPlan
 from .accounting import RegionStats
-from .resolve import ResolvedPlan
-
-
-def format_table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
-    """A plain monospace table (markdown-compatible)."""
-    if not rows:
-        return "(empty)"
-    columns = columns or list(rows[0])
-    cells = [[str(r.get(c, "")) for c in columns] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
-    line = lambda vals: "| " + " | ".join(v.ljust(w) for v, w in zip(vals, widths)) + " |"
-    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    return "\n".join([line(columns), sep, *(line(r) for r in cells)])
+from .table import format_table
 
 
 @dataclasses.dataclass

@@ -37,8 +37,9 @@ from typing import Any, Callable
 
 import torch
 
-from .compat import torch as compat
+from ..compat import torch as compat
 from . import accounting
+from .table import format_table
 
 # Structured record -> file written per compile id (the last record of a name wins: a
 # restarted analysis re-emits its graph, and the final one is what runs).
@@ -289,8 +290,6 @@ def _write(out: Path, compiles: list[Compile], collector: _Collector, report: An
 
 def _summary(out: Path, compiles: list[Compile], breaks: list[GraphBreak], report: Any,
              seconds: float) -> str:
-    from .report import format_table
-
     lines = ["# What torch.compile did", "",
              f"One call, {seconds:.1f} s (compile included); torch {torch.__version__}. "
              f"{len(compiles)} frame compile(s), {len(breaks)} graph break(s), "

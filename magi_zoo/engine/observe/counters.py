@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .compat import torch as compat
+from ..compat import torch as compat
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,8 +16,8 @@ from typing import Any, Callable
 
 import torch
 
-from . import counters as compat
-from ..specs.compile_spec import TorchCompileSpec
+from ...specs.compile_spec import TorchCompileSpec
+from . import counters as dynamo_counters  # the field `RegionStats.counters` keeps the short name
 
 
 @dataclasses.dataclass
@@ -31,7 +31,7 @@ class RegionStats:
     cls_name: str
     layers: list[str]
     calls: int = 0
-    counters: compat.CounterDelta = dataclasses.field(default_factory=compat.CounterDelta)
+    counters: dynamo_counters.CounterDelta = dataclasses.field(default_factory=dynamo_counters.CounterDelta)
 
     @property
     def label(self) -> str:
@@ -61,9 +61,9 @@ class RegionStats:
 class _Frame:
     __slots__ = ("before", "children")
 
-    def __init__(self, before: compat.CounterSnapshot):
+    def __init__(self, before: dynamo_counters.CounterSnapshot):
         self.before = before
-        self.children = compat.CounterDelta()
+        self.children = dynamo_counters.CounterDelta()
 
 
 _local = threading.local()
@@ -83,14 +83,14 @@ def tracked(fn: Callable, stats: RegionStats) -> Callable:
         if torch.compiler.is_compiling():  # constant-folded by dynamo: no graph break
             return fn(*args, **kwargs)
         stack = _stack()
-        frame = _Frame(compat.snapshot())
+        frame = _Frame(dynamo_counters.snapshot())
         stack.append(frame)
         try:
             return fn(*args, **kwargs)
         finally:
             stack.pop()
             stats.calls += 1
-            total = compat.delta(frame.before)
+            total = dynamo_counters.delta(frame.before)
             stats.counters += total - frame.children
             if stack:
                 stack[-1].children += total

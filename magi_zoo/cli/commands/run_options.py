@@ -1,0 +1,146 @@
+"""`magi-zoo run`'s flags, checked and turned into `load`'s arguments before anything is built
+(a bad option costs nothing; under `--nproc` it is refused before torchrun starts)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from ... import adapters, distributed
+from ...overrides import eager_compile
+from ...specs import SpecFile
+from ...specs.compile_spec import TorchCompileSpec
+from ...specs.parallel_spec import ParallelSpec, default_parallel
+from ...specs.section import flat_error
+from ...specs.step_cache_spec import parse_cli as parse_step_cache
+from ..console import one_line
+
+
+@dataclasses.dataclass
+class RunRequest:
+    """What a checked `run` command asks for."""
+
+    adapter: adapters.Adapter
+    options: dict[str, Any]  # the generation's options (adapter.check_run has seen them)
+    compile: Any  # load's compile=: False (eager), None (the spec) or compile overrides
+    overrides: dict[str, Any] | None  # load's overrides=: the step_cache section, if asked for
+    parallel: dict[str, Any] | None  # load's parallel=: ParallelSpec fields; None = one process
+
+
+def check_run(args) -> RunRequest:
+    """Everything about `run`'s arguments that can be checked before a build."""
+    opts = dict(image=args.image, audio_out=args.audio_out, num_inference_steps=args.steps, height=args.height,
+                width=args.width, num_frames=args.frames, max_new_tokens=args.max_new_tokens, seed=args.seed)
+    opts.update(task=args.task, think=args.think or None)  # BAGEL: which task; reason first
+    opts.update(audio=args.audio, voice=args.voice)  # Qwen3-Omni: audio prompt, speech voice
+    adapter, variant = adapters.lookup(args.model)
+    adapter.check_run(variant, opts, Path(args.out))
+    compile_overrides = parse_compile_overrides(args.compile_overrides)
+    step_cache = step_cache_override(args, adapter)
+    if compile_overrides is not None and not args.compile:
+        raise ValueError("--compile and --no-compile contradict each other; pass one")
+    if args.spec_file is not None and not Path(args.spec_file).is_file():
+        raise ValueError(f"--spec-file {args.spec_file!r}: no such file")
+    world = distributed.world_size()
+    if distributed.is_launched() and args.nproc not in (None, world):
+        raise ValueError(f"--nproc {args.nproc} but this torchrun job has {world} processes; drop --nproc or match it")
+    runs_cfg = getattr(adapter, "runs_cfg", lambda call: False)({**adapter.call_defaults(variant), **opts})
+    par = run_parallel_fields(world if distributed.is_launched() else args.nproc,
+                              ulysses=args.ulysses, ring=args.ring, cfg=args.cfg_parallel,
+                              uneven=args.uneven, runs_cfg=runs_cfg)
+    if par and args.gpu == "cpu" and (par.get("ulysses_degree", 1) > 1 or par.get("ring_degree", 1) > 1):
+        raise ValueError("--ulysses / --ring use diffusers' context parallelism, which runs on GPUs; on --gpu cpu "
+                         "only --cfg-parallel splits the work")
+    if args.compile:
+        compile_arg = compile_overrides
+    elif par is not None:  # the parallel split is part of the plan: it applies, every region eager
+        compile_arg = eager_compile(SpecFile.from_toml(args.spec_file or adapter.spec_path()))
+    else:
+        compile_arg = False
+    return RunRequest(adapter, opts, compile_arg, step_cache or None, par)
+
+
+def parse_compile_overrides(items: list[str] | None) -> dict | None:
+    """`--compile KEY=JSON` (repeatable) -> a compile override {key: spec}, every spec
+    validated now (unknown field, bad value: the error names the flag), before any build."""
+    if not items:
+        return None
+    out: dict = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--compile {item!r}: expected KEY=JSON, e.g. "
+                             "--compile 'WanTransformerBlock={\"dynamic\": false}'")
+        try:
+            spec = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--compile {key}: the value is not JSON ({e.msg} at column {e.colno}): {text!r}; "
+                             "e.g. '{\"dynamic\": false}' or false") from None
+        if isinstance(spec, bool):  # KEY=false: the enabled switch alone
+            spec = {"enabled": spec}
+        if not isinstance(spec, dict):
+            raise ValueError(f"--compile {key}: expected a JSON object of TorchCompileSpec fields "
+                             f"(or true/false), got {text!r}")
+        fields = set(TorchCompileSpec.model_fields)
+        methods = spec if spec and not fields & set(spec) and all(isinstance(v, dict) for v in spec.values()) else None
+        try:
+            for one in (methods.values() if methods else [spec]):  # {method: spec} or one spec
+                TorchCompileSpec.model_validate(one)
+        except Exception as e:  # pydantic's ValidationError names the field and the choices
+            errors = getattr(e, "errors", None)
+            text = "; ".join(f"{'.'.join(map(str, x['loc'])) or 'spec'}: {x['msg']}" for x in errors()) \
+                if callable(errors) else one_line(e)
+            if "extra" in text.lower() or "not permitted" in text:
+                text += f" (fields: {', '.join(TorchCompileSpec.model_fields)})"
+            raise ValueError(f"--compile {key}: {text}") from None
+        out[key.strip()] = spec
+    return out
+
+
+def step_cache_override(args, adapter) -> dict:
+    """`--step-cache METHOD[:THRESHOLD|:NAME=VALUE,...]` as a plan layer's step_cache section,
+    keyed on the pipeline's denoiser(s) (`transformer`, and Wan2.2's `transformer_2` by the
+    glob); {} without the flag. Validated here, before anything is built."""
+    text = getattr(args, "step_cache", None)
+    if text is None:
+        return {}
+    if "transformer" not in getattr(adapter, "component_names", ()):
+        raise ValueError(f"--step-cache uses diffusers' caching hooks on a pipeline's transformer; "
+                         f"{args.model} has none (Wan and Flux models do)")
+    if not args.compile:
+        raise ValueError("--step-cache is part of the plan, which --no-compile does not apply; drop --no-compile "
+                         "(to run the blocks eager, e.g. for pab: --compile 'WanTransformerBlock=false')")
+    return {"step_cache": {"transformer*": parse_step_cache(text)}}
+
+
+def run_parallel_fields(nproc: int | None, *, ulysses: int | None, ring: int | None, cfg: bool | None,
+                        uneven: bool, runs_cfg: bool) -> dict[str, Any] | None:
+    """The parallel-section fields for a `run` command (None: not a parallel run).
+
+    `nproc` is the process count asked for (--nproc; inside a torchrun job, WORLD_SIZE).
+    Degrees not given are chosen by `default_parallel`; the product is checked against the
+    process count here, before anything is built or launched."""
+    given = {k: v for k, v in dict(ulysses_degree=ulysses, ring_degree=ring, cfg=cfg).items() if v is not None}
+    if uneven:
+        given["uneven"] = True
+    n = nproc or 1
+    if n == 1 and not any(v not in (None, False, 1) for v in given.values()):
+        return None
+    if n == 1:
+        raise ValueError("--ulysses / --ring / --cfg-parallel split the model over processes: add --nproc N "
+                         "(or launch with torchrun)")
+    if not {"ulysses_degree", "ring_degree", "cfg"} & set(given):
+        given = {**default_parallel(n, runs_cfg), **given}
+        if given.get("cfg") and not runs_cfg:  # pragma: no cover - default_parallel never does this
+            given.pop("cfg")
+    if given.get("cfg") and not runs_cfg:
+        raise ValueError("--cfg-parallel splits classifier-free guidance, which this model's run does not use; "
+                         "use --ulysses / --ring instead")
+    try:
+        spec = ParallelSpec(**given)
+    except Exception as e:  # pydantic: names the field
+        raise ValueError(f"parallel options: {flat_error(e)}") from None
+    spec.check_world(n, where="--nproc")
+    return spec.model_dump(exclude_defaults=True)

@@ -1,0 +1,12 @@
+"""What the engine observes and reports, apart from the steps that act:
+
+- `counters`: dynamo's global compile counters, snapshots and deltas (the test oracle);
+- `accounting`: each compiled region's exclusive share of those counters (`tracked`);
+- `report`: `Report`, what `apply` returns -- the steps taken and the regions' live counters;
+- `explain`: one call with torch's structured compile trace captured, written as a folder;
+- `table`: `format_table`, the plain table they all print with.
+
+Import the modules themselves (`from magi_zoo.engine.observe.report import Report`): this
+`__init__` imports none of them, so the resolver can use `table` without loading `report`,
+which holds a resolved plan.
+"""

@@ -1,0 +1,160 @@
+"""What a user asks for at load time, turned into plan layers: the one path from
+`magi_zoo.load`'s arguments and the CLI's flags to the layers the engine applies.
+
+`user_layer` builds the one ``user`` layer; `spec_layers` puts it on the spec file's layers
+for a profile (``model default``, ``gpu``) and is what `load` and every CLI command call. The
+user layer is built in this order:
+
+1. `overrides`: any section, ``{section: {key: spec}}`` (or compile shorthand);
+2. `compile`: compile overrides ``{key: spec}`` (False / None / True add nothing);
+3. `precision`: the matmul format on every region the precision section declares;
+4. `parallel`: ParallelSpec fields on every region the parallel section declares;
+5. training (`train` / `recompute`): the recompute policy on every region the recompute
+   section declares;
+6. `memory_budget_gib`: the offload plan's device memory budget (its root key ``""``).
+
+Each later step merges over the earlier ones field by field, so a named argument beats the
+same field in `overrides`; steps 2-6 set different sections (or fields) and never meet.
+Steps 3-6 set only the regions the spec declares for them: a spec with none refuses the
+argument, since the model's spec does not say which of its modules may change.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+from .specs import MATMUL_FORMATS, PlanLayer, SpecFile
+from .specs.gpu_profiles import GpuProfile
+from .specs.recompute_spec import with_recompute
+
+Layers = list[tuple[str, PlanLayer]]
+
+DEFAULT_RECOMPUTE = "full"  # train=True without recompute=: what always fits one block at a time
+
+
+def spec_layers(adapter: Any, profile: GpuProfile, *, spec_file: str | Path | None = None,
+                **user: Any) -> Layers:
+    """The layers one load applies: the spec file's for `profile` (`spec_file`, default the
+    shipped `adapter.spec_path()`), then the `user_layer` built from the other keyword
+    arguments (those of `user_layer`) when it sets anything."""
+    layers = SpecFile.from_toml(spec_file if spec_file is not None else adapter.spec_path()).layers_for(profile.name)
+    top = user_layer(layers, profile, **user)
+    return [*layers, ("user", top)] if top else layers
+
+
+def user_layer(base: Layers, profile: GpuProfile, *, compile: Any = None, overrides: Any = None,
+               precision: str | None = None, parallel: Mapping[str, Any] | None = None, train: bool = False,
+               recompute: Any = None, memory_budget_gib: float | None = None) -> PlanLayer:
+    """The user layer over `base` (the spec file's layers, which say the regions each named
+    argument may set), built in the module's documented order. The arguments mean what they
+    mean to `magi_zoo.load`."""
+    if any(name == "user" for name, _ in base):
+        raise ValueError("user_layer builds the user layer: pass the layers below it (model default, gpu) as base")
+    layers = list(base)
+    top = _compile_over(PlanLayer.coerce(overrides), compile)
+    if top:
+        layers.append(("user", top))
+    if precision is not None:
+        if precision not in MATMUL_FORMATS:
+            raise ValueError(f"precision={precision!r}; choices: {', '.join(MATMUL_FORMATS)}")
+        if precision == "fp8" and not profile.fp8:
+            raise ValueError(f"precision='fp8' needs a card with fp8 matmuls (Hopper, Ada, Blackwell); "
+                             f"profile {profile.name!r} has none")
+        layers = with_precision(layers, precision)
+    if parallel is not None:
+        if compile is False:
+            raise ValueError("parallel= splits regions of the plan, which compile=False does not apply; for eager "
+                             "regions pass a compile override that disables them (magi_zoo.overrides.eager_compile)")
+        layers = with_parallel(layers, parallel)
+    if recompute is not None and (not train or compile is False):
+        raise ValueError("recompute= sets activation recompute for training: pass train=True (and not compile=False, "
+                         "which applies no plan; for eager blocks use compile={'<Block>': {'enabled': False}})")
+    if train and compile is not False:
+        layers = training_layers(layers, recompute)
+    if memory_budget_gib is not None:
+        layers = with_memory_budget(layers, memory_budget_gib)
+    return layers[-1][1] if len(layers) > len(base) else PlanLayer()
+
+
+def _compile_over(user: PlanLayer, compile: Any) -> PlanLayer:
+    """`compile` (a compile override, or None / True / False: nothing to add) on top of `user`."""
+    if isinstance(compile, PlanLayer):
+        return compile.merged_over(user)
+    if isinstance(compile, Mapping):
+        return PlanLayer(compile=compile).merged_over(user)
+    if compile not in (None, True, False):
+        raise TypeError(
+            "compile= takes None/True (use the spec), False (run eager), or a compile override "
+            f"{{submodule key: spec}}; got {type(compile).__name__}"
+        )
+    return user
+
+
+def _on_top(layers: Layers, top: PlanLayer) -> Layers:
+    """`layers` with `top` merged over their user layer (or added as the user layer)."""
+    if layers and layers[-1][0] == "user":
+        return [*layers[:-1], ("user", top.merged_over(layers[-1][1]))]
+    return [*layers, ("user", top)]
+
+
+def _declared(layers: Layers, section: str) -> list[str]:
+    """The region keys any layer names in `section`, first mention first."""
+    return list(dict.fromkeys(key for _, layer in layers for key in layer.entries(section)))
+
+
+def with_precision(layers: Layers, matmul: str) -> Layers:
+    """The layers plus a user layer setting `matmul` and `attention` on every region the
+    precision section names in any layer (the regions a spec file declares eligible). No such region is an
+    error: the model's spec does not say which of its matmuls may change format."""
+    keys = _declared(layers, "precision")
+    if not keys:
+        raise ValueError(f"precision={matmul!r}: this spec declares no [*.precision] regions, so no "
+                         "matmul may change format; add e.g. `Block = { matmul = \"bf16\" }` under "
+                         "[default.precision] for the repeated blocks")
+    return _on_top(layers, PlanLayer(precision={k: {"matmul": matmul, "attention": matmul} for k in keys}))
+
+
+def with_parallel(layers: Layers, fields: Mapping[str, Any]) -> Layers:
+    """The layers plus a user layer setting `fields` (ParallelSpec fields) on every region the
+    parallel section names in any layer (the regions a spec file declares parallelisable).
+    No such region is an error: the model's spec does not say what may be split."""
+    keys = _declared(layers, "parallel")
+    if not keys:
+        raise ValueError("this model's spec declares no [*.parallel] region, so nothing can be spread over "
+                         "processes; add e.g. `Transformer = { cfg = false }` under [default.parallel] for the "
+                         "denoiser (multi-process inference covers diffusers transformers: Wan, Flux)")
+    return _on_top(layers, PlanLayer(parallel={k: dict(fields) for k in keys}))
+
+
+def training_layers(layers: Layers, recompute: Any) -> Layers:
+    """`layers` with the recompute policy (`recompute`, default `DEFAULT_RECOMPUTE`) on every
+    region the spec declares in its recompute section (the repeated blocks)."""
+    return with_recompute(layers, DEFAULT_RECOMPUTE if recompute is None else recompute)
+
+
+def with_memory_budget(layers: Layers, gib: float) -> Layers:
+    """The layers plus a user layer setting the offload plan's budget (root key "") to `gib`:
+    what `load(..., memory_budget_gib=...)` and `magi-zoo run --memory-budget` add."""
+    if not isinstance(gib, (int, float)) or isinstance(gib, bool) or not gib > 0:
+        raise ValueError(f"memory_budget_gib must be a positive number of GiB, got {gib!r}")
+    if not any(layer.entries("offload") for _, layer in layers):
+        raise ValueError("memory_budget_gib: this spec names no [*.offload] units, so nothing may stream; add "
+                         "e.g. `Block = \"auto\"` under [default.offload] for the repeated blocks")
+    return _on_top(layers, PlanLayer(offload={"": {"memory_budget_gib": float(gib)}}))
+
+
+def has_auto_recompute(layers: Layers) -> bool:
+    """Whether any layer sets recompute policy 'auto' (measured at load, or by `train.calibrate`)."""
+    return any(spec.policy == "auto" for _, layer in layers for _, _, spec in layer.items("recompute"))
+
+
+def eager_compile(spec: SpecFile) -> dict[str, dict[str, dict[str, bool]]]:
+    """A compile override disabling every compile key of `spec` (any of its tables): the plan
+    still applies (its parallel split, say) with every region eager. `compile=False` would
+    apply no plan at all."""
+    off: dict[str, dict[str, dict[str, bool]]] = {}
+    for layer in (spec.default, *spec.gpu.values()):
+        for key, method, _ in layer.items("compile"):
+            off.setdefault(key, {})[method] = {"enabled": False}
+    return off
