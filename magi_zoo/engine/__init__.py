@@ -8,10 +8,12 @@ from .apply import STEP_ORDER, apply, needs_streaming, preview, remove
 from .compile import installed
 from .custom_ops import CustomOpInfo, custom_op_info, list_custom_ops, register_custom_op
 from .prepare import Preparation
-from .report import Report, format_table
+from .observe import counters  # the test oracle, `from magi_zoo.engine import counters`
+from .observe.report import Report
+from .observe.table import format_table
 from .resolve import PlanError, ResolvedPlan, resolve
 from .steps import StepRecord
 
 __all__ = ["apply", "remove", "preview", "needs_streaming", "STEP_ORDER", "installed", "register_custom_op", "custom_op_info",
-           "list_custom_ops", "CustomOpInfo", "Preparation", "Report", "StepRecord", "format_table",
+           "list_custom_ops", "CustomOpInfo", "Preparation", "Report", "StepRecord", "format_table", "counters",
            "PlanError", "ResolvedPlan", "resolve"]

@@ -19,7 +19,7 @@ from .recompute import recompute_step
 from .step_cache import step_cache_step
 from .custom_ops import list_custom_ops
 from .prepare import Preparation, prepare
-from .report import Report
+from .observe.report import Report
 from .resolve import ResolvedPlan, resolve
 from .steps import StepContext, StepFn, StepRecord
 
