@@ -212,7 +212,7 @@ def matmul_peak_tflops(device, dtype) -> float:
 def spec_keys(adapter, gpu: str, section: str) -> set[str]:
     """The keys the model's spec (every layer for this card) names in `section`."""
     from magi_zoo.specs import get_profile
-    from magi_zoo.zoo import spec_layers
+    from magi_zoo.overrides import spec_layers
 
     return {k for _, layer in spec_layers(adapter, get_profile(gpu)) for k in layer.entries(section)}
 
@@ -305,7 +305,7 @@ def results_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     """`columns` of `rows` as the engine's table (markdown-compatible); a value that was not
     measured (missing or None) shows as "—", and a cell's `|` or line break (error messages)
     is escaped so it cannot split the row."""
-    from magi_zoo.engine.report import format_table
+    from magi_zoo.engine import format_table
 
     def cell(v: Any) -> str:
         return "—" if v is None else str(v).replace("|", "\\|").replace("\n", " ")

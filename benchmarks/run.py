@@ -195,7 +195,8 @@ def _assemble(adapter, variant, *, gpu: str, dtype, device, compiled: bool, back
     from magi_zoo.engine import apply
     from magi_zoo.engine.compile.cache import CompileCache, resolve_cache_dir
     from magi_zoo.specs import get_profile, with_backend
-    from magi_zoo.zoo import ZooPipeline, spec_layers
+    from magi_zoo.overrides import spec_layers
+    from magi_zoo.zoo import ZooPipeline
 
     profile = get_profile(gpu)
     layers = spec_layers(adapter, profile, overrides=overrides)  # a strategy's one change, as load takes it

@@ -83,7 +83,7 @@ COLUMNS = ["strategy", "status", "attention", "breaks", "recompiles", "frames_co
 
 def _layers(handle, spec: dict | None, backend: str | None, extra: dict | None = None):
     """The shipped spec's layers with this strategy's compile override (and backend) on top."""
-    from magi_zoo.zoo import spec_layers
+    from magi_zoo.overrides import spec_layers
 
     override = {**({KEY: spec} if spec else {}), **(extra or {})} or None
     layers = spec_layers(handle.adapter, handle.profile, compile=override)

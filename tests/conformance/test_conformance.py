@@ -35,7 +35,7 @@ from magi_zoo.adapters.base import FLAGS
 from magi_zoo.engine import counters, preview
 from magi_zoo.engine.prepare import prepare
 from magi_zoo.specs import SpecFile, get_profile
-from magi_zoo.zoo import spec_layers
+from magi_zoo.overrides import spec_layers
 
 ADAPTERS = all_adapters()
 VARIANTS = [(a, v) for a in ADAPTERS for v in a.variants.values()]

@@ -98,7 +98,7 @@ def test_a_shipped_default_yields_to_the_users_choice_and_says_so():
 def test_flux_spec_captures_the_transformer_on_h100_only():
     from magi_zoo.adapters import lookup
     from magi_zoo.specs import get_profile
-    from magi_zoo.zoo import spec_layers
+    from magi_zoo.overrides import spec_layers
 
     adapter, _ = lookup("flux.1-dev")
     keys = lambda gpu: {k for _, layer in spec_layers(adapter, get_profile(gpu))  # noqa: E731

@@ -5,7 +5,7 @@ import torch.nn as nn
 
 import magi_zoo
 from magi_zoo.cli import main
-from magi_zoo.engine.explain import explain_call
+from magi_zoo.engine.observe.explain import explain_call
 
 
 class Breaks(nn.Module):

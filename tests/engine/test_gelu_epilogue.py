@@ -14,7 +14,7 @@ import magi_zoo
 from magi_zoo.engine import counters
 from magi_zoo.engine.kernels import gelu_linear
 from magi_zoo.engine.precision import GELU_EPILOGUE_MARK, GeluLinear
-from magi_zoo.zoo import spec_layers
+from magi_zoo.overrides import spec_layers
 
 from helpers.fusion import assert_undone_exactly, count_calls, forward
 

@@ -13,7 +13,7 @@ from magi_zoo.adapters import wan_attention
 from magi_zoo.engine import counters
 from magi_zoo.engine.kernels import norm_rope
 from magi_zoo.engine.precision import NORM_ROPE_MARK
-from magi_zoo.zoo import spec_layers
+from magi_zoo.overrides import spec_layers
 
 from helpers.fusion import assert_undone_exactly, count_calls, forward
 

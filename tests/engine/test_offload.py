@@ -12,7 +12,8 @@ from magi_zoo.engine import apply, needs_streaming, remove
 from magi_zoo.engine import offload as off
 from magi_zoo.engine.offload import GIB, OffloadPlanError, Unit, plan_offload, prefetch_schedule, simulate
 from magi_zoo.specs import PlanLayer
-from magi_zoo.specs.offload_spec import OffloadSpec, with_memory_budget
+from magi_zoo.overrides import with_memory_budget
+from magi_zoo.specs.offload_spec import OffloadSpec
 
 MB = 2 ** 20
 
@@ -680,7 +681,7 @@ def test_gpu_profiles_select_offload_by_themselves():
     # an L40S (48 GiB with a 6 GiB activation reserve) nor an RTX 4090.
     from magi_zoo import adapters
     from magi_zoo.specs import get_profile
-    from magi_zoo.zoo import spec_layers
+    from magi_zoo.overrides import spec_layers
 
     adapter, variant = adapters.lookup("wan2.1-i2v-14b-480p")
     native = adapter.build(variant, weights="random", dtype=torch.bfloat16, device=torch.device("meta"))

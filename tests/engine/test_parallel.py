@@ -25,7 +25,9 @@ import torch
 import magi_zoo
 from magi_zoo import distributed
 from magi_zoo.cli import main
-from magi_zoo.specs.parallel_spec import ParallelSpec, default_parallel, with_parallel
+from magi_zoo.cli.launch import without_option
+from magi_zoo.overrides import with_parallel
+from magi_zoo.specs.parallel_spec import ParallelSpec, default_parallel
 
 from helpers import HELPERS, REPO
 
@@ -93,7 +95,7 @@ def test_cli_refuses_before_launching(argv, message, capsys, tmp_path):
 
 def test_digest_is_stable():
     assert distributed.digest({"a": 1, "b": [1, 2]}) == distributed.digest({"b": [1, 2], "a": 1})
-    assert distributed._without_option(["run", "m", "--nproc", "2", "--seed", "1", "--nproc=4"], "--nproc") == \
+    assert without_option(["run", "m", "--nproc", "2", "--seed", "1", "--nproc=4"], "--nproc") == \
         ["run", "m", "--seed", "1"]
 
 

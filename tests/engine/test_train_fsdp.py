@@ -24,7 +24,8 @@ def _worker(rank: int, world: int, port: int, out_dir: str, device: str = "cpu",
 
     import magi_zoo
     from magi_zoo.specs.plan import with_backend
-    from magi_zoo.train import flow_matching_loss, shard, training_layers
+    from magi_zoo.overrides import training_layers
+    from magi_zoo.train import flow_matching_loss, shard
 
     cuda = device == "cuda"
     if cuda:

@@ -28,7 +28,7 @@ rank, world = distributed.rank(), distributed.world_size()
 
 import magi_zoo  # noqa: E402
 from magi_zoo.engine import counters, remove  # noqa: E402
-from magi_zoo.zoo import spec_layers  # noqa: E402
+from magi_zoo.overrides import spec_layers  # noqa: E402
 
 if on_cpu:
     torch.accelerator.device_count = lambda: 1

@@ -13,7 +13,7 @@ import torch
 import magi_zoo
 from magi_zoo.engine import counters
 from magi_zoo.specs import with_backend
-from magi_zoo.zoo import spec_layers
+from magi_zoo.overrides import spec_layers
 
 EAGER = {"backend": "eager"}
 ALL_EAGER = "every region on the eager backend"  # see _apply: counters and numerics, no C++ build

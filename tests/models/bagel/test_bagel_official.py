@@ -19,7 +19,7 @@ import magi_zoo
 from helpers import DATA as DATA_DIR
 from magi_zoo.engine import counters
 from magi_zoo.specs import with_backend
-from magi_zoo.zoo import spec_layers
+from magi_zoo.overrides import spec_layers
 
 DATA = json.loads((DATA_DIR / "bagel_official_preprocessing.json").read_text())
 # app.py: vae_transform = ImageTransform(1024, 512, 16); vit_transform = ImageTransform(980, 224, 14);

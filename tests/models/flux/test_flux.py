@@ -114,7 +114,7 @@ def test_denoiser_inputs_at_reference_shape(name):
     (False, 2),
 ])
 def test_single_stream_views_preparation_saves_a_compile(fresh_dynamo, inputs, reference, prepared, single_frames):
-    from magi_zoo.zoo import spec_layers
+    from magi_zoo.overrides import spec_layers
 
     h = magi_zoo.load("flux-tiny", gpu="cpu", compile=False)
     rep = magi_zoo.apply(h.modules, layers=spec_layers(h.adapter, h.profile, compile=EAGER),
@@ -171,7 +171,7 @@ def test_report_shows_every_region_spec():
 def test_spec_sections_resolve_on_the_real_tree(eager, gpu):
     """Every section's keys match the real module tree; GPU sections are static, fullgraph."""
     from magi_zoo.engine.resolve import resolve
-    from magi_zoo.zoo import spec_layers
+    from magi_zoo.overrides import spec_layers
 
     plan = resolve(eager.modules, spec_layers(eager.adapter, magi_zoo.get_profile(gpu)))
     blocks = [t for t in plan.targets if t.cls_name in BLOCKS]

@@ -385,7 +385,8 @@ def test_cli_audio_image_voice(tmp_path):
                       (["--voice", "Ethan"], "add --audio-out"),
                       (["--audio", str(tmp_path / "missing.wav")], "no such file")):
         with pytest.raises(ValueError, match=msg):
-            from magi_zoo.cli import build_parser, _check_run
+            from magi_zoo.cli import build_parser
+            from magi_zoo.cli.commands.run_options import check_run
 
-            _check_run(build_parser().parse_args(["run", MODEL, "--gpu", "cpu", "--prompt", "p", "--out",
+            check_run(build_parser().parse_args(["run", MODEL, "--gpu", "cpu", "--prompt", "p", "--out",
                                                   str(out), *argv]))

@@ -160,7 +160,7 @@ def test_shared_wrapper_failure_is_reproduced_and_named(eager):
     adapter = h.adapter
     split_only = adapter.preparations(h.pipe)[:1]  # the prefill/decode split, not the own-code step
     over = {k: {m: {"backend": "eager"} for m in ms} for k, ms in _backends().items()}
-    from magi_zoo.zoo import spec_layers
+    from magi_zoo.overrides import spec_layers
 
     torch._dynamo.reset()
     magi_zoo.apply(h.modules, layers=spec_layers(adapter, h.profile, compile=over), gpu="cpu",

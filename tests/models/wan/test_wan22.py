@@ -86,7 +86,7 @@ def test_published_on_meta_inputs_and_spec(name, shape, timestep, experts):
     """The real module trees (meta device: no memory): denoiser inputs, and the Wan spec
     resolves with one WanTransformerBlock region over every block of every expert."""
     from magi_zoo.engine.resolve import resolve
-    from magi_zoo.zoo import spec_layers
+    from magi_zoo.overrides import spec_layers
 
     adapter, variant = adapters.lookup(name)
     pipe = adapter.build(variant, weights="random", dtype=torch.bfloat16, device=torch.device("meta"))

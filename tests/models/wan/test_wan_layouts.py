@@ -163,7 +163,7 @@ def test_i2v_720p_is_the_published_config():
 
     from magi_zoo import adapters
     from magi_zoo.engine.resolve import resolve
-    from magi_zoo.zoo import spec_layers
+    from magi_zoo.overrides import spec_layers
 
     adapter, variant = adapters.lookup("wan2.1-i2v-14b-720p")
     _, p480 = adapters.lookup("wan2.1-i2v-14b-480p")
