@@ -298,7 +298,7 @@ def test_save_pretrained_loads_back(tiny, eager, tmp_path_factory):
 
 # -- 6. `magi-zoo run` ------------------------------------------------------------------------------
 def _run_parser_options() -> dict[str, str]:
-    """Every `magi-zoo run` option (name -> flag) that cli.py's parser takes."""
+    """Every `magi-zoo run` option (name -> flag) that the CLI's parser (magi_zoo/cli/parser.py) takes."""
     from magi_zoo.cli import build_parser
 
     dests = vars(build_parser().parse_args(["run", "m", "--prompt", "x", "--out", "o"]))
