@@ -164,7 +164,7 @@ def test_fp8_attention_quantization_is_exact_where_promised_and_smoothing_helps(
     km, vm = k.mean(1, keepdim=True), v.mean(1, keepdim=True)
     torch.testing.assert_close(_sdpa(q, k - km, v - vm) + vm, ref, rtol=1e-4, atol=1e-5)
     # ... and it lets the per-head scales resolve the part that varies: error well below one
-    # scale per tensor on the same inputs (DESIGN.md §6 measured 5.4e-2 for that on the GPU)
+    # scale per tensor on the same inputs (docs/precision.md#fp8-attention; measured 5.4e-2 on the GPU)
     err_smooth = _rel(fa3.fp8_reference(q, k, v), ref)
 
     def per_tensor(t):
