@@ -27,7 +27,7 @@ same) and `auto` is re-measured without them. Strategies (`--strategies`):
 - save_all: regional compile, selective checkpointing keeping every matmul and attention output;
 - auto16 / auto40: regional compile, `recompute="auto"` at a 16 / 40 GiB budget (the choice is
   printed and recorded);
-- none: regional compile, no checkpointing (out of memory at the Wan shape on 80 GB, DESIGN.md).
+- none: regional compile, no checkpointing (out of memory at the Wan shape on 80 GB; docs/training.md).
 
 Per row: median ms per step over --runs after --warmup steps (CUDA events), peak GiB allocated
 over the timed steps, first-step seconds (compile included), graph breaks and recompiles of
