@@ -131,7 +131,7 @@ def build(model: str, strategy: str, *, gpu: str, device: str, backend: str | No
 
 def make_step(h, inputs, optimizer: str = "adamw"):
     """One training step: loss, backward, then the AdamW step (or, with optimizer "none",
-    only dropping the gradients -- the forward + backward the DESIGN.md reference times)."""
+    only dropping the gradients -- the forward + backward the reference setting times; docs/training.md)."""
     import torch
 
     from magi_zoo.train import flow_matching_loss
