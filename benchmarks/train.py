@@ -387,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", type=float, default=None, help="--fsdp/--dp: auto recompute budget, GiB per GPU "
                    "(default: full checkpointing)")
     p.add_argument("--optimizer", choices=("adamw", "none"), default="adamw",
-                   help="none: forward + backward only (the DESIGN.md reference setting); auto then counts no states")
+                   help="none: forward + backward only (the reference setting, docs/training.md); auto then counts no states")
     p.add_argument("--expandable-segments", action="store_true",
                    help="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in every process (set before CUDA starts): "
                         "the caching allocator grows segments instead of caching fixed blocks, so a peak near the "
