@@ -53,7 +53,7 @@ the spec's layers; torch_compile / diffusers_regional: torch.compile's `backend=
 eager / aot_eager for CPU smoke runs. `--layers N` builds the variant with N layers where the
 harness knows how for that family (LAYER_VARIANTS; today Qwen3-Omni: the published layer
 config with N thinker layers and no talker / Code2Wav; spec keys for the parts the build
-lacks are dropped and listed). `--smoke` allows fewer warm-up / timed runs than DESIGN.md §5
+lacks are dropped and listed). `--smoke` allows fewer warm-up / timed runs than docs/methodology.md
 asks, for tests; the record says so.
 
 Each strategy runs in its own process with fresh inductor and Triton cache directories, so
