@@ -693,7 +693,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.worker is None:
         common.measured_commit()  # refused before anything is measured where the commit cannot be known
         if (args.warmup < 2 or args.runs < 5) and not args.smoke:
-            raise SystemExit("--warmup must be >= 2 and --runs >= 5 (DESIGN.md §5); --smoke for a plumbing check")
+            raise SystemExit("--warmup must be >= 2 and --runs >= 5 (docs/methodology.md); --smoke for a plumbing check")
         if args.warmup < 0 or args.runs < 1:
             raise SystemExit("--warmup must be >= 0 and --runs >= 1")
         return parent(args)
