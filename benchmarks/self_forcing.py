@@ -230,7 +230,7 @@ def _main(argv: list[str] | None = None) -> dict[str, Any]:
             print(f"[bench] --smoke runs on CPU: skipping the CUDA-only strategies {', '.join(cuda_only)}", flush=True)
         names = [n for n in names if n not in cuda_only]
     elif args.runs < 5:
-        raise SystemExit("--runs >= 5 (DESIGN.md section 5); --smoke for a plumbing run")
+        raise SystemExit("--runs >= 5 (docs/methodology.md); --smoke for a plumbing run")
 
     import torch
 
