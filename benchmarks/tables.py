@@ -36,12 +36,15 @@ COMMIT = re.compile(r"[0-9a-f]{7,40}(\+dirty)?")
 UNKNOWN_COMMITS = {
     "attention/attention_backends_wan2.1-t2v-1.3b_h200.json": "records no commit",
     "qwen3-omni/qwen3-omni_decode_h200.json": "records 'HEAD'",
-    "profiles/profile_flux.1-dev_fp8_graphs_h100.json": "corrected by hand (a mistyped BENCH_COMMIT)",
-    "profiles/profile_flux.1-dev_bf16_graphs_cdt_h100.json": "corrected by hand (a mistyped BENCH_COMMIT)",
-    "profiles/profile_flux.1-dev_fp8_graphs_cdt_h100.json": "corrected by hand (a mistyped BENCH_COMMIT)",
-    "offload/offload_h100_flux.1-dev_refit_inference_mode.json": "written in after the run (a placeholder BENCH_COMMIT)",
+    **dict.fromkeys(("profiles/profile_flux.1-dev_fp8_graphs_h100.json",
+                     "profiles/profile_flux.1-dev_bf16_graphs_cdt_h100.json",
+                     "profiles/profile_flux.1-dev_fp8_graphs_cdt_h100.json"),
+                    "corrected by hand (the commit given on the device was mistyped)"),
+    "offload/offload_h100_flux.1-dev_refit_inference_mode.json":
+        "written in after the run (a placeholder was given on the device)",
     "kernels/norm_rope_heads_h100.json": "corrected by hand (the device's stale git HEAD)",
-    "wan2.1-i2v-14b/wan2.1-i2v-14b-480p_480x832x81_cfg_fast_h100.json": "corrected by hand (the device's stale git HEAD)",
+    "wan2.1-i2v-14b/wan2.1-i2v-14b-480p_480x832x81_cfg_fast_h100.json":
+        "corrected by hand (the device's stale git HEAD)",
     "flux/flux.1-dev_1024x1024_graphs_h100.json": "names the device's stale git HEAD, not the tree that ran",
 }
 
@@ -167,7 +170,8 @@ def harness(rel: str, strategies: list[str], link: Link) -> str:
         rows.append([HARNESS_NAMES.get(s, s), num(x.get("median_ms")), ratio(faster(base, x.get("median_ms"))),
                      sci(x.get("rel_err_vs_fp32")), num(x.get("peak_gib"))])
     shape = r.data["shape"]
-    what = f"{r.data['model']}, {shape['height']}×{shape['width']}" + (f"×{shape['frames']}" if shape.get("frames") else "")
+    what = f"{r.data['model']}, {shape['height']}×{shape['width']}"
+    what += f"×{shape['frames']}" if shape.get("frames") else ""
     head = [what, "ms / forward", "vs diffusers regional", "rel. error vs fp32", "peak GiB"]
     return table(head, rows) + "\n\n" + sources([r], link)
 

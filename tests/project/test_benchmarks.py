@@ -290,8 +290,8 @@ def test_without_git_a_result_needs_the_commit_given(tmp_path, monkeypatch):
     for bad in ("HEAD", "placeholder", "abc"):
         with pytest.raises(common.CommitUnknown, match="7-40 hex digits"):
             common.measured_commit(bad, root=tree)
-    assert common.measured_commit("9c7ab6b", root=tree) == {"commit": "9c7ab6b", "commit_dirty": None,
-                                                            "commit_source": "given"}
+    given = {"commit": "9c7ab6b", "commit_dirty": None, "commit_source": "given"}
+    assert common.measured_commit("9c7ab6b", root=tree) == given
     # write_results refuses where nothing says the commit: no file is written
     monkeypatch.setattr(common, "ROOT", tree)
     with pytest.raises(common.CommitUnknown):
@@ -332,7 +332,7 @@ def test_every_results_writing_script_takes_the_commit_and_none_reads_the_variab
         assert "BENCH_COMMIT" not in src, f"{path.name}: the commit comes from common.measured_commit"
         if "write_results(" in src or "publish(" in src:
             assert "add_commit_argument" in src or "kernel_bench_start" in src, path.name
-            assert "results_dir(" in src or "kernel_bench_start" in src, f"{path.name}: --out defaults to its topic"
+            assert "results_dir(" in src or "kernel_bench_start" in src, f"{path.name}: --out is its topic folder"
 
 
 def test_model_topics_name_the_results_folders():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -125,13 +126,26 @@ def test_every_result_names_its_commit_or_is_listed_as_unknown():
 
 
 def test_a_result_written_by_the_harness_shows_its_commit(tmp_path):
-    r = tables.Result("x/r.json", {"env": {"card": "NVIDIA H100 80GB HBM3", "commit": "9c7ab6b8b11aa32238e53a8d856d77fade2c27c1",
-                                           "commit_dirty": True, "commit_source": "git"}})
+    sha = "9c7ab6b8b11aa32238e53a8d856d77fade2c27c1"
+    r = tables.Result("x/r.json", {"env": {"commit": sha, "commit_dirty": True, "commit_source": "git"}})
     assert r.commit == "9c7ab6b8b11a (dirty)"
     given = tables.Result("x/r.json", {"env": {"commit": "9c7ab6b", "commit_dirty": None, "commit_source": "given"}})
     assert given.commit == "9c7ab6b (given)"
     for bad in (None, "HEAD", "abc", "placeholder"):
         assert tables.Result("x/r.json", {"env": {"commit": bad}}).commit == "unknown"
+
+
+def _checkout_files() -> list[Path]:
+    """The checkout's files, tracked or new (not ignored: no venvs, egg-info or caches)."""
+    try:
+        out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                             capture_output=True, text=True, check=True).stdout
+        files = [REPO / line for line in out.splitlines() if line]
+    except (OSError, subprocess.CalledProcessError):  # a tree that travels without .git
+        skip = {".git", "__pycache__", ".pytest_cache", "venv", ".venv", "build", "dist"}
+        files = [p for p in REPO.rglob("*") if not set(p.relative_to(REPO).parts) & skip
+                 and not any(part.endswith(".egg-info") for part in p.parts)]
+    return [p for p in files if p.is_file()]
 
 
 CITED = re.compile(r"benchmarks/results/[\w.+\-/]*[\w+\-]")
@@ -143,10 +157,9 @@ def test_every_cited_results_path_exists():
     (moved or deleted results leave no dangling citation). A name followed by a placeholder
     (`<card>`, `*`, `{a,b}`) is a pattern, not a path: not checked."""
     dangling = []
-    for path in REPO.rglob("*"):
+    for path in _checkout_files():
         rel = path.relative_to(REPO)
-        if (path.suffix not in CITED_FILES or not path.is_file() or rel.parts[0] in (".git", "venv", ".venv")
-                or rel.as_posix().startswith("benchmarks/results/")):
+        if path.suffix not in CITED_FILES or rel.as_posix().startswith("benchmarks/results/"):
             continue
         text = path.read_text(errors="replace")
         for m in CITED.finditer(text):
