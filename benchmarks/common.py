@@ -85,9 +85,10 @@ def gib(nbytes: int | float | None) -> float | None:
     return None if nbytes is None else round(nbytes / 2**30, 3)
 
 
-class CommitUnknown(RuntimeError):
+class CommitUnknown(SystemExit):
     """A result would not say which commit it measured (no .git and none given), or the commit
-    given is not what git says this tree is."""
+    given is not what git says this tree is. A SystemExit: a script stops with its one-line
+    message (and exit status 1) before it measures anything."""
 
 
 def _git(root: Path, *args: str) -> str | None:
