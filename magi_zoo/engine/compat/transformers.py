@@ -15,14 +15,14 @@ from typing import Any
 
 def has_attn_implementation(config: Any) -> bool:
     """Whether `config` names an attention implementation (a transformers `PretrainedConfig`).
-    checked on: transformers 5.17, 5.24"""
+    checked on: transformers 5.17, 5.23, 5.24"""
     return config is not None and hasattr(config, "_attn_implementation")
 
 
 def with_attn_implementation(config: Any, implementation: str) -> Any:
     """A shallow copy of `config` naming `implementation`; the original (and the sub-configs the copy
     shares with it) stay as they are: the attribute itself is written, since the property's setter
-    would also set it on the shared sub-configs. checked on: transformers 5.17, 5.24"""
+    would also set it on the shared sub-configs. checked on: transformers 5.17, 5.23, 5.24"""
     out = copy.copy(config)
     out.__dict__["_attn_implementation_internal"] = implementation
     return out
