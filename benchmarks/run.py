@@ -613,7 +613,8 @@ def parent(args) -> dict[str, Any]:
               "command": "python -m benchmarks.run " + " ".join(args.argv), "results": rows}
     default_entry = adapter.entry_points[0] if adapter.entry_points else args.entry
     stem = args.stem or (args.model + (f"_{args.entry}" if args.entry != default_entry else "")
-                         + (f"_{args.layers}L" if args.layers is not None else ""))
+                         + (f"_{args.layers}L" if args.layers is not None else "")
+                         + f"_{common.card_tag(env, device.type == 'cuda')}")  # a name says its card
     what = "one denoiser forward" if args.entry == "denoise" else f"one {args.entry} call"
     md = [f"# {args.model}: {what}" + (" (smoke run: too few runs to be a measurement)" if args.smoke else ""), "",
           common.env_line(env), ""]
@@ -663,7 +664,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="results folder (default: benchmarks/results/<the model's topic>)")
     common.add_commit_argument(p)
     p.add_argument("--stem", default=None,
-                   help="file name stem of the results (default: the model, plus _<entry> / _<N>L when given)")
+                   help="file name stem of the results (default: the model, plus _<entry> / _<N>L when given, "
+                        "and the card: wan2.1-t2v-1.3b_h100)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--smoke", action="store_true",

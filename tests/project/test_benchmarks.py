@@ -18,7 +18,7 @@ def test_harness_cpu_command(tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "[1/3] eager (cold process)" in proc.stdout and "magi_zoo (warm process)" in proc.stdout
-    rec = json.loads((out / "wan2.1-tiny.json").read_text())
+    rec = json.loads((out / "wan2.1-tiny_cpu.json").read_text())
     rows = {r["strategy"]: r for r in rec["results"]}
     assert list(rows) == ["eager", "torch_compile", "magi_zoo"]
     assert all(r["status"] == "ok" for r in rows.values()), rows
@@ -34,7 +34,7 @@ def test_harness_cpu_command(tmp_path):
     assert rows["magi_zoo"]["warm_cache_status"] == "hit"
     # the results table (the engine's format_table: padded cells; the first table, before
     # magi_zoo's region table) has one "ok" row per strategy
-    lines = (out / "wan2.1-tiny.md").read_text().splitlines()
+    lines = (out / "wan2.1-tiny_cpu.md").read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("|"))
     table = list(itertools.takewhile(lambda line: line.startswith("|"), lines[start:]))
     header = [c.strip() for c in table[0].strip("|").split("|")]
@@ -88,7 +88,7 @@ def test_harness_bagel_denoise_step_with_cfg_on_cpu(tmp_path):
     assert z["frames_compiled"] >= 1 and z["recompiles_after_first_call"] == 0
     assert sum(r["calls"] for r in z["regions"]) > 0  # the step ran through compiled regions
     assert "tokens_per_s" not in z  # a denoise step is not a decode step
-    md = (tmp_path / "bagel-tiny.md").read_text()
+    md = (tmp_path / "bagel-tiny_cpu.md").read_text()
     assert "rel_err_vs_eager" in md and "magi_zoo regions:" in md and "BagelMoTLayer" in md
 
 
@@ -117,7 +117,7 @@ def test_harness_qwen3_omni_decode_step_on_cpu(tmp_path):
     assert z["frames_compiled"] == 1 and z["graph_breaks"] == 0 and z["recompiles_after_first_call"] == 0
     decode = next(r for r in z["regions"] if r["region"].endswith("decode_step"))
     assert decode["calls"] >= 4  # first call + 1 warm-up + 2 timed
-    md = (tmp_path / "qwen3-omni-tiny_decode_step_1L.md").read_text()
+    md = (tmp_path / "qwen3-omni-tiny_decode_step_1L_cpu.md").read_text()
     assert "tokens_per_s" in md and "1 of 2 thinker layers" in md
 
 
