@@ -1,6 +1,6 @@
 """The adapter registry. Families are imported lazily, by string, so that
 `import magi_zoo` stays cheap; adapter modules themselves import diffusers /
-transformers only inside their build functions.
+transformers only inside their build functions (`# lazy:`), so listing models stays cheap too.
 
 Out-of-tree families register through a Python entry point in the group
 ``magi_zoo.adapters`` (name = family, value = ``"module:AdapterClass"``), e.g. in the
@@ -17,17 +17,19 @@ from __future__ import annotations
 
 import difflib
 import importlib
+from importlib.metadata import entry_points
 
 from .base import Adapter, Variant
 
 # family -> "module:Class". Add a line here to register a family.
+# Each family is a package `adapters/<family>/` whose `adapter.py` holds the class.
 FAMILIES: dict[str, str] = {
-    "wan": "magi_zoo.adapters.wan:WanAdapter",
-    "wan22": "magi_zoo.adapters.wan22:Wan22Adapter",
-    "bagel": "magi_zoo.adapters.bagel:BagelAdapter",
-    "flux": "magi_zoo.adapters.flux:FluxAdapter",
-    "qwen3_omni": "magi_zoo.adapters.qwen3_omni:Qwen3OmniAdapter",
-    "self-forcing": "magi_zoo.adapters.self_forcing:SelfForcingAdapter",
+    "wan": "magi_zoo.adapters.wan.adapter:WanAdapter",
+    "wan22": "magi_zoo.adapters.wan22.adapter:Wan22Adapter",
+    "bagel": "magi_zoo.adapters.bagel.adapter:BagelAdapter",
+    "flux": "magi_zoo.adapters.flux.adapter:FluxAdapter",
+    "qwen3_omni": "magi_zoo.adapters.qwen3_omni.adapter:Qwen3OmniAdapter",
+    "self-forcing": "magi_zoo.adapters.self_forcing.adapter:SelfForcingAdapter",
 }
 
 ENTRY_POINT_GROUP = "magi_zoo.adapters"
@@ -38,8 +40,6 @@ _loaded: dict[str, Adapter] = {}
 def families() -> dict[str, str]:
     """Built-in families plus those installed packages register under ENTRY_POINT_GROUP
     (read on every call, so a package installed at run time is seen)."""
-    from importlib.metadata import entry_points
-
     out = dict(FAMILIES)
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name in FAMILIES:

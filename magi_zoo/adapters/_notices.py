@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import logging
+
 # Library notices about things the user cannot act on, dropped from transformers' own
 # handler (and nothing else): (1) "`XImageProcessor` requires torchvision ...; falling back
 # to `XImageProcessorPil`": the PIL processors are what we use (image preprocessing on the
@@ -14,9 +16,7 @@ _QUIET = ("requires torchvision (not installed); falling back to", "Unrecognized
 
 def quiet_library_notices() -> None:
     """Drop the notices in `_QUIET` from transformers' own handler (idempotent)."""
-    import logging
-
-    from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as hf_logging  # lazy: transformers costs seconds
 
     class _Drop(logging.Filter):
         def filter(self, record: logging.LogRecord) -> bool:

@@ -24,6 +24,7 @@ _CORPUS = [
 
 @functools.lru_cache(maxsize=None)
 def _bpe(vocab_size: int, specials: tuple[str, ...]):
+    # lazy: tokenizers costs ~10 ms, transformers seconds; listing models imports this module
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE(unk_token=None))
@@ -46,13 +47,11 @@ def byte_bpe_tokenizer(*, vocab_size: int, specials: Sequence[str], eos: str | N
     tokens to fixed ids above the BPE vocabulary (e.g. Qwen's ~151k multimodal ids); the
     ids in between are filled with unused placeholder tokens so the mapping is exact.
     """
-    from tokenizers import Tokenizer, processors
-    from transformers import PreTrainedTokenizerFast
+    from tokenizers import AddedToken, Tokenizer, processors  # lazy: as in _bpe
+    from transformers import PreTrainedTokenizerFast  # lazy: as in _bpe
 
     tok = Tokenizer.from_str(_bpe(vocab_size, tuple(specials)))
     if extra_ids:
-        from tokenizers import AddedToken
-
         n = tok.get_vocab_size()
         top = max(extra_ids.values())
         by_id = {v: k for k, v in extra_ids.items()}

@@ -19,20 +19,25 @@ It declares:
   installs (shown in the report, undone by `remove`);
 - `run_options` and `output_suffixes`: what `magi-zoo run` may pass and write, checked
   before anything is built; `generate(handle, prompt, **options)` returns an `Output`
-  that `cli.py` writes.
+  that the CLI writes (magi_zoo/cli/writers.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import sys
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 import torch.nn as nn
 
-from ..engine.prepare import Preparation
+from ..engine import Preparation
+from ..engine.compat.diffusers import keep_in_fp32_modules
+from ..specs import spec_path as shipped_spec_path
+from ._notices import quiet_library_notices
+from .fast_init import parallel_fills
 
 # CLI flag of each run option (for error messages).
 FLAGS = {"num_inference_steps": "--steps", "num_frames": "--frames", "max_new_tokens": "--max-new-tokens",
@@ -55,7 +60,7 @@ class Variant:
 
 @dataclasses.dataclass
 class Output:
-    """What `Adapter.generate` returns; `cli.py` writes it (the kind picks the writer)."""
+    """What `Adapter.generate` returns; the CLI writes it (the kind picks the writer)."""
 
     kind: str  # "video" | "image" | "text"
     value: Any  # video: list of HxWx3 float frames in [0, 1]; image: PIL image; text: str
@@ -84,8 +89,6 @@ class Adapter:
         weights: None (tiny: random; published: the variant's hub id), "random" (random
         init at the published config, no download), a local directory, or a hub id.
         """
-        from ._notices import quiet_library_notices
-
         source = self.weights_source(variant, weights)
         quiet_library_notices()
         torch.manual_seed(0)  # random weights (and anything a loader initialises) are reproducible
@@ -133,11 +136,7 @@ class Adapter:
     def spec_path(self) -> Path:
         """The spec file: shipped under magi_zoo/specs/, or (out-of-tree adapters) next to
         the adapter's own module."""
-        import sys
-
-        from ..specs import spec_path as shipped
-
-        path = shipped(self.spec_file)
+        path = shipped_spec_path(self.spec_file)
         if path.is_file():
             return path
         return Path(sys.modules[type(self).__module__].__file__).parent / self.spec_file
@@ -204,8 +203,6 @@ def init_on(device: torch.device | str, dtype: torch.dtype):
     no host-side fp32 copy of a 14B model, no cast afterwards). In host memory the random
     fills run on every core (`fast_init.parallel_fills`): one thread would take minutes for
     a 20 G-parameter pipeline."""
-    from .fast_init import parallel_fills
-
     old = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     via = "cuda" if torch.cuda.is_available() else None  # a card draws them far faster, even for the host
@@ -220,7 +217,7 @@ def init_on(device: torch.device | str, dtype: torch.dtype):
 def keep_fp32_modules(model: nn.Module) -> nn.Module:
     """Upcast the submodules a diffusers model declares in `_keep_in_fp32_modules`, as its
     `from_pretrained(torch_dtype=...)` would (norms, time embedders, RoPE tables)."""
-    keep = set(getattr(model, "_keep_in_fp32_modules", None) or ())
+    keep = set(keep_in_fp32_modules(model))
     for name, mod in model.named_modules():
         if keep.intersection(name.split(".")):
             mod.float()

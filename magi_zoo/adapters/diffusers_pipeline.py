@@ -9,16 +9,21 @@ from typing import Any, ClassVar
 
 import torch
 import torch.nn as nn
+from packaging.version import Version
 
+from ..engine import cfg_parallel_active
 from .base import Adapter, Output, Variant
+
+try:  # a corrupt safetensors file raises safetensors' own error type (releases without it raise OSError)
+    from safetensors import SafetensorError
+except ImportError:  # pragma: no cover
+    SafetensorError = None
 
 
 def LOAD_ERRORS() -> tuple[type[BaseException], ...]:
     """What a library's loader raises for unreadable or missing weights (a corrupt
     safetensors file raises safetensors' own error type)."""
-    try:
-        from safetensors import SafetensorError
-    except ImportError:  # pragma: no cover
+    if SafetensorError is None:  # pragma: no cover
         return (OSError, ValueError, RuntimeError)
     return (OSError, ValueError, RuntimeError, SafetensorError)
 
@@ -62,9 +67,8 @@ class DiffusersPipelineAdapter(Adapter):
 
     def load_pretrained(self, variant: Variant, source: str, local: bool, dtype: torch.dtype,
                         device: torch.device):
-        import diffusers
-        from diffusers import DiffusionPipeline
-        from packaging.version import Version
+        import diffusers  # lazy: diffusers costs seconds; the registry imports the families that use this class
+        from diffusers import DiffusionPipeline  # lazy: as above
 
         # diffusers >= 0.42 takes `dtype=` and warns (FutureWarning) on `torch_dtype=`.
         dtype_kw = "dtype" if Version(diffusers.__version__).release >= (0, 42) else "torch_dtype"
@@ -107,8 +111,6 @@ class DiffusersPipelineAdapter(Adapter):
         if seed is not None:
             options["generator"] = torch.Generator(device="cpu").manual_seed(int(seed))
         self.check_shape(handle.pipe, {**handle.call_defaults(), **options})
-        from ..engine.parallel import cfg_parallel_active
-
         if cfg_parallel_active(handle.plan) and not self.runs_cfg({**handle.call_defaults(), **options}):
             raise ValueError(f"cfg parallel splits classifier-free guidance, which this call does not run "
                              f"({self.cfg_option or 'no guidance option'} <= 1); drop cfg parallel (--no-cfg-parallel)")

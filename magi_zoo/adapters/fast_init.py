@@ -28,7 +28,8 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..engine.compat.torch import TorchDispatchMode
 
 MIN_NUMEL = 1 << 22  # below ~4 M values a fill takes milliseconds: not worth the threads
 MAX_PIECE = 1 << 25  # values per piece drawn on a card (64 MiB in bf16) before the copy back

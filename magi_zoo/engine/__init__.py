@@ -14,6 +14,23 @@ from .observe.table import format_table
 from .resolve import PlanError, ResolvedPlan, resolve
 from .steps import StepRecord
 
+# -- what model adapters use (adapters import the engine through this surface only) ----------
+from .kernels.fa3 import fa3_attention
+from .kernels.fa3 import missing_reason as fa3_missing_reason
+from .kernels.fa3 import wheel_forward as fa3_wheel_forward
+from .kernels.gelu_linear import apply as apply_gelu_linear
+from .kernels.norm_rope import apply as apply_norm_rope
+from .kernels.norm_rope import apply_heads as apply_norm_rope_heads
+from .offload import hold as offload_hold
+from .offload import streams as offload_streams
+from .parallel import cfg_parallel_active
+from .precision import GELU_EPILOGUE_MARK, marked_norm
+from .prepare import instance_forwards, swap_processors
+
 __all__ = ["apply", "remove", "preview", "needs_streaming", "STEP_ORDER", "installed", "register_custom_op", "custom_op_info",
            "list_custom_ops", "CustomOpInfo", "Preparation", "Report", "StepRecord", "format_table", "counters",
-           "PlanError", "ResolvedPlan", "resolve"]
+           "PlanError", "ResolvedPlan", "resolve",
+           # adapters' names
+           "fa3_attention", "fa3_missing_reason", "fa3_wheel_forward", "apply_gelu_linear", "apply_norm_rope",
+           "apply_norm_rope_heads", "offload_hold", "offload_streams", "cfg_parallel_active", "GELU_EPILOGUE_MARK",
+           "marked_norm", "instance_forwards", "swap_processors"]

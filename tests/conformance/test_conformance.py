@@ -42,7 +42,7 @@ VARIANTS = [(a, v) for a in ADAPTERS for v in a.variants.values()]
 TINY = [(a, v) for a, v in VARIANTS if v.tiny]
 ENTRIES = [(a, v, e) for a, v in VARIANTS for e in a.entry_points]
 
-# DESIGN.md section 5: fp32 compiled vs eager, relative error <= 1e-4.
+# docs/methodology.md: fp32 compiled vs eager on CPU, relative error <= 1e-4.
 REL_TOL = 1e-4
 # Save -> load must give the same weights bit for bit; the output may still differ by
 # ~1 ulp (safetensors maps tensors at addresses that send CPU matmuls down another SIMD
@@ -204,10 +204,10 @@ def _calls(handle) -> dict[str, int]:
 @pytest.fixture(scope="module")
 def compiled(tiny):
     """The tiny variant with its shipped spec ([gpu.cpu]: inductor) applied, and every
-    entry point called twice on identical fresh inputs, under no_grad (DESIGN.md section 5:
-    with autograd on, block 0 sees a leaf input and later blocks do not, a legitimate
-    second graph). All calls happen here, so checks 2-4 read one compile and do not
-    depend on the order tests run in."""
+    entry point called twice on identical fresh inputs, under no_grad (with autograd on,
+    block 0 sees a leaf input and later blocks do not, a legitimate second graph). All
+    calls happen here, so checks 2-4 read one compile and do not depend on the order
+    tests run in."""
     adapter, variant = tiny
     torch.compiler.reset()  # an earlier test's cached code would make counts start above 0
     h = magi_zoo.load(variant.name, gpu="cpu")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import magi_zoo
-from magi_zoo.adapters import wan_attention
+from magi_zoo.adapters.wan import attention as wan_attention
 from magi_zoo.engine import counters
 from magi_zoo.engine.kernels import norm_rope
 from magi_zoo.engine.precision import NORM_ROPE_MARK
@@ -256,20 +256,21 @@ def test_compiled_flux_with_the_fusions_equals_eager_without_breaks(fresh_dynamo
 
 
 def test_flux_split_proj_out_only_for_a_plain_linear(monkeypatch):
-    from magi_zoo.adapters import flux
+    from magi_zoo.adapters.flux import single_blocks
 
     lin = torch.nn.Linear(12, 5)
     a, b = torch.randn(2, 3, 4), torch.randn(2, 3, 8)
-    torch.testing.assert_close(flux._split_linear(lin, a, b), lin(torch.cat([a, b], -1)), rtol=1e-5, atol=1e-5)
-    assert flux._plain_linear(lin)
+    torch.testing.assert_close(single_blocks._split_linear(lin, a, b), lin(torch.cat([a, b], -1)),
+                               rtol=1e-5, atol=1e-5)
+    assert single_blocks._plain_linear(lin)
     handle = lin.register_forward_pre_hook(lambda m, args: None)  # e.g. an offload hook: call the module
-    assert not flux._plain_linear(lin)
+    assert not single_blocks._plain_linear(lin)
     handle.remove()
     h = magi_zoo.load("flux-tiny", gpu="cpu", compile=False)
     plan = {"compile": {"": False}, "precision": {b: {} for b in FLUX_BLOCKS}}  # gelu_epilogue on
     magi_zoo.apply(h.modules, plan, gpu="cpu", preparations=h.adapter.preparations(h.pipe))
     split = []
-    real = flux._split_linear
-    monkeypatch.setattr(flux, "_split_linear", lambda *a: split.append(1) or real(*a))
+    real = single_blocks._split_linear
+    monkeypatch.setattr(single_blocks, "_split_linear", lambda *a: split.append(1) or real(*a))
     forward(h)
     assert len(split) == len(h.pipe.transformer.single_transformer_blocks)

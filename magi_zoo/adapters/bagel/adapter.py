@@ -3,13 +3,17 @@ components, denoiser and `run` for the CLI."""
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn as nn
 
+from .._tokenizers import byte_bpe_tokenizer
 from ..base import Adapter, Output, Variant, init_on
+from ..diffusers_pipeline import LOAD_ERRORS, weights_error
+from .checkpoint import load_bagel_checkpoint, save_bagel_checkpoint
 from .config import BAGEL_7B_MOT, EDIT_DEFAULTS, T2I_DEFAULTS, TINY, config_from_dir
 
 VARIANTS = {
@@ -28,10 +32,11 @@ VARIANTS = {
 
 def build_modules(cfg: dict[str, Any], dtype: torch.dtype, device: torch.device):
     """Bagel module + FLUX AE at `cfg`, created directly on device/dtype (random init)."""
+    # lazy: diffusers and transformers cost seconds; the registry imports this module to list models
     from diffusers import AutoencoderKL
-    from transformers import Qwen2Config, SiglipVisionConfig
+    from transformers import Qwen2Config, SiglipVisionConfig  # lazy: as above
 
-    from .model import Bagel
+    from .model import Bagel  # lazy: its modules are transformers' (seconds to import)
 
     llm_cfg = Qwen2Config(**cfg["llm"])
     vit_cfg = SiglipVisionConfig(**cfg["vit"])
@@ -47,11 +52,9 @@ def build_modules(cfg: dict[str, Any], dtype: torch.dtype, device: torch.device)
 def _tokenizer_factory(cfg: dict[str, Any], local_dir: Path | None):
     def make():
         if local_dir is not None and (local_dir / "tokenizer.json").is_file():
-            from transformers import AutoTokenizer
+            from transformers import AutoTokenizer  # lazy: transformers costs seconds
 
             return AutoTokenizer.from_pretrained(str(local_dir), local_files_only=True)
-        from .._tokenizers import byte_bpe_tokenizer
-
         # In-process byte BPE with the Qwen-style specials pinned at the model's ids.
         return byte_bpe_tokenizer(vocab_size=cfg["tokenizer_vocab"], specials=[], eos="<|im_end|>",
                                   bos="<|im_start|>", extra_ids=cfg["special_ids"])
@@ -75,9 +78,7 @@ class BagelAdapter(Adapter):
         if local:
             path = Path(source)
         else:
-            from huggingface_hub import snapshot_download
-
-            from ..diffusers_pipeline import LOAD_ERRORS, weights_error
+            from huggingface_hub import snapshot_download  # lazy: huggingface_hub costs ~0.1 s; hub ids only
 
             try:
                 path = Path(snapshot_download(source))
@@ -87,8 +88,7 @@ class BagelAdapter(Adapter):
 
     def _pipeline(self, variant: Variant, cfg: dict[str, Any], local: Path | None, dtype: torch.dtype,
                   device: torch.device):
-        from .checkpoint import load_bagel_checkpoint
-        from .pipeline import BagelPipeline
+        from .pipeline import BagelPipeline  # lazy: it imports the model, built on transformers (seconds)
 
         model, vae = build_modules(cfg, dtype, device)
         if local is not None:
@@ -98,8 +98,6 @@ class BagelAdapter(Adapter):
     def save_pretrained(self, pipe, path: str | Path) -> Path:
         """The official layout (llm_config.json, vit_config.json, ema.safetensors,
         ae.safetensors) plus the tokenizer files, which `build(weights=path)` loads back."""
-        from .checkpoint import save_bagel_checkpoint
-
         path = save_bagel_checkpoint(pipe.model, pipe.vae, pipe.config, path)
         pipe.tokenizer.save_pretrained(str(path))
         return path
@@ -138,7 +136,7 @@ class BagelAdapter(Adapter):
         cfg = m.language_model.config
         rnd = lambda *s: torch.randn(*s, generator=g).to(device=p.device, dtype=p.dtype)
         kv = lambda n: [rnd(n, cfg.num_key_value_heads, m.head_dim) for _ in m.layers]
-        from .model import KVContext
+        from .model import KVContext  # lazy: the model module imports transformers (seconds)
 
         full = KVContext(kv(text_len), kv(text_len), text_len)
         sid = pipe.special_ids
@@ -163,12 +161,10 @@ class BagelAdapter(Adapter):
         """Beyond the base checks: --task is one of generate / edit / understand and fits
         --image; sizes and steps only where an image is sampled (an edit keeps the input's
         size); --max-new-tokens where text is written (an answer, or the reasoning of --think)."""
-        from .pipeline import TASKS
+        from .pipeline import TASKS  # lazy: it imports the model, built on transformers (seconds)
 
         task = options.get("task")
         if task is not None and task not in TASKS:
-            import difflib
-
             near = difflib.get_close_matches(str(task), TASKS, n=1)
             raise ValueError(f"--task {task!r}: choose one of {', '.join(TASKS)}"
                              + (f" (did you mean {near[0]!r}?)" if near else ""))
@@ -199,14 +195,14 @@ class BagelAdapter(Adapter):
     def generate(self, handle, *, prompt: str, progress: bool = True, **options) -> Output:
         """Text-to-image, editing (image: a path or PIL image) or understanding (text out);
         think: the model reasons first (the reasoning is printed with the image)."""
-        from .pipeline import ThinkingOutput
+        from .pipeline import ThinkingOutput  # lazy: it imports the model, built on transformers (seconds)
 
         task = self.task_of(options)
         options.pop("task", None)
         think = bool(options.pop("think", False))
         image = options.pop("image", None)
         if image is not None:
-            from PIL import Image
+            from PIL import Image  # lazy: PIL costs ~15 ms; listing models imports this module
 
             image = Image.open(image) if isinstance(image, (str, Path)) else image
         if task == "understand":

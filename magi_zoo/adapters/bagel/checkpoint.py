@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+from safetensors.torch import load_file, save_file
 
 # BFL FLUX AE name <-> diffusers AutoencoderKL name, as templates: {i} {j} are indices,
 # {part} encoder|decoder, {qkv} q|k|v. Each pair compiles to a rule for either direction.
@@ -104,8 +105,6 @@ def save_bagel_checkpoint(model: nn.Module, vae: nn.Module, cfg: dict[str, Any],
     """Write `model` (Bagel) and `vae` (diffusers AutoencoderKL) at the variant config `cfg`
     in the official layout that `load_bagel_checkpoint` / `config_from_dir` read back:
     llm_config.json, vit_config.json, ema.safetensors, ae.safetensors."""
-    from safetensors.torch import save_file
-
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     llm = dict(cfg["llm"], model_type="qwen2")
@@ -152,8 +151,6 @@ def _safetensors_problem(path: Path) -> str | None:
 def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
     """`safetensors.torch.load_file` (never pickle) with an error that names the file and,
     for a truncated file, the first tensor it does not hold whole."""
-    from safetensors.torch import load_file
-
     path = Path(path)
     try:
         return load_file(str(path))

@@ -10,6 +10,7 @@ from typing import Callable, Sequence
 
 import torch
 import torch.nn as nn
+from tqdm.auto import tqdm
 
 
 def flow_timesteps(num_timesteps: int, shift: float) -> torch.Tensor:
@@ -64,8 +65,6 @@ def euler_sample(x: torch.Tensor, timesteps: torch.Tensor, velocity: Callable[[t
     ts = timesteps.tolist()
     it = range(len(ts) - 1)
     if progress:
-        from tqdm.auto import tqdm
-
         it = tqdm(it, desc="denoise")
     for i in it:
         v = velocity(x, ts[i])

@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 from transformers import Qwen2Config, SiglipVisionConfig
 
+from ...engine import offload_hold, offload_streams
 from .flow import TimestepEmbedder, cfg_active, cfg_combine
 from .mot import BagelLanguageModel, rope_cos_sin
 from .packing import causal_mask, sincos_2d
@@ -213,21 +214,19 @@ class Bagel(nn.Module):
         """The velocity against each context. Context by context through `denoise_step` (the
         region the shipped plan compiles whole), unless layers stream their weights (offload):
         then layer by layer, each layer run for every context while it is on the card
-        (`offload.hold`), so a streamed layer is copied once per step instead of once per
+        (`offload_hold`), so a streamed layer is copied once per step instead of once per
         context. Same operations on the same inputs either way, only their order differs."""
-        from ...engine.offload import hold, streams
-
         def pos(ctx: KVContext) -> torch.Tensor:
             return torch.full((1,), ctx.rope, device=x_t.device, dtype=torch.long)
 
-        if not any(streams(layer) for layer in self.layers):
+        if not any(offload_streams(layer) for layer in self.layers):
             return [self.denoise_step(x_t, tt, latent_pos_ids, pos(c), marker_ids, c.keys, c.values) for c in contexts]
         n = x_t.shape[0]
         x, und_idx, gen_idx = self._latent_block(x_t, tt, latent_pos_ids, marker_ids)
         xs = [x] * len(contexts)
         rope = [rope_cos_sin(pos(c).expand(n + 2), self.head_dim, self.rope_theta, x.dtype) for c in contexts]
         for i, layer in enumerate(self.layers):
-            with hold(layer):
+            with offload_hold(layer):
                 for j, c in enumerate(contexts):
                     xs[j], _, _ = layer(xs[j], c.keys[i], c.values[i], *rope[j], und_idx, gen_idx, None)
         return [self._velocity_head(x, n) for x in xs]

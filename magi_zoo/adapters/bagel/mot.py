@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from transformers import Qwen2Config
 from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP, Qwen2RMSNorm, apply_rotary_pos_emb, repeat_kv
 
-from ...engine.kernels import fa3
+from ...engine import fa3_attention
 
 
 def route(x: torch.Tensor, und_fn, gen_fn, und_idx: torch.Tensor | None, gen_idx: torch.Tensor | None):
@@ -103,7 +103,7 @@ class MoTAttention(nn.Module):
         values = torch.cat([v_cache, v], dim=0)
         if self.attention_backend == "fa3" and attn_mask is None:
             # (tokens, heads, dim) is FA3's (seq, heads, dim) layout already: no transposes
-            o = fa3.fa3_attention(q[None], keys[None], values[None], enable_gqa=True)[0].reshape(n, nq)
+            o = fa3_attention(q[None], keys[None], values[None], enable_gqa=True)[0].reshape(n, nq)
         else:
             groups = self.num_heads // self.num_kv_heads
             o = F.scaled_dot_product_attention(

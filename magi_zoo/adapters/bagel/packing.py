@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from PIL import Image
 
 
 def patchify(image: torch.Tensor, p: int) -> torch.Tensor:
@@ -96,8 +97,6 @@ def to_rgb(img):
     transparent colour (`info["transparency"]`, e.g. P or L with a tRNS chunk), is pasted
     onto white through its alpha; everything else is `convert("RGB")` (so an LA image loses
     its alpha without a white paste, exactly as upstream's pil_img2rgb)."""
-    from PIL import Image
-
     if img.mode == "RGBA" or img.info.get("transparency") is not None:
         img = img.convert("RGBA")
         white = Image.new("RGB", img.size, (255, 255, 255))
@@ -109,8 +108,6 @@ def to_rgb(img):
 def resize_image(img, *, max_size: int, min_size: int, stride: int, max_pixels: int | None = DEFAULT_MAX_PIXELS):
     """A PIL image resized by `resize_shape` with bicubic filtering (PIL's resize, which is
     what torchvision's resize does for PIL inputs)."""
-    from PIL import Image
-
     w, h = resize_shape(*img.size, max_size=max_size, min_size=min_size, stride=stride, max_pixels=max_pixels)
     return img.resize((w, h), Image.BICUBIC)
 
@@ -126,6 +123,4 @@ def image_to_tensor(img, *, max_size: int, min_size: int, stride: int,
 def to_uint8_image(img: torch.Tensor):
     """[3, H, W] in [0, 1] -> PIL image, truncating `x * 255` toward zero (upstream's
     `.to(torch.uint8)`), not rounding: rounding moves ~43% of pixels by one level."""
-    from PIL import Image
-
     return Image.fromarray((img.clamp(0, 1) * 255).to(torch.uint8).permute(1, 2, 0).cpu().numpy())

@@ -12,6 +12,7 @@ Contexts follow the official interleave flow (`InterleaveInferencer.interleave_i
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from typing import Any
 
 import torch
@@ -291,8 +292,6 @@ class BagelPipeline:
         understanding answer holds the reasoning in <think> </think>)."""
         task = task or ("generate" if image is None else "edit")
         if task not in TASKS:
-            import difflib
-
             near = difflib.get_close_matches(str(task), TASKS, n=1)
             raise ValueError(f"task {task!r}: choose one of {', '.join(TASKS)}"
                              + (f" (did you mean {near[0]!r}?)" if near else ""))

@@ -17,7 +17,7 @@ from transformers import SiglipVisionConfig
 from transformers.activations import ACT2FN
 from transformers.models.siglip.modeling_siglip import SiglipMLP
 
-from ...engine.custom_ops import register_custom_op
+from ...engine import register_custom_op
 
 
 def _varlen_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
@@ -34,7 +34,7 @@ def bagel_varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     why this is an opaque op rather than traced code)."""
     if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
         try:
-            from flash_attn import flash_attn_varlen_func
+            from flash_attn import flash_attn_varlen_func  # lazy: optional dependency (a CUDA wheel)
         except ImportError:
             flash_attn_varlen_func = None
         if flash_attn_varlen_func is not None:

@@ -22,6 +22,7 @@ Values that must agree across the parts (the defaults of the config classes do n
 from __future__ import annotations
 
 import copy
+import difflib
 from typing import Any
 
 # -- token ids of the Qwen3-Omni tokenizer (Qwen2 vocabulary 151643 + added tokens) --------
@@ -171,7 +172,7 @@ def with_thinker_layers(cfg: dict[str, Any], n: int, *, talker: bool | None = No
 
 def build_config(cfg: dict[str, Any]):
     """`Qwen3OmniMoeConfig` from one of the dict recipes above (sub-configs passed as dicts)."""
-    from transformers import Qwen3OmniMoeConfig
+    from transformers import Qwen3OmniMoeConfig  # lazy: transformers costs seconds; listing models imports this module
 
     cfg = copy.deepcopy(cfg)
     return Qwen3OmniMoeConfig(thinker_config=cfg["thinker"], talker_config=cfg["talker"],
@@ -187,8 +188,6 @@ def voices(cfg: dict[str, Any] | None = None, speaker_id: dict[str, int] | None 
 
 def check_voice(voice: str, names: list[str]) -> str:
     """`voice` if it is one of `names` (any case), else an error naming the closest ones."""
-    import difflib
-
     if voice.lower() in (n.lower() for n in names):
         return voice
     close = difflib.get_close_matches(voice.capitalize(), names, n=1, cutoff=0.5)

@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ...engine.compat.transformers import qwen3_omni_audio_output_lengths
+
 AUDIO_RATE = 16000  # the audio encoder's input rate (WhisperFeatureExtractor, published config)
 AUDIO_MARK = "<|audio_start|><|audio_pad|><|audio_end|>"
 IMAGE_MARK = "<|vision_start|><|image_pad|><|vision_end|>"
@@ -40,7 +42,7 @@ def read_wav(path: str | Path) -> np.ndarray:
     if not path.is_file():
         raise FileNotFoundError(f"--audio {str(path)!r}: no such file")
     try:
-        import soundfile  # optional: any format libsndfile reads
+        import soundfile  # lazy: optional dependency; any format libsndfile reads
 
         data, rate = soundfile.read(str(path), dtype="float32", always_2d=True)
     except ImportError:
@@ -88,7 +90,7 @@ def resample(x: np.ndarray, rate: int, target: int) -> np.ndarray:
 
 def read_image(path: str | Path):
     """An image file as an RGB PIL image (transparency composited on white)."""
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image, UnidentifiedImageError  # lazy: PIL costs ~15 ms; only image prompts need it
 
     path = Path(path)
     if not path.is_file():
@@ -103,7 +105,7 @@ def read_image(path: str | Path):
 
 def to_rgb(img):
     """RGB, with any alpha channel composited onto white (not dropped)."""
-    from PIL import Image
+    from PIL import Image  # lazy: PIL costs ~15 ms; only image prompts need it
 
     if img.mode in ("RGBA", "LA", "P") and ("A" in img.getbands() or "transparency" in img.info):
         rgba = img.convert("RGBA")
@@ -125,13 +127,13 @@ class MediaProcessor:
     def for_model(cls, model, source: str | Path | None = None) -> "MediaProcessor":
         """From a checkpoint directory's preprocessor config when it has one, else from the
         model config (patch / merge sizes of the vision encoder, mel bins of the audio one)."""
-        from transformers import WhisperFeatureExtractor
+        from transformers import WhisperFeatureExtractor  # lazy: transformers costs seconds
 
         thinker = model.config.thinker_config
         audio, vision = thinker.audio_config, thinker.vision_config
         fe = ip = None
         if source is not None and (Path(source) / "preprocessor_config.json").is_file():
-            from transformers import AutoImageProcessor
+            from transformers import AutoImageProcessor  # lazy: transformers costs seconds
 
             fe = WhisperFeatureExtractor.from_pretrained(source)
             ip = AutoImageProcessor.from_pretrained(source)
@@ -142,12 +144,10 @@ class MediaProcessor:
 
     def audio(self, wav: np.ndarray) -> tuple[dict[str, torch.Tensor], int]:
         """Mel features of one clip at AUDIO_RATE and its number of audio tokens."""
-        from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as m
-
         feats = self.feature_extractor([wav], sampling_rate=AUDIO_RATE, padding=True, truncation=False,
                                        return_attention_mask=True, return_tensors="pt")
         mask = feats["attention_mask"]
-        lengths = getattr(m, "_get_feat_extract_output_lengths", None)
+        lengths = qwen3_omni_audio_output_lengths()
         try:
             n = lengths(mask.sum(-1), self.n_window)
         except TypeError:  # releases whose helper takes the lengths only (window 50), or none
@@ -173,7 +173,7 @@ def _audio_tokens(frames: torch.Tensor, n_window: int) -> torch.Tensor:
 
 def _image_processor(**sizes):
     """transformers' Qwen2-VL image processor: the PIL one when it exists (no torchvision)."""
-    import transformers
+    import transformers  # lazy: transformers costs seconds
 
     cls = getattr(transformers, "Qwen2VLImageProcessorPil", None) or transformers.Qwen2VLImageProcessor
     return cls(image_mean=list(IMAGE_MEAN), image_std=list(IMAGE_STD),

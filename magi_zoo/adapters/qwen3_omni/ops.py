@@ -27,12 +27,13 @@ adapter: the engine only sees two methods.
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ...engine.custom_ops import register_custom_op
+from ...engine import register_custom_op
+from ...engine.compat.transformers import (config_experts_implementation, has_experts_implementation,
+                                           set_config_experts_implementation)
 
 EXPERTS_OP_IMPL = "magi_zoo_op"  # the name registered in transformers' ExpertsInterface
 EXPERTS_CHOICES = ("grouped_mm", "batched_mm", "eager", EXPERTS_OP_IMPL)
@@ -72,7 +73,7 @@ def _op_experts_forward(self, hidden_states, top_k_index, top_k_weights):
 
 def register_experts_impl() -> None:
     """Offer the op to transformers as `experts_implementation="magi_zoo_op"` (idempotent)."""
-    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS  # lazy: transformers costs seconds
 
     if EXPERTS_OP_IMPL not in ALL_EXPERTS_FUNCTIONS:
         ALL_EXPERTS_FUNCTIONS.register(EXPERTS_OP_IMPL, _op_experts_forward)
@@ -87,8 +88,8 @@ def set_experts_implementation(model: nn.Module, impl: str) -> None:
     for mod in model.modules():
         cfg = getattr(mod, "config", None)
         # Experts modules hold the config they dispatch on (use_experts_implementation).
-        if cfg is not None and hasattr(mod, "gate_up_proj") and hasattr(cfg, "_experts_implementation"):
-            cfg._experts_implementation = impl
+        if cfg is not None and hasattr(mod, "gate_up_proj") and has_experts_implementation(cfg):
+            set_config_experts_implementation(cfg, impl)
             n += 1
     if n == 0:
         raise ValueError(f"{type(model).__name__} has no MoE experts modules to switch")
@@ -96,8 +97,8 @@ def set_experts_implementation(model: nn.Module, impl: str) -> None:
 
 def experts_implementation(model: nn.Module) -> set[str]:
     """The experts implementations in use under `model`."""
-    return {mod.config._experts_implementation for mod in model.modules()
-            if hasattr(mod, "gate_up_proj") and hasattr(getattr(mod, "config", None), "_experts_implementation")}
+    return {config_experts_implementation(mod.config) for mod in model.modules()
+            if hasattr(mod, "gate_up_proj") and has_experts_implementation(getattr(mod, "config", None))}
 
 
 # -- prefill / decode_step ---------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,8 @@ import torch
 import torch.nn as nn
 
 from .configs import EOS_TOKEN_ID, SAMPLE_RATE, check_voice, voices
+from .inputs import MediaProcessor, expand_placeholders, read_image, read_wav, to_rgb
+from .ops import PrefillDecodeMixin
 from .regions import check_distinct_code
 
 # The thinker's static KV cache is sized in buckets of this many tokens, so prompts of
@@ -38,10 +41,6 @@ def vision_tower(thinker: nn.Module) -> nn.Module:
 
 def _cache_kwarg(thinker: nn.Module) -> str:
     """The name generate() takes a Cache under: `cache` (5.24) or `past_key_values` (5.17)."""
-    import inspect
-
-    from .ops import PrefillDecodeMixin
-
     lib_cls = next(c for c in type(thinker_text_model(thinker)).__mro__ if not issubclass(c, PrefillDecodeMixin))
     params = inspect.signature(lib_cls.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
@@ -102,8 +101,6 @@ class Qwen3OmniPipeline:
     def media(self):
         """The audio / image processor (made on first use: text-only runs never build it)."""
         if self._media is None:
-            from .inputs import MediaProcessor
-
             self._media = MediaProcessor.for_model(self.model, self.source)
         return self._media
 
@@ -113,8 +110,6 @@ class Qwen3OmniPipeline:
         the encoders' inputs and their placeholders are expanded to one token per output.
 
         audio: a path (.wav) or a float waveform at 16 kHz; image: a path or a PIL image."""
-        from .inputs import expand_placeholders, read_image, read_wav, to_rgb
-
         content, extra, n_audio, n_image = [], {}, None, None
         if image is not None:
             img = read_image(image) if isinstance(image, (str, Path)) else to_rgb(image)
@@ -140,7 +135,7 @@ class Qwen3OmniPipeline:
     def static_cache(self, batch: int, length: int):
         """A StaticCache of at least `length` tokens (rounded up to CACHE_BUCKET), reused
         across calls when it is big enough; reset before reuse."""
-        from transformers import StaticCache
+        from transformers import StaticCache  # lazy: transformers costs seconds; listing models imports this module
 
         need = -(-length // CACHE_BUCKET) * CACHE_BUCKET
         if self._cache is None or self._cache[0] != batch or self._cache[1] < need:

@@ -39,8 +39,7 @@ from typing import Callable
 
 import torch.nn as nn
 
-from ...engine.compile import installed
-from ...engine.prepare import Preparation, instance_forwards
+from ...engine import Preparation, installed, instance_forwards
 
 _OWN_FORWARDS: dict[type, Callable] = {}  # class -> its forward with a private code object (made once)
 

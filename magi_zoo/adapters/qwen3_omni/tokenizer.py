@@ -31,8 +31,9 @@ _EXTRA_SPECIAL = {"image_token": "<|image_pad|>", "audio_token": "<|audio_pad|>"
 
 def build_tokenizer():
     """A `PreTrainedTokenizerFast` built in-process (nothing downloaded)."""
+    # lazy: tokenizers and transformers cost ~10 ms and seconds; listing models imports this module
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast  # lazy: as above
 
     vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
     vocab.update(ROLE_TOKENS)

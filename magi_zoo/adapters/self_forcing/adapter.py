@@ -9,13 +9,19 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+from packaging.version import Version
 
+from .._tokenizers import byte_bpe_tokenizer
 from ..base import Adapter, Output, Variant, init_on, keep_fp32_modules
-from ..wan import _T2V_1_3B, _TINY, _UMT5_XXL, _VAE
-from .config import TEXT_LEN
+from ..diffusers_pipeline import LOAD_ERRORS, weights_error
+from ..wan.config import T2V_1_3B, TINY, UMT5_XXL, VAE
+from .checkpoint import find_checkpoint, load_generator
+from .config import TEXT_LEN, valid_frame_counts
+from .kv_cache import StaticKVCache
+from .pipeline import SelfForcingPipeline
 
 # The published generator is Wan2.1-T2V-1.3B (configs: `real_name`/`model_name`
-# Wan2.1-T2V-1.3B, CausalWanModel at the 1.3B shape), so its configs are wan.py's.
+# Wan2.1-T2V-1.3B, CausalWanModel at the 1.3B shape), so its configs are Wan2.1's (wan/config.py).
 _CALL = dict(height=480, width=832, num_frames=81, max_sequence_length=TEXT_LEN)
 # Tiny: wan2.1-tiny's modules; 81 frames at 32x32 -> 21 latent frames of 4 x 4 -> 2 x 2 =
 # 4 tokens each: 7 blocks of 12 query tokens against an 84-token cache, so the tests run
@@ -26,13 +32,13 @@ VARIANTS = {
     v.name: v
     for v in [
         Variant(name="self-forcing-wan2.1-1.3b", family="self-forcing",
-                config=dict(transformer=_T2V_1_3B, text_encoder=_UMT5_XXL, vae=_VAE, tokenizer_vocab=4096),
+                config=dict(transformer=T2V_1_3B, text_encoder=UMT5_XXL, vae=VAE, tokenizer_vocab=4096),
                 description="Self-Forcing (DMD) causal Wan2.1-T2V-1.3B: 7 blocks x 3 latent frames, 4 steps, "
                             "static KV cache; weights: a local Wan2.1 diffusers dir + self_forcing_dmd.pt",
                 call_defaults=_CALL),
         Variant(name="self-forcing-tiny", family="self-forcing",
-                config=dict(transformer=_TINY["transformer"], text_encoder=_TINY["text_encoder"],
-                            vae=_TINY["vae"], tokenizer_vocab=_TINY["tokenizer_vocab"]),
+                config=dict(transformer=TINY["transformer"], text_encoder=TINY["text_encoder"],
+                            vae=TINY["vae"], tokenizer_vocab=TINY["tokenizer_vocab"]),
                 tiny=True, description="causal wan2.1-tiny, 7 blocks of 3 latent frames at 32x32; random, offline",
                 call_defaults=_TINY_CALL),
     ]
@@ -41,10 +47,11 @@ VARIANTS = {
 
 def _modules(cfg: dict[str, Any], dtype: torch.dtype, device: torch.device):
     """Transformer, text encoder and VAE at `cfg`, random init, created on device."""
+    # lazy: diffusers and transformers cost seconds; the registry imports this module to list models
     from diffusers import AutoencoderKLWan
-    from transformers import UMT5Config, UMT5EncoderModel
+    from transformers import UMT5Config, UMT5EncoderModel  # lazy: as above
 
-    from .model import CausalWanTransformer3DModel
+    from .model import CausalWanTransformer3DModel  # lazy: it is diffusers' Wan DiT (seconds to import)
 
     with init_on(device, dtype):
         transformer = keep_fp32_modules(CausalWanTransformer3DModel(**cfg["transformer"]))
@@ -55,8 +62,6 @@ def _modules(cfg: dict[str, Any], dtype: torch.dtype, device: torch.device):
 
 
 def _random_tokenizer(cfg: dict[str, Any]):
-    from .._tokenizers import byte_bpe_tokenizer
-
     return byte_bpe_tokenizer(vocab_size=cfg["tokenizer_vocab"], specials=["<pad>", "</s>", "<unk>"],
                               eos="</s>", pad="<pad>", unk="<unk>", append_eos=True)
 
@@ -73,8 +78,6 @@ class SelfForcingAdapter(Adapter):
 
     # -- build --------------------------------------------------------------------------------
     def build_random(self, variant: Variant, dtype: torch.dtype, device: torch.device):
-        from .pipeline import SelfForcingPipeline
-
         transformer, text_encoder, vae = _modules(variant.config, dtype, device)
         return SelfForcingPipeline(transformer, text_encoder, _random_tokenizer(variant.config), vae,
                                    config=variant.config)
@@ -89,13 +92,11 @@ class SelfForcingAdapter(Adapter):
                              "holding Wan2.1-T2V-1.3B in the diffusers layout (tokenizer/, text_encoder/, vae/, "
                              "transformer/config.json) with the Self-Forcing checkpoint (e.g. self_forcing_dmd.pt) "
                              "in it or in its checkpoints/ folder, or weights='random'")
+        # lazy: diffusers and transformers cost seconds; the registry imports this module to list models
         from diffusers import AutoencoderKLWan
-        from transformers import AutoTokenizer, UMT5EncoderModel
+        from transformers import AutoTokenizer, UMT5EncoderModel  # lazy: as above
 
-        from ..diffusers_pipeline import LOAD_ERRORS, weights_error
-        from .checkpoint import find_checkpoint, load_generator
-        from .model import CausalWanTransformer3DModel
-        from .pipeline import SelfForcingPipeline
+        from .model import CausalWanTransformer3DModel  # lazy: it is diffusers' Wan DiT (seconds to import)
 
         path = Path(source)
         missing = [d for d in ("tokenizer", "text_encoder", "vae", "transformer") if not (path / d).is_dir()]
@@ -156,8 +157,6 @@ class SelfForcingAdapter(Adapter):
         lat_h, lat_w = (height or d["height"]) // ss, (width or d["width"]) // ss
         a = t.blocks[0].attn1
         heads, hd = a.heads, a.inner_dim // a.heads
-        from .kv_cache import StaticKVCache
-
         cache = StaticKVCache(len(t.blocks), batch, heads, hd, sched, dtype=p.dtype, device=p.device)
         if p.device.type != "meta":  # filled on the device (a published-size cache is 6 GB)
             gd = torch.Generator(device=p.device).manual_seed(seed)
@@ -176,8 +175,6 @@ class SelfForcingAdapter(Adapter):
     # -- `magi-zoo run` -------------------------------------------------------------------------
     def check_run(self, variant: Variant, options: dict[str, Any], out: Path | None = None) -> dict[str, Any]:
         given = super().check_run(variant, options, out)
-        from .config import valid_frame_counts
-
         n = given.get("num_frames")
         if n is not None and n not in valid_frame_counts(max(n, 81) + 24):
             raise ValueError(f"--frames {n}: Self-Forcing makes whole blocks of 3 latent frames, i.e. 12 m - 3 "
@@ -205,7 +202,6 @@ class SelfForcingAdapter(Adapter):
 
 def _dtype_kw(dtype: torch.dtype) -> dict[str, torch.dtype]:
     """diffusers >= 0.42 takes `dtype=` and warns on `torch_dtype=`."""
-    import diffusers
-    from packaging.version import Version
+    import diffusers  # lazy: diffusers costs seconds; listing models imports this module
 
     return {"dtype" if Version(diffusers.__version__).release >= (0, 42) else "torch_dtype": dtype}

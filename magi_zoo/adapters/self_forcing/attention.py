@@ -23,8 +23,13 @@ whole cache and the valid length is a tensor:
 
 from __future__ import annotations
 
+import difflib
+
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+from ...engine import fa3_missing_reason, fa3_wheel_forward
 
 IMPLS = ("sdpa", "flex", "fa3")
 
@@ -32,8 +37,6 @@ IMPLS = ("sdpa", "flex", "fa3")
 def check_impl(impl: str) -> None:
     """A clear error for an unknown name, with the closest choice."""
     if impl not in IMPLS:
-        import difflib
-
         near = difflib.get_close_matches(str(impl), (*IMPLS, "auto"), n=1)
         hint = f" (did you mean {near[0]!r}?)" if near else ""
         raise ValueError(f"cache attention {impl!r}{hint}; choices: {', '.join(IMPLS)}, auto")
@@ -45,11 +48,8 @@ def auto_impl(device: torch.device, dtype: torch.dtype) -> str:
     SDPA over the whole cache. Off CUDA, sdpa."""
     if device.type != "cuda":
         return "sdpa"
-    if dtype == torch.bfloat16:
-        from ...engine.kernels import fa3
-
-        if fa3.missing_reason() is None:
-            return "fa3"
+    if dtype == torch.bfloat16 and fa3_missing_reason() is None:
+        return "fa3"
     return "flex"
 
 
@@ -76,8 +76,6 @@ def flex_cache_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_l
     """FlexAttention over the cache prefix [0, kv_len): a block mask whose per-query-tile
     count of key tiles is ceil(kv_len / tile) -- a tensor, so the kernel skips the tiles
     past the valid length while every shape stays fixed."""
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
     def prefix(b, h, q_idx, kv_idx):
         return kv_idx < kv_len
 
@@ -89,16 +87,14 @@ _fa3_forward = None
 
 
 def fa3_forward():
-    """FA3's forward op (`fa3_fwd_interface._flash_attn_forward`), or a clear error saying
-    what to install."""
+    """FA3's forward op (the fa3-fwd wheel's, through the engine's fa3 kernel module), or a
+    clear error saying what to install."""
     global _fa3_forward
     if _fa3_forward is None:
-        from ...engine.kernels import fa3
-
-        why = fa3.missing_reason()
+        why = fa3_missing_reason()
         if why is not None:
             raise RuntimeError(f"cache_attention='fa3': {why}; or use cache_attention='sdpa'")
-        _fa3_forward = fa3._import_kernel()._flash_attn_forward
+        _fa3_forward = fa3_wheel_forward()
     return _fa3_forward
 
 

@@ -78,6 +78,7 @@ def _strip(key: str) -> str:
 
 def to_diffusers(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Original Wan layout -> diffusers names (diffusers' single-file conversion)."""
+    # lazy: diffusers costs seconds; the adapter imports this module to list models
     from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
 
     return convert_wan_transformer_to_diffusers(dict(state))

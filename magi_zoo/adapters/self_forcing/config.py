@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import torch
+
 # The distilled generator's schedule (see the module docstring).
 DENOISING_STEP_LIST = (1000, 750, 500, 250)
 TIMESTEP_SHIFT = 5.0
@@ -39,8 +41,6 @@ def warped_schedule(step_list=DENOISING_STEP_LIST, shift: float = TIMESTEP_SHIFT
     each timestep back to its sigma by an argmin over the same table, which returns the
     table's own sigma. Computed in float32 as the reference does, so the values are
     bit-identical: timesteps [1000.0, 937.5, 833.33..., 625.0]."""
-    import torch
-
     sigmas = torch.linspace(1.0, 0.0, num_train_timesteps + 1)[:-1]
     sigmas = shift * sigmas / (1 + (shift - 1) * sigmas)
     idx = [num_train_timesteps - s for s in step_list]

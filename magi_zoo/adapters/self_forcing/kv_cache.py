@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from ...engine.compat.torch import mark_static_address
 from .config import BlockSchedule
 
 
@@ -28,8 +29,6 @@ class StaticKVCache:
         self.shape = (batch, heads, n, head_dim)
         self.k = [torch.zeros(self.shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(self.shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        from ...engine.compat.torch import mark_static_address
-
         for t in self.k + self.v:  # written in place by the compiled step: CUDA graphs need fixed addresses
             mark_static_address(t)
         self.write_index = [torch.tensor(schedule.write_slots(b), dtype=torch.long, device=device)

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import torch
 
+from ...engine.compat.diffusers import wan_vae_decode_latent_frame
+
 
 class StreamingDecoder:
     """Decode a video's latents block by block, keeping the VAE's causal cache in between."""
@@ -46,9 +48,7 @@ class StreamingDecoder:
         x = vae.post_quant_conv(z)
         out = []
         for i in range(x.shape[2]):
-            vae._conv_idx = [0]
-            out.append(vae.decoder(x[:, :, i:i + 1], feat_cache=vae._feat_map, feat_idx=vae._conv_idx,
-                                   first_chunk=self.frames_done == 0))
+            out.append(wan_vae_decode_latent_frame(vae, x[:, :, i:i + 1], first_chunk=self.frames_done == 0))
             self.frames_done += 1
         return torch.cat(out, dim=2).clamp(-1.0, 1.0)
 

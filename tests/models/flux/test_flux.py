@@ -89,8 +89,9 @@ def _meta_pipe(variant):
 
 @pytest.mark.parametrize("name", ["flux.1-dev", "flux.1-schnell"])
 def test_denoiser_inputs_at_reference_shape(name):
-    """DESIGN.md's reference: 1024^2 -> 128^2 latents -> 64^2 packed = 4,096 image tokens,
-    plus max_sequence_length text tokens (512 dev, 256 schnell). Built on meta: shapes only."""
+    """The published call size (docs/models.md): 1024^2 -> 128^2 latents -> 64^2 packed =
+    4,096 image tokens, plus max_sequence_length text tokens (512 dev, 256 schnell). Built on
+    meta: shapes only."""
     adapter, variant = lookup(name)
     pipe = _meta_pipe(variant)
     kw = adapter.denoiser_inputs(pipe, variant)
@@ -120,7 +121,7 @@ def test_single_stream_views_preparation_saves_a_compile(fresh_dynamo, inputs, r
     rep = magi_zoo.apply(h.modules, layers=spec_layers(h.adapter, h.profile, compile=EAGER),
                          preparations=h.adapter.preparations(h.pipe) if prepared else [])
     # the views change no value; the shipped precision section's split proj_out (two GEMMs summed,
-    # flux.py `_split_linear`) rounds its sum differently: fp32 rounding only
+    # flux/single_blocks.py `_split_linear`) rounds its sum differently: fp32 rounding only
     torch.testing.assert_close(_forward(h, inputs), reference, rtol=1e-5, atol=1e-5)
     double, single = (rep.region(k) for k in BLOCKS)
     # 2 instances of each class called once; the double blocks get equal layouts either way.

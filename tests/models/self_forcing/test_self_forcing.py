@@ -15,7 +15,7 @@ from magi_zoo.engine import counters
 
 TINY = "self-forcing-tiny"
 CALL = dict(height=32, width=32, num_frames=81, max_sequence_length=16, seed=3)
-REL = 1e-4  # fp32 on CPU (DESIGN.md section 5)
+REL = 1e-4  # fp32 on CPU (docs/methodology.md: compiled equals eager within 1e-4)
 # 7 blocks x (4 denoising steps + 1 cache pass), less the last block's cache pass (no block reads it).
 STEPS_PER_VIDEO = 7 * 5 - 1
 STATIC = {"CausalWanTransformer3DModel": {"denoise_step": {"fullgraph": True, "dynamic": False,

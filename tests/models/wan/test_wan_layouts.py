@@ -72,7 +72,7 @@ def test_diffusers_converters_map_the_written_keys_back(reference, original_stat
 
 # -- loading ------------------------------------------------------------------------------
 def test_layout_is_detected(dirs, tmp_path):
-    from magi_zoo.adapters.wan_original import detect_layout
+    from magi_zoo.adapters.wan.original import detect_layout
 
     diffusers_dir, orig = dirs
     assert (detect_layout(diffusers_dir), detect_layout(orig)) == ("diffusers", "original")
@@ -189,7 +189,7 @@ def test_i2v_720p_is_the_published_config():
 def test_transformer_from_a_state_dict(reference, original_state):
     """A DiT held in a dict (a training checkpoint), original names with the
     `model.diffusion_model.` prefix some trainers write: the same model as the directory load."""
-    from magi_zoo.adapters.wan_original import transformer_from_state_dict
+    from magi_zoo.adapters.wan.original import transformer_from_state_dict
 
     sd = {"model.diffusion_model." + k: v for k, v in original_state["transformer"].items()}
     model = transformer_from_state_dict(sd, OFFICIAL["transformer"]["config"], dtype=torch.float32)
@@ -205,7 +205,7 @@ def test_sharded_dit_loads(reference, original_state, tmp_path):
     + an index): every shard is read."""
     from safetensors.torch import save_file
 
-    from magi_zoo.adapters.wan_original import load_transformer
+    from magi_zoo.adapters.wan.original import load_transformer
 
     items = sorted(original_state["transformer"].items())
     half = len(items) // 2

@@ -10,19 +10,17 @@ ch_mult (1, 2, 4, 4), z 16, scale 0.3611, shift 0.1159).
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
-from ..engine.kernels import gelu_linear
-from ..engine.precision import GELU_EPILOGUE_MARK
-from ..engine.prepare import Preparation, instance_forwards
-from .base import Variant, init_on
-from .diffusers_pipeline import DiffusersPipelineAdapter
-from .flux_attention import norm_rope_preparation
+from ...engine import Preparation
+from ...engine.compat.diffusers import flux_latent_image_ids
+from .._tokenizers import byte_bpe_tokenizer
+from ..base import Variant, init_on
+from ..diffusers_pipeline import DiffusersPipelineAdapter
+from .attention import norm_rope_preparation
+from .single_blocks import fused_mlp_preparation, single_stream_preparation
 
 # -- published configs ---------------------------------------------------------------------
 _DEV = dict(patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128,
@@ -103,9 +101,7 @@ VARIANTS = {
 def _clip_tokenizer(vocab: int):
     """CLIP-style tokenizer built in-process: <|startoftext|> text <|endoftext|>, padded with
     <|endoftext|> to 77 (CLIP pads with its end token)."""
-    from tokenizers import processors
-
-    from ._tokenizers import byte_bpe_tokenizer
+    from tokenizers import processors  # lazy: tokenizers is only needed to build one
 
     bos, eos = "<|startoftext|>", "<|endoftext|>"
     tok = byte_bpe_tokenizer(vocab_size=min(vocab, 4096), specials=[bos, eos], bos=bos, eos=eos, pad=eos,
@@ -120,10 +116,9 @@ def _clip_tokenizer(vocab: int):
 def _random_pipeline(variant: Variant, dtype: torch.dtype, device: torch.device):
     """Random init at the variant's config, created on `device` in `dtype` directly (a
     12B transformer + 4.7B T5 built on the host would take minutes)."""
+    # lazy: diffusers and transformers cost seconds; the registry imports this module to list models
     from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
-    from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
-
-    from ._tokenizers import byte_bpe_tokenizer
+    from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel  # lazy: as above
 
     cfg = variant.config
     tokenizer = _clip_tokenizer(cfg["clip_vocab"])
@@ -147,124 +142,6 @@ def _random_pipeline(variant: Variant, dtype: torch.dtype, device: torch.device)
     scheduler = FlowMatchEulerDiscreteScheduler(**cfg["scheduler"])
     return FluxPipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
                         text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2, transformer=transformer)
-
-
-def _single_stream_views(module: nn.Module, args: tuple, kwargs: dict):
-    """Forward pre-hook on the FIRST FluxSingleTransformerBlock: hand it its two streams as
-    views of one (B, text + image, D) tensor, exactly as every later single block receives
-    them (each returns `hidden[:, :T], hidden[:, T:]` of its concatenated state).
-
-    Without it, block 0 sees two contiguous tensors and blocks 1..37 see strided views, so a
-    compiled block class guards on strides and compiles twice. The cat is the one the block
-    does first anyway; the copy is one (B, 4608, 3072) tensor per forward (~28 MB in bf16, ~10
-    us on an H100), values unchanged bit for bit.
-    """
-    enc, hid = kwargs.get("encoder_hidden_states"), kwargs.get("hidden_states")
-    if enc is None or hid is None or not (enc.is_contiguous() and hid.is_contiguous()):
-        return None
-    joint = torch.cat([enc, hid], dim=1)
-    t = enc.shape[1]
-    return args, dict(kwargs, encoder_hidden_states=joint[:, :t], hidden_states=joint[:, t:])
-
-
-def _single_stream_preparation(transformer: nn.Module) -> Preparation:
-    """Give the repeated single-stream blocks identical input layouts (see `_single_stream_views`)."""
-
-    def install(root: nn.Module):
-        blocks = getattr(transformer, "single_transformer_blocks", None)
-        if blocks is None or not len(blocks):
-            return lambda: None
-        return blocks[0].register_forward_pre_hook(_single_stream_views, with_kwargs=True).remove
-
-    return Preparation("single-stream views",
-                       "single block 0 gets its streams as views of one tensor, like blocks 1..N-1 "
-                       "(one compile per block class instead of two)", install)
-
-
-def _fused_mlp(block: nn.Module) -> str | None:
-    """How this single block's MLP runs fused: "fp8" when `proj_out` is an fp8 linear that may take
-    its input in parts (the precision step's `fuse_gelu`) and the activation is the tanh GELU the
-    kernel computes; "epilogue" when the precision step marked the activation (`gelu_epilogue`)
-    and `proj_mlp` is a plain linear with a bias; None: the class forward."""
-    act, up = block.act_mlp, block.proj_mlp
-    if not (isinstance(act, nn.GELU) and act.approximate == "tanh"):
-        return None
-    if getattr(block.proj_out, "fuse_gelu", False):
-        return "fp8"
-    if getattr(act, GELU_EPILOGUE_MARK, False) and type(up) is nn.Linear and up.bias is not None:
-        return "epilogue"
-    return None
-
-
-def _single_block_forward(block: nn.Module, class_forward, hidden_states, encoder_hidden_states, temb,
-                          image_rotary_emb=None, joint_attention_kwargs=None):
-    """diffusers' FluxSingleTransformerBlock.forward (0.42) with its MLP fused (`_fused_mlp`):
-    - "fp8": the attention output and the MLP's *pre-activation* go to `proj_out.forward_parts`:
-      one kernel applies the GELU, takes each row's amax over both and writes the fp8 input,
-      instead of a materialized GELU + concat and inductor's two-pass quantization of the
-      15,360-wide rows (~220 us per call at 1024^2 on an H100);
-    - "epilogue": `proj_mlp` and the GELU are one cuBLASLt GEMM (`magi_zoo::linear_gelu_tanh`):
-      the 12,288-wide MLP output is written once, activated; and a plain `proj_out` takes the
-      attention output and the MLP output as two GEMMs, summed (`_split_linear`), instead of
-      reading their concatenation.
-    Otherwise: the class forward."""
-    mode = _fused_mlp(block)
-    if mode is None:
-        return class_forward(block, hidden_states, encoder_hidden_states, temb,
-                             image_rotary_emb=image_rotary_emb, joint_attention_kwargs=joint_attention_kwargs)
-    text_seq_len = encoder_hidden_states.shape[1]
-    hidden_states = torch.cat([encoder_hidden_states, hidden_states], dim=1)
-    residual = hidden_states
-    norm_hidden_states, gate = block.norm(hidden_states, emb=temb)
-    up = block.proj_mlp  # fp8 too in fp8 mode: its raw output, the bias added in the kernel
-    if mode == "fp8":
-        raw = callable(getattr(up, "raw", None))
-        mlp = up.raw(norm_hidden_states) if raw else up(norm_hidden_states)
-    else:
-        mlp = gelu_linear.apply(norm_hidden_states, up)
-    attn_output = block.attn(hidden_states=norm_hidden_states, image_rotary_emb=image_rotary_emb,
-                             **(joint_attention_kwargs or {}))
-    if mode == "fp8":
-        out = block.proj_out.forward_parts(attn_output, mlp, up.bias if raw else None, False, True)
-    elif _plain_linear(block.proj_out):
-        out = _split_linear(block.proj_out, attn_output, mlp)
-    else:
-        out = block.proj_out(torch.cat([attn_output, mlp], dim=2))
-    hidden_states = residual + gate.unsqueeze(1) * out
-    if hidden_states.dtype == torch.float16:
-        hidden_states = hidden_states.clip(-65504, 65504)
-    return hidden_states[:, :text_seq_len], hidden_states[:, text_seq_len:]
-
-
-def _plain_linear(m: nn.Module) -> bool:
-    """An nn.Linear whose forward nothing wraps (no hooks of its own): its weight may be used directly."""
-    return type(m) is nn.Linear and not (m._forward_pre_hooks or m._forward_hooks)
-
-
-def _split_linear(linear: nn.Linear, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """linear(cat([a, b], -1)) as two GEMMs over the weight's column blocks, summed: the
-    concatenation (a (tokens, 15,360) bf16 copy per single block at Flux's widths) is never
-    written. The sum rounds the two partial products to the input dtype once each before adding."""
-    w = linear.weight
-    k = a.shape[-1]
-    return F.linear(a, w[:, :k], linear.bias) + F.linear(b, w[:, k:])
-
-
-def _fused_mlp_preparation(transformer: nn.Module) -> Preparation:
-    """Install `_single_block_forward` on every single-stream block (it falls back to the class
-    forward unless the precision step fused the block's MLP: `_fused_mlp`)."""
-
-    def install(root: nn.Module):
-        blocks = list(getattr(transformer, "single_transformer_blocks", None) or [])
-        # a plain function and a partial: what dynamo traces (not type(b).forward)
-        return instance_forwards(blocks, lambda b: functools.partial(_single_block_forward, b, type(b).forward))
-
-    return Preparation("fused single-block MLP",
-                       "each single block's MLP runs fused when the precision step allows it: with fp8 matmuls "
-                       "proj_out quantizes the attention output and the MLP's GELU in one kernel (no "
-                       "concatenation materialized); in bf16 proj_mlp's GEMM applies the GELU in its epilogue and "
-                       "proj_out reads its two inputs as two GEMMs (no concatenation either)",
-                       install)
 
 
 def _latent_grid(pipe, height: int, width: int) -> tuple[int, int]:
@@ -294,7 +171,7 @@ class FluxAdapter(DiffusersPipelineAdapter):
         return _random_pipeline(variant, dtype, device)
 
     def preparations(self, pipe) -> list[Preparation]:
-        return [_single_stream_preparation(pipe.transformer), _fused_mlp_preparation(pipe.transformer),
+        return [single_stream_preparation(pipe.transformer), fused_mlp_preparation(pipe.transformer),
                 norm_rope_preparation(pipe.transformer)]
 
     def check_shape(self, pipe, call: dict[str, Any]) -> None:
@@ -316,7 +193,7 @@ class FluxAdapter(DiffusersPipelineAdapter):
         rnd = lambda *shape: torch.randn(*shape, generator=g).to(device=p.device, dtype=p.dtype)
         gh, gw = _latent_grid(pipe, height, width)
         text_len = d.get("max_sequence_length", 512)
-        img_ids = pipe._prepare_latent_image_ids(batch, gh, gw, p.device, p.dtype)  # (gh*gw, 3): [0, row, col]
+        img_ids = flux_latent_image_ids(pipe, batch, gh, gw, p.device, p.dtype)  # (gh*gw, 3): [0, row, col]
         kw = dict(hidden_states=rnd(batch, gh * gw, cfg.in_channels),
                   encoder_hidden_states=rnd(batch, text_len, cfg.joint_attention_dim),
                   pooled_projections=rnd(batch, cfg.pooled_projection_dim),

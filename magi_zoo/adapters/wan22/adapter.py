@@ -37,12 +37,13 @@ Where each number comes from (the diffusers-format repos were written by diffuse
 
 from __future__ import annotations
 
-from .base import Variant
-from .wan import _SCHEDULER, _T2V_1_3B, _T2V_14B, _TINY, _UMT5_XXL, _VAE, WanAdapter
+from ..base import Variant
+from ..wan import WanAdapter
+from ..wan.config import SCHEDULER, T2V_1_3B, T2V_14B, TINY, UMT5_XXL, VAE
 
 # -- published configs ---------------------------------------------------------------------
 # TI2V-5B: 24 heads x 128 = 3072 hidden, 30 layers, FFN 14336, 48 latent channels in/out.
-_TI2V_5B = dict(_T2V_1_3B, num_attention_heads=24, ffn_dim=14336, num_layers=30, in_channels=48,
+_TI2V_5B = dict(T2V_1_3B, num_attention_heads=24, ffn_dim=14336, num_layers=30, in_channels=48,
                 out_channels=48)
 # The Wan2.2 VAE: 48 latent channels; pixels are 2x2-patchified first (3 x 2 x 2 = 12 input
 # channels), then three 2x residual downsamples: 2 x 8 = 16x spatial, 4x temporal. The
@@ -68,18 +69,18 @@ _VAE_22 = dict(base_dim=160, decoder_base_dim=256, z_dim=48, dim_mult=[1, 2, 4, 
 # Tiny: Wan2.1-tiny's modules; two experts of the same shape. With 4 UniPC steps at flow
 # shift 3.0 the timesteps are 999, 900, 750, 500, so the published boundary 0.875 x 1000 =
 # 875 gives 2 high-noise steps (transformer) and 2 low-noise steps (transformer_2).
-_TINY_A14B = dict(_TINY, transformer_2=_TINY["transformer"], pipeline=dict(boundary_ratio=0.875))
+_TINY_A14B = dict(TINY, transformer_2=TINY["transformer"], pipeline=dict(boundary_ratio=0.875))
 # Tiny TI2V: the 5B path at small width -- 48-channel transformer, a residual, patchified
 # 16x VAE, per-token timesteps. 64x64 pixels -> 4x4 latents -> 2x2 tokens per latent frame.
 _TINY_TI2V = dict(
-    _TINY, transformer=dict(_TINY["transformer"], in_channels=48, out_channels=48),
+    TINY, transformer=dict(TINY["transformer"], in_channels=48, out_channels=48),
     vae=dict(_VAE_22, base_dim=8, decoder_base_dim=8, dim_mult=[1, 1, 1, 1], num_res_blocks=1),
-    scheduler=dict(_SCHEDULER, flow_shift=5.0), pipeline=dict(expand_timesteps=True), fps=24,
+    scheduler=dict(SCHEDULER, flow_shift=5.0), pipeline=dict(expand_timesteps=True), fps=24,
 )
 
 
 def _published(name, hub_id, desc, transformers, vae, flow_shift, pipeline, fps, call):
-    cfg = dict(transformers, text_encoder=_UMT5_XXL, vae=vae, scheduler=dict(_SCHEDULER, flow_shift=flow_shift),
+    cfg = dict(transformers, text_encoder=UMT5_XXL, vae=vae, scheduler=dict(SCHEDULER, flow_shift=flow_shift),
                tokenizer_vocab=4096, pipeline=pipeline, fps=fps)
     return Variant(name=name, family="wan22", config=cfg, hub_id=hub_id, description=desc, call_defaults=call)
 
@@ -92,7 +93,7 @@ VARIANTS = {
                    dict(height=704, width=1280, num_frames=121, num_inference_steps=50, guidance_scale=5.0)),
         _published("wan2.2-t2v-a14b", "Wan-AI/Wan2.2-T2V-A14B-Diffusers",
                    "text-to-video, 2 x 14B experts (high / low noise)",
-                   dict(transformer=_T2V_14B, transformer_2=_T2V_14B), _VAE, 3.0, dict(boundary_ratio=0.875), 16,
+                   dict(transformer=T2V_14B, transformer_2=T2V_14B), VAE, 3.0, dict(boundary_ratio=0.875), 16,
                    dict(height=480, width=832, num_frames=81, num_inference_steps=40, guidance_scale=4.0,
                         guidance_scale_2=3.0)),
         Variant(name="wan2.2-tiny", family="wan22", config=_TINY_A14B, tiny=True,

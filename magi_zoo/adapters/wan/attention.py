@@ -16,16 +16,18 @@ import functools
 
 import torch.nn as nn
 
-from ..engine.kernels import norm_rope
-from ..engine.precision import marked_norm
-from ..engine.prepare import Preparation, swap_processors
+from ...engine import Preparation, apply_norm_rope, marked_norm, swap_processors
+from ...engine.compat.diffusers import wan_qkv_projections
 
 
 @functools.lru_cache(maxsize=None)
 def _processor_class():
     """The processor class, built once on first use (diffusers' Wan module is imported lazily)."""
+    # lazy: diffusers costs seconds; the class is built when a plan first installs it
     from diffusers.models.attention_dispatch import dispatch_attention_fn
-    from diffusers.models.transformers.transformer_wan import WanAttnProcessor, _get_qkv_projections
+    from diffusers.models.transformers.transformer_wan import WanAttnProcessor  # lazy: as above
+
+    qkv_projections = wan_qkv_projections()
 
     class NormRopeWanAttnProcessor(WanAttnProcessor):
         """`WanAttnProcessor` with q/k RMSNorm + RoPE fused on marked self-attention layers."""
@@ -35,9 +37,9 @@ def _processor_class():
         def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, rotary_emb=None):
             if not fusable(attn, encoder_hidden_states, rotary_emb):
                 return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask, rotary_emb)
-            query, key, value = _get_qkv_projections(attn, hidden_states, None)
-            query = norm_rope.apply(query, attn.norm_q, rotary_emb, attn.heads)
-            key = norm_rope.apply(key, attn.norm_k, rotary_emb, attn.heads)
+            query, key, value = qkv_projections(attn, hidden_states, None)
+            query = apply_norm_rope(query, attn.norm_q, rotary_emb, attn.heads)
+            key = apply_norm_rope(key, attn.norm_k, rotary_emb, attn.heads)
             value = value.unflatten(2, (attn.heads, -1))
             out = dispatch_attention_fn(query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
                                         backend=self._attention_backend, parallel_config=self._parallel_config)

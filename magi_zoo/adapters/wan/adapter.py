@@ -6,50 +6,22 @@ numbers are those of the Wan-AI/*-Diffusers repositories' config.json files.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from .base import Variant, init_on, keep_fp32_modules
-from .diffusers_pipeline import DiffusersPipelineAdapter
-from .wan_attention import norm_rope_preparation
-
-# -- published configs ---------------------------------------------------------------------
-# UMT5-XXL encoder (google/umt5-xxl, as shipped in Wan-AI/*-Diffusers/text_encoder).
-_UMT5_XXL = dict(vocab_size=256384, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64,
-                 relative_attention_num_buckets=32, relative_attention_max_distance=128,
-                 feed_forward_proj="gated-gelu", layer_norm_epsilon=1e-6, tie_word_embeddings=False)
-_VAE = dict(base_dim=96, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[],
-            temperal_downsample=[False, True, True], dropout=0.0)
-# UniPC with flow sigmas, shift 3.0 for 480p (5.0 for 720p), as in the published scheduler_config.
-_SCHEDULER = dict(prediction_type="flow_prediction", use_flow_sigmas=True, num_train_timesteps=1000,
-                  flow_shift=3.0, solver_order=2, solver_type="bh2", timestep_spacing="linspace")
-_T2V_1_3B = dict(patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16,
-                 out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=30,
-                 cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)
-_T2V_14B = dict(_T2V_1_3B, num_attention_heads=40, ffn_dim=13824, num_layers=40)
-_I2V_14B = dict(_T2V_14B, in_channels=36, image_dim=1280, added_kv_proj_dim=5120)
-# CLIP ViT-H/14 image encoder of the I2V model.
-_CLIP_H = dict(hidden_size=1280, intermediate_size=5120, num_hidden_layers=32, num_attention_heads=16,
-               image_size=224, patch_size=14, projection_dim=1024, hidden_act="gelu")
-
-# Tiny: a few layers, small dims; 4 blocks so "N blocks, one compile" is visible.
-_TINY = dict(
-    transformer=dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=16,
-                     out_channels=16, text_dim=32, freq_dim=32, ffn_dim=64, num_layers=4,
-                     cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=32),
-    text_encoder=dict(vocab_size=512, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
-                      relative_attention_num_buckets=8, relative_attention_max_distance=16,
-                      feed_forward_proj="gated-gelu", layer_norm_epsilon=1e-6, tie_word_embeddings=False),
-    vae=dict(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1, attn_scales=[],
-             temperal_downsample=[False, True, True], dropout=0.0),
-    scheduler=_SCHEDULER, tokenizer_vocab=512,
-)
+from .._tokenizers import byte_bpe_tokenizer
+from ..base import Variant, init_on, keep_fp32_modules
+from ..diffusers_pipeline import DiffusersPipelineAdapter, weights_error
+from . import original
+from .attention import norm_rope_preparation
+from .config import CLIP_H, I2V_14B, SCHEDULER, T2V_1_3B, T2V_14B, TINY, UMT5_XXL, VAE
 
 
 def _variant(name, transformer, hub_id, desc, *, flow_shift=3.0, call=None, **extra):
-    cfg = dict(transformer=transformer, text_encoder=_UMT5_XXL, vae=_VAE,
-               scheduler=dict(_SCHEDULER, flow_shift=flow_shift), tokenizer_vocab=4096, **extra)
+    cfg = dict(transformer=transformer, text_encoder=UMT5_XXL, vae=VAE,
+               scheduler=dict(SCHEDULER, flow_shift=flow_shift), tokenizer_vocab=4096, **extra)
     return Variant(name=name, family="wan", config=cfg, hub_id=hub_id, description=desc,
                    call_defaults={**dict(height=480, width=832, num_frames=81, num_inference_steps=50,
                                          guidance_scale=5.0), **(call or {})})
@@ -58,21 +30,21 @@ def _variant(name, transformer, hub_id, desc, *, flow_shift=3.0, call=None, **ex
 VARIANTS = {
     v.name: v
     for v in [
-        _variant("wan2.1-t2v-1.3b", _T2V_1_3B, "Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "text-to-video, 1.3B"),
-        _variant("wan2.1-t2v-14b", _T2V_14B, "Wan-AI/Wan2.1-T2V-14B-Diffusers", "text-to-video, 14B"),
+        _variant("wan2.1-t2v-1.3b", T2V_1_3B, "Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "text-to-video, 1.3B"),
+        _variant("wan2.1-t2v-14b", T2V_14B, "Wan-AI/Wan2.1-T2V-14B-Diffusers", "text-to-video, 14B"),
         # I2V: Wan's generate.py samples image-to-video with 40 steps (text-to-video: 50), guide
         # scale 5.0, 81 frames, and shift 3.0 at the 480p sizes, 5.0 otherwise.
-        _variant("wan2.1-i2v-14b-480p", _I2V_14B, "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers",
-                 "image-to-video, 14B, 480p", image_encoder=_CLIP_H, call=dict(num_inference_steps=40)),
+        _variant("wan2.1-i2v-14b-480p", I2V_14B, "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers",
+                 "image-to-video, 14B, 480p", image_encoder=CLIP_H, call=dict(num_inference_steps=40)),
         # The 720p I2V model: the 480p model's architecture (diffusers' convert_wan_to_diffusers.py
         # gives both one transformer config), trained for 720x1280: generate.py's 1280*720 size
         # with shift 5.0; diffusers' Wan docs also give flow_shift 5.0 for 720P. Loading the hub id
         # uses the repository's own scheduler_config.json; these numbers serve weights="random"
         # and the call defaults.
-        _variant("wan2.1-i2v-14b-720p", _I2V_14B, "Wan-AI/Wan2.1-I2V-14B-720P-Diffusers",
-                 "image-to-video, 14B, 720p", image_encoder=_CLIP_H, flow_shift=5.0,
+        _variant("wan2.1-i2v-14b-720p", I2V_14B, "Wan-AI/Wan2.1-I2V-14B-720P-Diffusers",
+                 "image-to-video, 14B, 720p", image_encoder=CLIP_H, flow_shift=5.0,
                  call=dict(height=720, width=1280, num_inference_steps=40)),
-        Variant(name="wan2.1-tiny", family="wan", config=_TINY, tiny=True,
+        Variant(name="wan2.1-tiny", family="wan", config=TINY, tiny=True,
                 description="4 blocks, dim 32; random, offline, for CPU tests and the demo",
                 call_defaults=dict(height=32, width=32, num_frames=9, num_inference_steps=2,
                                    guidance_scale=5.0, max_sequence_length=16)),
@@ -83,10 +55,9 @@ VARIANTS = {
 def _random_pipeline(variant: Variant, dtype: torch.dtype, device: torch.device):
     """Random init at the variant's config. Weights are created on `device` directly
     (a 14B model initialised on the host would take minutes)."""
+    # lazy: diffusers and transformers cost seconds; the registry imports this module to list models
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
-    from transformers import UMT5Config, UMT5EncoderModel
-
-    from ._tokenizers import byte_bpe_tokenizer
+    from transformers import UMT5Config, UMT5EncoderModel  # lazy: as above
 
     cfg = variant.config
     te_cfg = UMT5Config(**cfg["text_encoder"])
@@ -111,8 +82,8 @@ def _random_pipeline(variant: Variant, dtype: torch.dtype, device: torch.device)
     # model_index.json's pipeline arguments (Wan2.2: boundary_ratio, expand_timesteps).
     parts.update(cfg.get("pipeline", {}))
     if "image_encoder" in cfg:
-        from diffusers import WanImageToVideoPipeline
-        from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel
+        from diffusers import WanImageToVideoPipeline  # lazy: diffusers costs seconds
+        from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel  # lazy: as diffusers
 
         with init_on(device, dtype):
             image_encoder = CLIPVisionModel(CLIPVisionConfig(**cfg["image_encoder"])).eval()
@@ -124,9 +95,7 @@ def _random_pipeline(variant: Variant, dtype: torch.dtype, device: torch.device)
 def _read_image(image):
     """An image-to-video first frame: a PIL image as given, or a file read as RGB the way
     Wan's generate.py reads `--image` (`Image.open(path).convert("RGB")`)."""
-    from pathlib import Path
-
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image, UnidentifiedImageError  # lazy: PIL costs ~15 ms; listing models imports this module
 
     if not isinstance(image, (str, Path)):
         return image
@@ -183,7 +152,7 @@ class WanAdapter(DiffusersPipelineAdapter):
 
     def preparations(self, pipe) -> list:
         """Wan's self-attention q/k norm + rope in one kernel where the precision step allows it
-        (`wan_attention.py`), on each denoiser (Wan2.2-A14B has two)."""
+        (`attention.py`), on each denoiser (Wan2.2-A14B has two)."""
         denoisers = [t for t in (getattr(pipe, "transformer", None), getattr(pipe, "transformer_2", None))
                      if t is not None]
         return [norm_rope_preparation(*denoisers)] if denoisers else []
@@ -195,17 +164,14 @@ class WanAdapter(DiffusersPipelineAdapter):
                         device: torch.device):
         """A hub id or a diffusers-format directory: diffusers' `from_pretrained`. A directory in
         the original Wan release layout (Wan-AI/Wan2.1-T2V-*, as the Wan repository, LightX2V
-        and Self-Forcing read it): converted on load (`wan_original`). The layout is detected;
+        and Self-Forcing read it): converted on load (`original.py`). The layout is detected;
         an unknown one is an error naming both."""
         if local:
-            from . import wan_original
-            from .diffusers_pipeline import weights_error
-
             # Errors read like every family's weights errors (what is wrong, then what to pass).
             try:
-                layout = wan_original.detect_layout(source)
+                layout = original.detect_layout(source)
                 if layout == "original":
-                    return wan_original.load_pipeline(source, variant.config, dtype=dtype, device=device,
+                    return original.load_pipeline(source, variant.config, dtype=dtype, device=device,
                                                       variant_name=variant.name)
             except (ValueError, OSError) as e:
                 raise weights_error(variant, source, local, e) from e

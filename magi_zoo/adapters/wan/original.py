@@ -49,6 +49,10 @@ from typing import Any, Mapping
 
 import torch
 import torch.nn as nn
+from safetensors import safe_open
+
+from ...engine.compat.diffusers import keep_in_fp32_modules as diffusers_keep_in_fp32
+from ...engine.compat.transformers import keep_in_fp32_modules as transformers_keep_in_fp32
 
 TRANSFORMER_GLOB = "diffusion_pytorch_model*"
 T5_FILE = "models_t5_umt5-xxl-enc-bf16.pth"
@@ -113,8 +117,6 @@ class _TensorSource:
         self._where: dict[str, Any] = {}
         for f in files:
             if f.suffix == ".safetensors":
-                from safetensors import safe_open
-
                 handle = safe_open(str(f), framework="pt")
                 for k in handle.keys():
                     self._where[k] = (handle, f)
@@ -209,7 +211,7 @@ def _load_strict(model: nn.Module, names: Mapping[str, Any], src: _TensorSource,
 def _empty(factory):
     """Build a module with parameters on the meta device (no memory, no init) and real
     buffers (RoPE tables are computed at construction and are not in the checkpoint)."""
-    from accelerate import init_empty_weights
+    from accelerate import init_empty_weights  # lazy: accelerate costs ~1 s; only loads from files use it
 
     with init_empty_weights():
         return factory()
@@ -265,6 +267,7 @@ def transformer_key_names(original_keys: list[str]) -> dict[str, str]:
     """diffusers key -> original key, by diffusers' own converter. It only renames (for
     Wan2.1's keys), so it is run on the names themselves: the tensors are then read one by
     one (see `_TensorSource`)."""
+    # lazy: diffusers costs seconds
     from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
 
     return convert_wan_transformer_to_diffusers({k: k for k in original_keys})
@@ -290,11 +293,11 @@ def transformer_from_state_dict(state: Mapping[str, torch.Tensor], config: Mappi
 
 
 def _transformer(src: _TensorSource, config: Mapping[str, Any], dtype: torch.dtype, device):
-    from diffusers import WanTransformer3DModel
+    from diffusers import WanTransformer3DModel  # lazy: diffusers costs seconds
 
     cfg = transformer_config(config, src)
     model = _empty(lambda: WanTransformer3DModel(**cfg))
-    keep = tuple(WanTransformer3DModel._keep_in_fp32_modules or ())
+    keep = diffusers_keep_in_fp32(WanTransformer3DModel)
     _load_strict(model, transformer_key_names(src.keys()), src, "the Wan DiT", dtype, keep)
     return model.to(device)
 
@@ -303,8 +306,8 @@ def _transformer(src: _TensorSource, config: Mapping[str, Any], dtype: torch.dty
 def load_vae(path: str | Path, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
     """AutoencoderKLWan from Wan2.1_VAE.pth via diffusers' `convert_wan_vae_to_diffusers`
     (the published structure; base_dim and z_dim read from the file)."""
-    from diffusers import AutoencoderKLWan
-    from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
+    from diffusers import AutoencoderKLWan  # lazy: diffusers costs seconds
+    from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers  # lazy: as above
 
     file = Path(path)
     src = _open([file])
@@ -350,7 +353,7 @@ def t5_key(key: str) -> list[str]:
 def load_text_encoder(path: str | Path, config: Mapping[str, Any], *, dtype: torch.dtype,
                       device: torch.device | str = "cpu"):
     """UMT5EncoderModel (config: UMT5Config kwargs, the variant's) from Wan's T5 .pth."""
-    from transformers import UMT5Config, UMT5EncoderModel
+    from transformers import UMT5Config, UMT5EncoderModel  # lazy: transformers costs seconds
 
     file = Path(path)
     src = _open([file])
@@ -360,7 +363,7 @@ def load_text_encoder(path: str | Path, config: Mapping[str, Any], *, dtype: tor
             names[new] = k
     model = _empty(lambda: UMT5EncoderModel(UMT5Config(**config)))
     # transformers keeps `_keep_in_fp32_modules` (T5's `wo`) in fp32 only for fp16 loads.
-    keep = tuple(model._keep_in_fp32_modules or ()) if dtype == torch.float16 else ()
+    keep = transformers_keep_in_fp32(model) if dtype == torch.float16 else ()
     _load_strict(model, names, src, "the UMT5 text encoder", dtype, keep)
     model.tie_weights()
     return model.to(device)
@@ -414,7 +417,7 @@ def clip_vision_key_names(original_keys: list[str]) -> dict[str, Any]:
 def load_image_encoder(path: str | Path, config: Mapping[str, Any], *, dtype: torch.dtype,
                        device: torch.device | str = "cpu"):
     """CLIPVisionModel (config: CLIPVisionConfig kwargs, the variant's) from Wan's open-clip .pth."""
-    from transformers import CLIPVisionConfig, CLIPVisionModel
+    from transformers import CLIPVisionConfig, CLIPVisionModel  # lazy: transformers costs seconds
 
     file = Path(path)
     src = _open([file])
@@ -434,8 +437,8 @@ def load_pipeline(path: str | Path, variant_config: Mapping[str, Any], *, dtype:
     `variant_config` supplies what the layout does not hold: the UMT5 config
     (`text_encoder`), the scheduler config and, for I2V, the CLIP vision config
     (`image_encoder`); the checkpoint's task must be the variant's."""
-    from diffusers import UniPCMultistepScheduler, WanImageToVideoPipeline, WanPipeline
-    from transformers import AutoTokenizer, CLIPImageProcessor
+    from diffusers import UniPCMultistepScheduler, WanImageToVideoPipeline, WanPipeline  # lazy: costs seconds
+    from transformers import AutoTokenizer, CLIPImageProcessor  # lazy: as diffusers
 
     path = Path(path)
     # The DiT's config first: a checkpoint of another kind is refused for what it is, before

@@ -18,16 +18,18 @@ import functools
 import torch
 import torch.nn as nn
 
-from ..engine.kernels import norm_rope
-from ..engine.precision import marked_norm
-from ..engine.prepare import Preparation, swap_processors
+from ...engine import Preparation, apply_norm_rope_heads, marked_norm, swap_processors
+from ...engine.compat.diffusers import flux_qkv_projections
 
 
 @functools.lru_cache(maxsize=None)
 def _processor_class():
     """The processor class, built once on first use (diffusers' Flux module is imported lazily)."""
+    # lazy: diffusers costs seconds; the class is built when a plan first installs it
     from diffusers.models.attention_dispatch import dispatch_attention_fn
-    from diffusers.models.transformers.transformer_flux import FluxAttnProcessor, _get_qkv_projections
+    from diffusers.models.transformers.transformer_flux import FluxAttnProcessor  # lazy: as above
+
+    qkv_projections = flux_qkv_projections()
 
     class NormRopeFluxAttnProcessor(FluxAttnProcessor):
         """`FluxAttnProcessor` with q/k RMSNorm + join + RoPE fused on marked layers."""
@@ -39,13 +41,12 @@ def _processor_class():
                      image_rotary_emb=None):
             if not fusable(attn, encoder_hidden_states, image_rotary_emb):
                 return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
-            query, key, value, e_query, e_key, e_value = _get_qkv_projections(attn, hidden_states,
-                                                                              encoder_hidden_states)
+            query, key, value, e_query, e_key, e_value = qkv_projections(attn, hidden_states, encoder_hidden_states)
             heads = lambda t: t.unflatten(-1, (-1, attn.head_dim))
             joint = encoder_hidden_states is not None
-            query = norm_rope.apply_heads(heads(query), attn.norm_q, image_rotary_emb,
+            query = apply_norm_rope_heads(heads(query), attn.norm_q, image_rotary_emb,
                                           heads(e_query) if joint else None, attn.norm_added_q if joint else None)
-            key = norm_rope.apply_heads(heads(key), attn.norm_k, image_rotary_emb,
+            key = apply_norm_rope_heads(heads(key), attn.norm_k, image_rotary_emb,
                                         heads(e_key) if joint else None, attn.norm_added_k if joint else None)
             value = torch.cat([heads(e_value), heads(value)], dim=1) if joint else heads(value)
             out = dispatch_attention_fn(query, key, value, attn_mask=attention_mask, backend=self._attention_backend,
