@@ -750,6 +750,8 @@ def test_bagel_tiny_streams_its_mot_layers_exactly():
 
 
 def test_bagel_guided_step_streams_each_layer_once():
+    from magi_zoo.adapters.bagel import model as bagel_model
+
     # One CFG step over three contexts runs every MoT layer three times. Streamed layers run
     # layer by layer under offload.hold: each is copied once per step (not once per context),
     # and the velocity is exactly the resident one (same operations, another order).
@@ -771,19 +773,16 @@ def test_bagel_guided_step_streams_each_layer_once():
     assert torch.equal(got, want)
     # Context by context (no hold), the same step copies every layer once per context.
     seen = []
-    orig = off.hold
 
     def no_hold(module):
         seen.append(module)
         return contextlib.nullcontext()
 
-    off.hold = no_hold
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(bagel_model, "offload_hold", no_hold)  # the name BAGEL's model calls
         with torch.inference_mode():
             before = rt.counters.copies
             again = h.pipe.model(**inputs)
-    finally:
-        off.hold = orig
     assert len(seen) == len(layers) and rt.counters.copies - before == 3 * len(layers)
     assert torch.equal(again, want)
     # hold() on a module that does not stream is a no-op
