@@ -246,8 +246,8 @@ def checkpoint_hooks_kwargs() -> dict[str, bool]:
     no-op for a plain (non-selective) checkpoint and under torch.compile. Passed only where
     this torch's `checkpoint` names the parameter: before 2.14 its `**kwargs` would hand
     the flag to the checkpointed function. `create_selective_checkpoint_contexts` takes no
-    such parameter. checked on: torch 2.13 (absent: nothing passed); 2.14 from its release
-    notes and pytorch#191236, the rollout's tracking issue (present: False passed)."""
+    such parameter. checked on: torch 2.11, 2.13 (absent: nothing passed); 2.14 from its
+    release notes and pytorch#191236, the rollout's tracking issue (present: False passed)."""
     return dict(_CHECKPOINT_HOOKS_KWARGS)
 
 
