@@ -3,7 +3,7 @@
 Where the numbers come from (guandeh17/Self-Forcing, `configs/self_forcing_dmd.yaml` merged
 over `configs/default_config.yaml`, read by `pipeline/causal_inference.py`):
 - the generator is Wan2.1-T2V-1.3B made causal (`wan/modules/causal_model.py`,
-  `CausalWanModel`): 30 layers, 12 heads x 128, FFN 8960 -- `wan.py`'s `_T2V_1_3B`;
+  `CausalWanModel`): 30 layers, 12 heads x 128, FFN 8960 -- `adapters/wan/config.py`'s `T2V_1_3B`;
 - `num_frame_per_block: 3`: 21 latent frames (81 video frames) in 7 blocks of 3; at
   480x832 one latent frame is (480/8/2) x (832/8/2) = 30 x 52 = 1560 tokens, a block
   3 x 1560 = 4680, the whole video 21 x 1560 = 32760 (the reference's cache size);
