@@ -203,20 +203,25 @@ def test_offload_merge_compares_each_row_with_its_own_runs_resident(tmp_path):
     assert got == {(12, "b.json"): (100.0, 0.8), (16, "c.json"): (110.0, 1.0), (16, "d.json"): (100.0, 0.8)}
 
 
-def test_parallel_benchmark_row_past_its_timeout_is_an_error_row(tmp_path):
+def test_parallel_benchmark_row_past_its_timeout_is_an_error_row(tmp_path, monkeypatch):
     """A configuration past --timeout: its whole torchrun job is killed (workers too, they
     would hold the GPUs through the next configuration), the row records why, and the
     benchmark still writes its table instead of dying with the timeout."""
     import json
+    import tempfile
 
     from benchmarks.parallel import main as parallel_main
 
+    # The job's temporary files under tmp_path: its workers' command lines name them, so the
+    # check below finds this test's workers only (CI runs a second suite beside this one).
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     assert parallel_main(["--smoke", "--out", str(tmp_path), "--timeout", "2"]) == 1  # rows failed: exit 1
     rows = json.loads((tmp_path / "parallel_smoke_cpu.json").read_text())["rows"]
     assert rows and all(r["status"] == "error" and "timed out after 2 s" in r["error"] for r in rows)
     import subprocess
 
-    left = subprocess.run(["pgrep", "-f", "benchmarks.parallel --worker"], capture_output=True, text=True).stdout
+    left = subprocess.run(["pgrep", "-f", f"benchmarks.parallel --worker .*{tmp_path}"], capture_output=True,
+                          text=True).stdout
     assert left.strip() == ""  # no worker left behind
 
 
