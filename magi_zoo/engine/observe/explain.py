@@ -185,8 +185,11 @@ class _Collector(logging.Handler):
         c = self._compile(md)
         if c is None:
             return
-        if name in _FILES and payload:
-            c.files[_FILES[name]] = payload
+        # A graph arrives under its own name or as an artifact of that name: inductor's
+        # post-grad graph is an artifact when inductor compiles, a record of its own on a
+        # cache hit (an empty inductor cache lost the file before).
+        if (artifact or name) in _FILES and payload:
+            c.files[_FILES[artifact or name]] = payload
         elif name == "compilation_metrics" and isinstance(inner, dict):
             c.metrics = {k: v for k, v in inner.items() if _jsonable(v)}
         elif artifact == "dynamo_graph_break_reason":
