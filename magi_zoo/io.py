@@ -13,13 +13,66 @@ imageio choose the format from the extension.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["atomic_write", "atomic_write_bytes", "atomic_write_text", "fsync_dir"]
+__all__ = ["atomic_write", "atomic_write_bytes", "atomic_write_text", "check_writable", "fsync_dir"]
+
+
+def _nearest_existing(path: Path) -> Path:
+    """`path` itself or its closest ancestor that exists (what a `mkdir -p` would write into)."""
+    for p in (path, *path.parents):
+        if p.exists():
+            return p
+    return Path(".")
+
+
+def _writable_dir(path: Path, directory: Path, what: str) -> None:
+    """`directory` (the nearest existing ancestor of where `path` goes) takes new entries."""
+    if not directory.is_dir():
+        raise ValueError(f"{what} {str(path)!r}: cannot create it, {str(directory)!r} is a file, not a directory")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise ValueError(f"{what} {str(path)!r}: the directory {str(directory)!r} is not writable; choose a "
+                         "writable location (or fix its permissions)")
+
+
+def check_writable(path: str | os.PathLike, *, what: str = "the output", overwrite: bool = False,
+                   directory: bool = False, overwrite_hint: str = "pass overwrite=True") -> Path:
+    """Refuse now -- before any heavy work -- a path that a later write would fail on or that
+    would replace something the user made. `what` names the path in the message (e.g. '--out').
+
+    A file (directory=False): not an existing directory or non-regular file (a device, a
+    pipe: an atomic rename would replace the node itself), not an existing file unless
+    `overwrite`, and its directory (or the nearest existing ancestor, which the write
+    creates the rest under) writable. A directory (directory=True): not an existing file,
+    writable, and empty unless `overwrite` (files of the same names are then replaced).
+    Returns the path."""
+    path = Path(path)
+    if directory:
+        if path.exists():
+            if not path.is_dir():
+                raise ValueError(f"{what} {str(path)!r} exists and is not a directory; pass a directory "
+                                 "(it is created if missing)")
+            if not overwrite and any(path.iterdir()):
+                raise ValueError(f"{what} {str(path)!r} is a directory that is not empty; {overwrite_hint} to "
+                                 "write into it (files of the same names are replaced), or name a new directory")
+        _writable_dir(path, _nearest_existing(path), what)
+        return path
+    if path.is_dir():
+        raise ValueError(f"{what} {str(path)!r} is an existing directory; name a file "
+                         f"(e.g. {str(path / ('out' + (path.suffix or '')))!r})")
+    if path.exists() or path.is_symlink():
+        if not path.is_file():
+            raise ValueError(f"{what} {str(path)!r} exists and is not a regular file; name a file")
+        if not overwrite:
+            raise ValueError(f"{what} {str(path)!r} already exists; {overwrite_hint} to replace it, or name "
+                             "another file")
+    _writable_dir(path, _nearest_existing(path.parent), what)
+    return path
 
 
 def fsync_dir(directory: str | os.PathLike) -> None:
@@ -64,8 +117,13 @@ def atomic_write(path: str | os.PathLike, writer: Callable[[Path], Any]) -> Path
     On any error the temporary file is removed and the error propagates.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=f".partial{path.suffix}", dir=path.parent)
+    if path.is_dir():  # os.replace would fail only after the whole write, naming the temporary file
+        raise IsADirectoryError(errno.EISDIR, "is a directory; name a file to write", str(path))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=f".partial{path.suffix}", dir=path.parent)
+    except OSError as e:  # mkstemp's error names its random temporary name, not the user's path
+        raise type(e)(e.errno, f"cannot write here ({e.strerror})", str(path)) from e
     os.close(fd)
     tmp = Path(name)
     try:
@@ -78,7 +136,10 @@ def atomic_write(path: str | os.PathLike, writer: Callable[[Path], Any]) -> Path
         except FileNotFoundError:
             mode = 0o666 & ~_umask()
         os.chmod(tmp, mode)
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except OSError as e:
+            raise type(e)(e.errno, f"cannot replace it ({e.strerror})", str(path)) from e
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

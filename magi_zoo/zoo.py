@@ -13,6 +13,7 @@ from . import adapters
 from .engine import Report, apply, needs_streaming, offload
 from .engine.compile import CompileCache, resolve_cache_dir
 from .engine.observe.explain import explain_call
+from .io import check_writable
 from .overrides import has_auto_recompute, spec_layers
 from .specs import PlanLayer, get_profile
 from .specs.gpu_profiles import GpuProfile
@@ -246,9 +247,8 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
         raise ValueError("calibrate= defers the measuring of recompute='auto' (e.g. until after FSDP2 sharding): "
                          "pass it with train=True and recompute={'policy': 'auto', ...}")
     directory = resolve_cache_dir(cache_dir)
-    if directory is not None and directory.exists() and not directory.is_dir():
-        raise ValueError(f"cache_dir {str(directory)!r} exists and is not a directory; pass a directory "
-                         "(it is created if missing) or leave the cache off")
+    if directory is not None:  # a directory the cache can be saved to, or an error now, not after the run
+        check_writable(directory, what="cache_dir", directory=True, overwrite=True)
     build_dev = _build_device(adapter, variant, layers, profile, dev, dt, compile, memory_budget_gib is not None)
     lap("plan_s")
     native = adapter.build(variant, weights=weights, dtype=dt, device=build_dev)

@@ -46,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--weights", default=None, help="a local directory, a hub id, or 'random'")
     r.add_argument("--prompt", required=True)
     r.add_argument("--out", required=True, help="output file (.mp4 video, .png image, .txt text)")
+    r.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --out / --audio-out file (without it, an existing file is refused)")
     r.add_argument("--image", default=None, help="input image (image-conditioned models)")
     r.add_argument("--audio-out", default=None, help="write speech to this .wav (models with audio)")
     r.add_argument("--audio", default=None, help="input audio .wav (Qwen3-Omni: through its audio encoder)")
@@ -92,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("model")
     e.add_argument("--gpu", default="auto", type=str.lower, choices=GPU_CHOICES)
     e.add_argument("--out", default="magi-zoo-explain", help="folder to write (default: ./magi-zoo-explain)")
+    e.add_argument("--overwrite", action="store_true",
+                   help="write into a --out folder that is not empty (files of the same names are replaced)")
     e.add_argument("--entry", default=None, help="the entry point to call (default: the family's first)")
     e.add_argument("--weights", default=None, help="a local directory, a hub id, or 'random'")
     e.add_argument("--spec-file", default=None, help="a TOML spec replacing the shipped one")

@@ -5,13 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from ... import zoo  # `zoo.load` looked up at call time: a patch of it reaches every command
+from ...io import check_writable
 from ..console import say
 
 
 def cmd_explain(args) -> int:
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {str(out)!r} exists and is not a directory; pass a directory")
+    # checked before the build: a folder that cannot be written, or that holds files (an earlier
+    # explanation, or anything else) without --overwrite
+    out = check_writable(Path(args.out), what="--out", directory=True, overwrite=args.overwrite,
+                         overwrite_hint="pass --overwrite")
     handle = zoo.load(args.model, gpu=args.gpu, weights=args.weights, spec_file=args.spec_file)
     if args.entry is not None:
         handle.adapter.check_entry(args.entry)

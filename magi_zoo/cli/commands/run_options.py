@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from ... import adapters, distributed
+from ...engine.compile import resolve_cache_dir
+from ...io import check_writable
 from ...overrides import eager_compile
 from ...specs import SpecFile
 from ...specs.compile_spec import TorchCompileSpec
@@ -37,6 +39,7 @@ def check_run(args) -> RunRequest:
     opts.update(audio=args.audio, voice=args.voice)  # Qwen3-Omni: audio prompt, speech voice
     adapter, variant = adapters.lookup(args.model)
     adapter.check_run(variant, opts, Path(args.out))
+    check_output_paths(args)
     compile_overrides = parse_compile_overrides(args.compile_overrides)
     step_cache = step_cache_override(args, adapter)
     if compile_overrides is not None and not args.compile:
@@ -60,6 +63,22 @@ def check_run(args) -> RunRequest:
     else:
         compile_arg = False
     return RunRequest(adapter, opts, compile_arg, step_cache or None, par)
+
+
+def check_output_paths(args) -> None:
+    """Every path the run writes -- `--out`, `--audio-out`, the compile cache -- checked now,
+    so a finished generation is never lost to a path that cannot be written: not an existing
+    directory, not an existing file without `--overwrite`, in a writable directory."""
+    overwrite = bool(getattr(args, "overwrite", False))
+    outs = [("--out", args.out)] + ([("--audio-out", args.audio_out)] if getattr(args, "audio_out", None) else [])
+    for flag, path in outs:
+        check_writable(path, what=flag, overwrite=overwrite, overwrite_hint="pass --overwrite")
+    if len(outs) == 2 and Path(outs[0][1]).resolve() == Path(outs[1][1]).resolve():
+        raise ValueError(f"--out and --audio-out name the same file {args.out!r}; give each its own")
+    cache = resolve_cache_dir(getattr(args, "cache_dir", None))
+    if cache is not None:  # a cache directory is reused: it may hold files already
+        what = "--cache-dir" if getattr(args, "cache_dir", None) is not None else "$MAGI_ZOO_CACHE_DIR"
+        check_writable(cache, what=what, directory=True, overwrite=True)
 
 
 def parse_compile_overrides(items: list[str] | None) -> dict | None:

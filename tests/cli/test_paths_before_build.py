@@ -1,0 +1,148 @@
+"""Every path a run writes or reads is checked before the model is built (issue 34): output
+files and folders, the compile cache, `--image`, and `--weights` (a local path that does not
+exist, weights of another family). Each test fails on the code before the fix."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+import magi_zoo
+from magi_zoo import adapters
+from magi_zoo.cli import main
+
+
+class Built(Exception):
+    """Raised by the patched build: reaching it means every check before it passed."""
+
+
+@pytest.fixture
+def no_load(monkeypatch):
+    """`zoo.load` (the build) raises `Built`: a check that comes too late never runs."""
+    def load(*a, **k):
+        raise Built("the model build was reached")
+
+    monkeypatch.setattr(magi_zoo.zoo, "load", load)
+
+
+@pytest.fixture
+def no_build(monkeypatch):
+    """Any adapter build is a test failure: the error must come first."""
+    def build(self, *a, **k):
+        raise AssertionError("the model was built before the bad input was refused")
+
+    monkeypatch.setattr(adapters.Adapter, "build", build)
+
+
+def read_only(monkeypatch, directory):
+    """`directory` is read-only: chmod, and where running as root makes chmod ineffective,
+    os.access answers as it would for another user (the check under test calls os.access)."""
+    directory.chmod(0o555)
+    if os.geteuid() == 0:
+        real = os.access
+
+        def access(path, mode, *a, **k):
+            if os.path.abspath(path) == str(directory) and mode & os.W_OK:
+                return False
+            return real(path, mode, *a, **k)
+
+        monkeypatch.setattr(os, "access", access)
+
+
+def run(*argv):
+    return main(["run", "wan2.1-tiny", "--gpu", "cpu", "--no-compile", "--prompt", "a corgi", *argv])
+
+
+# -- outputs ------------------------------------------------------------------------------------
+def test_out_naming_a_directory_is_refused_before_the_build_naming_the_users_path(tmp_path, no_load, capsys):
+    d = tmp_path / "isdir.mp4"
+    d.mkdir()
+    assert run("--out", str(d)) == 2
+    err = capsys.readouterr().err
+    assert f"--out {str(d)!r} is an existing directory" in err
+    assert ".partial" not in err and "build was reached" not in err
+
+
+def test_existing_out_file_needs_overwrite(tmp_path, no_load, capsys):
+    f = tmp_path / "a.mp4"
+    f.write_bytes(b"the user's video")
+    assert run("--out", str(f)) == 2
+    err = capsys.readouterr().err
+    assert "already exists; pass --overwrite" in err and "build was reached" not in err
+    assert f.read_bytes() == b"the user's video"
+    with pytest.raises(Built):  # with --overwrite every check passes and the build starts
+        main(["--debug", "run", "wan2.1-tiny", "--gpu", "cpu", "--no-compile", "--prompt", "a corgi",
+              "--out", str(f), "--overwrite"])
+
+
+def test_out_in_a_read_only_directory_is_refused_before_the_build(tmp_path, no_load, monkeypatch, capsys):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    read_only(monkeypatch, ro)
+    try:
+        assert run("--out", str(ro / "a.mp4")) == 2
+        assert run("--out", str(ro / "new" / "a.mp4")) == 2  # a folder the write would create there
+    finally:
+        ro.chmod(0o755)
+    err = capsys.readouterr().err
+    assert f"the directory {str(ro)!r} is not writable" in err and "build was reached" not in err
+
+
+def test_audio_out_and_cache_dir_are_checked_too(tmp_path, no_load, monkeypatch, capsys):
+    speech = tmp_path / "s.wav"
+    speech.write_bytes(b"RIFF")
+    assert main(["run", "qwen3-omni-tiny", "--gpu", "cpu", "--no-compile", "--prompt", "hi",
+                 "--out", str(tmp_path / "a.txt"), "--audio-out", str(speech)]) == 2
+    assert "--audio-out" in capsys.readouterr().err
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    read_only(monkeypatch, ro)
+    try:
+        assert run("--out", str(tmp_path / "a.mp4"), "--cache-dir", str(ro / "cache")) == 2
+    finally:
+        ro.chmod(0o755)
+    err = capsys.readouterr().err
+    assert "--cache-dir" in err and "not writable" in err and "build was reached" not in err
+
+
+def test_load_refuses_a_cache_dir_it_could_not_save_to(tmp_path, no_build, monkeypatch):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    read_only(monkeypatch, ro)
+    try:
+        with pytest.raises(ValueError, match="not writable"):
+            magi_zoo.load("wan2.1-tiny", gpu="cpu", cache_dir=ro / "cache")
+    finally:
+        ro.chmod(0o755)
+
+
+def test_explain_out_is_checked_before_the_build(tmp_path, no_load, monkeypatch, capsys):
+    used = tmp_path / "explain"
+    used.mkdir()
+    (used / "notes.md").write_text("the user's notes")
+    base = ["explain", "wan2.1-tiny", "--gpu", "cpu"]
+    assert main([*base, "--out", str(used)]) == 2
+    assert "not empty; pass --overwrite" in capsys.readouterr().err
+    with pytest.raises(Built):
+        main(["--debug", *base, "--out", str(used), "--overwrite"])
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    read_only(monkeypatch, ro)
+    try:
+        assert main([*base, "--out", str(ro / "explain")]) == 2
+    finally:
+        ro.chmod(0o755)
+    assert "not writable" in capsys.readouterr().err
+
+
+def test_atomic_write_over_a_directory_names_the_path_not_the_temporary_file(tmp_path):
+    from magi_zoo.io import atomic_write_text
+
+    d = tmp_path / "isdir.txt"
+    d.mkdir()
+    with pytest.raises(IsADirectoryError) as e:
+        atomic_write_text(d, "x")
+    assert str(d) in str(e.value) and ".partial" not in str(e.value)
+    assert [p.name for p in tmp_path.iterdir()] == ["isdir.txt"]  # no temporary file left behind
