@@ -167,13 +167,17 @@ class WanAdapter(DiffusersPipelineAdapter):
         and Self-Forcing read it): converted on load (`original.py`). The layout is detected;
         an unknown one is an error naming both."""
         if local:
-            # Errors read like every family's weights errors (what is wrong, then what to pass).
+            # Errors read like every family's weights errors (what is wrong, then what to pass);
+            # an original-layout directory's advice is about that layout.
+            layout = None
             try:
                 layout = original.detect_layout(source)
                 if layout == "original":
                     return original.load_pipeline(source, variant.config, dtype=dtype, device=device,
                                                       variant_name=variant.name)
             except (ValueError, OSError) as e:
+                if layout == "original":
+                    raise original.load_error(variant.name, source, e) from e
                 raise weights_error(variant, source, local, e) from e
         return super().load_pretrained(variant, source, local, dtype, device)
 

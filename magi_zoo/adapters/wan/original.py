@@ -23,11 +23,11 @@ What converts what:
   (base_dim, z_dim) are read from the file.
 - T5: neither diffusers nor transformers ships a converter for Wan's T5 module (diffusers'
   `scripts/convert_wan_to_diffusers.py` takes google/umt5-xxl from the hub instead), so
-  `t5_key` below maps its names onto transformers' `UMT5EncoderModel`: a one-to-one
+  `t5_key` (original_keys.py) maps its names onto transformers' `UMT5EncoderModel`: a one-to-one
   rename, no tensor changes (Wan's gated FFN `fc1(x) * gelu_tanh(gate(x))` is UMT5's
   `wi_1(x) * gelu_new(wi_0(x))`; each block owns its relative position bias in both).
 - CLIP image encoder (I2V, models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth):
-  no library converter either; `clip_vision_key_names` maps its vision tower onto
+  no library converter either; `clip_vision_key_names` (original_keys.py) maps its vision tower onto
   transformers' `CLIPVisionModel` (the fused QKV split in three; the text tower unused).
 - Refused, with the reason: FLF2V / VACE checkpoints (no pipeline for them here) and
   Wan2.2 checkpoints (two-expert subfolders; the Wan2.2 VAE converter exists only as a
@@ -44,6 +44,8 @@ Every load is strict: a missing, unexpected or misshapen tensor names itself and
 from __future__ import annotations
 
 import json
+import pickle
+import re
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -53,6 +55,7 @@ from safetensors import safe_open
 
 from ...engine.compat.diffusers import keep_in_fp32_modules as diffusers_keep_in_fp32
 from ...engine.compat.transformers import keep_in_fp32_modules as transformers_keep_in_fp32
+from .original_keys import clip_vision_key_names, t5_key
 
 TRANSFORMER_GLOB = "diffusion_pytorch_model*"
 T5_FILE = "models_t5_umt5-xxl-enc-bf16.pth"
@@ -121,17 +124,31 @@ class _TensorSource:
                 for k in handle.keys():
                     self._where[k] = (handle, f)
             else:
-                try:  # mmap: the 11 GB T5 is paged in as it is read, not copied up front
-                    sd = torch.load(str(f), map_location="cpu", weights_only=True, mmap=True)
-                except RuntimeError as e:  # a legacy (pre-zipfile) torch.save cannot be mapped
-                    if "mmap" not in str(e):
-                        raise
-                    sd = torch.load(str(f), map_location="cpu", weights_only=True)
+                sd = self._load_pickle(f)
                 if not isinstance(sd, Mapping) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
                     raise ValueError(f"{str(f)!r} is not a flat state dict of tensors (got {type(sd).__name__}); "
                                      "save the model's state_dict() itself")
                 for k, v in sd.items():
                     self._where[k] = (v, f)
+
+    @staticmethod
+    def _load_pickle(f: Path):
+        """torch.load(weights_only=True), mapped where the file allows; a pickle holding other
+        objects than tensors is refused in our words (torch's own message is advice about
+        torch.load arguments, with terminal colour codes)."""
+        try:
+            try:  # mmap: the 11 GB T5 is paged in as it is read, not copied up front
+                return torch.load(str(f), map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError as e:  # a legacy (pre-zipfile) torch.save cannot be mapped
+                if "mmap" not in str(e):
+                    raise
+                return torch.load(str(f), map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as e:
+            what = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
+            raise ValueError(f"{str(f)!r} holds objects other than tensors"
+                             f"{f' ({what.group(1)})' if what else ''}, which are not loaded (it could run code); "
+                             "save the model's state_dict() of tensors alone (torch.save(model.state_dict(), ...))"
+                             ) from e
 
     @classmethod
     def from_dict(cls, state: Mapping[str, torch.Tensor], name: str = "<state dict>") -> "_TensorSource":
@@ -162,8 +179,36 @@ def _open(files: list[Path]) -> _TensorSource:
     except ValueError:
         raise
     except Exception as e:  # safetensors / pickle errors for a damaged file
-        raise ValueError(f"cannot read {', '.join(repr(str(f)) for f in files)} ({type(e).__name__}: {e}); "
-                         "the file is damaged, truncated or not a checkpoint") from e
+        raise ValueError(f"cannot read {', '.join(repr(str(f)) for f in files)} ({type(e).__name__}: "
+                         f"{_plain(e)}); the file is damaged, truncated or not a checkpoint") from e
+
+
+def _plain(e: BaseException) -> str:
+    """An error's first line without terminal colour codes (torch's messages carry some)."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip()
+    return (text.splitlines() or [type(e).__name__])[0].rstrip(". ")
+
+
+def load_error(variant_name: str, source: str | Path, e: BaseException) -> ValueError:
+    """The error of a load from an original-layout directory: what is wrong (naming the file),
+    then advice for this layout (the advice for directories save_pretrained writes does not
+    fit it)."""
+    return ValueError(f"{variant_name}: cannot load the original-layout Wan checkpoint in {str(source)!r}: "
+                      f"{_plain(e)}. Replace the file named with the one the Wan-AI Wan2.1 repository ships "
+                      "(or fix config.json to describe it), or pass weights='random' (CLI: --weights random) "
+                      "for the published config with random weights")
+
+
+def _library_names_error(what: str, src: "_TensorSource", model: nn.Module, own: str, example: str) -> ValueError:
+    """A file whose tensors are named as the library class we load into names them (what
+    save_pretrained / state_dict() of that class write), not as the original release does."""
+    cls = type(model)
+    lib = cls.__module__.split(".")[0]
+    files = ", ".join(repr(str(f)) for f in sorted(set(src.files)))
+    return ValueError(f"{what} in {files}: the file holds {lib}' {cls.__name__} names (e.g. {own!r}), not the "
+                      f"original Wan release's names (e.g. {example!r}) that this layout reads. Put the file the "
+                      f"Wan-AI Wan2.1 repository ships in its place, or load a model saved with {lib}' names as "
+                      "a diffusers-format directory (model_index.json with transformer/, text_encoder/, vae/)")
 
 
 # -- strict load into an empty model ----------------------------------------------------------
@@ -175,16 +220,20 @@ def _dtype_for(name: str, dtype: torch.dtype, keep_fp32: tuple[str, ...]) -> tor
 
 
 def _load_strict(model: nn.Module, names: Mapping[str, Any], src: _TensorSource, what: str,
-                 dtype: torch.dtype, keep_fp32: tuple[str, ...] = ()) -> nn.Module:
+                 dtype: torch.dtype, keep_fp32: tuple[str, ...] = (), *, example: str) -> nn.Module:
     """Fill `model` (built with empty weights) from `src`: `names` maps each of the model's
     state-dict keys to the key in the file, or to (key, function of the file's tensor) where
     the layouts differ (a fused QKV split in three). Missing / unexpected / misshapen tensors
-    are one error naming the first of each and the file."""
+    are one error naming the first of each and the file; a file named in the model class's own
+    names (not the original release's: `example` is one of those) is said to be so."""
     names = {k: v if isinstance(v, tuple) else (v, None) for k, v in names.items()}
     expected = model.state_dict()
     missing = [k for k in expected if k not in names]
     unexpected = [names[k][0] for k in names if k not in expected]
     if missing or unexpected:
+        own = set(src.keys()) & set(expected)
+        if 2 * len(own) > len(src.keys()):
+            raise _library_names_error(what, src, model, min(own), example)
         parts = []
         if missing:
             parts.append(f"{len(missing)} tensor(s) the model needs are not in the file (first: {missing[0]!r})")
@@ -244,6 +293,14 @@ def transformer_config(original: Mapping[str, Any], src: _TensorSource | None = 
     # I2V: the CLIP tokens go through img_emb (LayerNorm(1280) first) and each block's own
     # K/V projections k_img / v_img (dim -> dim); WanModel hard-codes the 1280.
     image = dict(image_dim=1280, added_kv_proj_dim=dim) if model_type == "i2v" else {}
+    has_image = any(k.startswith(strip + "img_emb.") or ".k_img." in k for k in keys)
+    if keys and has_image != bool(image):
+        files = ", ".join(repr(str(f)) for f in sorted(set(src.files)))
+        held = ("an image-to-video DiT (img_emb.* and k_img tensors)" if has_image
+                else "a text-to-video DiT (no img_emb.* or k_img tensors)")
+        raise ValueError(f"config.json says model_type={model_type!r} but {files} holds {held}: put the "
+                         f"{'image' if image else 'text'}-to-video DiT beside this config.json, or fix its "
+                         "model_type ('t2v' or 'i2v') to describe the file")
     if image and keys:
         image = dict(image_dim=shape("img_emb.proj.0.weight")[0],
                      added_kv_proj_dim=shape("blocks.0.cross_attn.k_img.weight")[1])
@@ -298,7 +355,8 @@ def _transformer(src: _TensorSource, config: Mapping[str, Any], dtype: torch.dty
     cfg = transformer_config(config, src)
     model = _empty(lambda: WanTransformer3DModel(**cfg))
     keep = diffusers_keep_in_fp32(WanTransformer3DModel)
-    _load_strict(model, transformer_key_names(src.keys()), src, "the Wan DiT", dtype, keep)
+    _load_strict(model, transformer_key_names(src.keys()), src, "the Wan DiT", dtype, keep,
+                 example="blocks.0.self_attn.q.weight")
     return model.to(device)
 
 
@@ -312,42 +370,20 @@ def load_vae(path: str | Path, *, device: torch.device | str = "cpu", dtype: tor
     file = Path(path)
     src = _open([file])
     keys = src.keys()
+    if "encoder.conv_in.weight" in keys:
+        raise _library_names_error("the Wan VAE", src, _empty(AutoencoderKLWan), "encoder.conv_in.weight",
+                                   "encoder.conv1.weight")
     if "encoder.conv1.weight" not in keys or "conv2.weight" not in keys:
         raise ValueError(f"{str(file)!r} is not a Wan2.1 VAE checkpoint (no encoder.conv1.weight / conv2.weight)")
     base_dim, z_dim = src.get("encoder.conv1.weight").shape[0], src.get("conv2.weight").shape[0]
     model = _empty(lambda: AutoencoderKLWan(base_dim=base_dim, z_dim=z_dim))
-    _load_strict(model, convert_wan_vae_to_diffusers({k: k for k in keys}), src, "the Wan VAE", dtype)
+    _load_strict(model, convert_wan_vae_to_diffusers({k: k for k in keys}), src, "the Wan VAE", dtype,
+                 example="encoder.conv1.weight")
     return model.to(device)
 
 
 # -- the T5 text encoder ------------------------------------------------------------------------
-# Wan's T5 (wan/modules/t5.py: T5Encoder with shared_pos=False) -> transformers' UMT5EncoderModel.
-# No library ships this mapping (see the module docstring); each entry is one module renamed.
-_T5_BLOCK = {
-    "norm1.weight": "layer.0.layer_norm.weight",
-    "attn.q.weight": "layer.0.SelfAttention.q.weight",
-    "attn.k.weight": "layer.0.SelfAttention.k.weight",
-    "attn.v.weight": "layer.0.SelfAttention.v.weight",
-    "attn.o.weight": "layer.0.SelfAttention.o.weight",
-    "pos_embedding.embedding.weight": "layer.0.SelfAttention.relative_attention_bias.weight",
-    "norm2.weight": "layer.1.layer_norm.weight",
-    "ffn.gate.0.weight": "layer.1.DenseReluDense.wi_0.weight",  # the GELU-gated branch
-    "ffn.fc1.weight": "layer.1.DenseReluDense.wi_1.weight",  # the linear branch
-    "ffn.fc2.weight": "layer.1.DenseReluDense.wo.weight",
-}
-
-
-def t5_key(key: str) -> list[str]:
-    """The UMT5EncoderModel key(s) of one key of Wan's T5 encoder (the token embedding is
-    both `shared` and `encoder.embed_tokens`, one tied tensor); [] for an unknown key."""
-    if key == "token_embedding.weight":
-        return ["shared.weight", "encoder.embed_tokens.weight"]
-    if key == "norm.weight":
-        return ["encoder.final_layer_norm.weight"]
-    parts = key.split(".", 2)
-    if len(parts) == 3 and parts[0] == "blocks" and parts[1].isdigit() and parts[2] in _T5_BLOCK:
-        return [f"encoder.block.{parts[1]}.{_T5_BLOCK[parts[2]]}"]
-    return []
+# The key map: `original_keys.t5_key`.
 
 
 def load_text_encoder(path: str | Path, config: Mapping[str, Any], *, dtype: torch.dtype,
@@ -364,54 +400,13 @@ def load_text_encoder(path: str | Path, config: Mapping[str, Any], *, dtype: tor
     model = _empty(lambda: UMT5EncoderModel(UMT5Config(**config)))
     # transformers keeps `_keep_in_fp32_modules` (T5's `wo`) in fp32 only for fp16 loads.
     keep = transformers_keep_in_fp32(model) if dtype == torch.float16 else ()
-    _load_strict(model, names, src, "the UMT5 text encoder", dtype, keep)
+    _load_strict(model, names, src, "the UMT5 text encoder", dtype, keep, example="blocks.0.attn.q.weight")
     model.tie_weights()
     return model.to(device)
 
 
 # -- the CLIP image encoder (I2V) -----------------------------------------------------------------
-# Wan's open-clip XLM-RoBERTa ViT-H/14 (wan/modules/clip.py) -> transformers' CLIPVisionModel,
-# the image encoder of diffusers' WanImageToVideoPipeline. Only the vision tower (`visual.*`)
-# is used by I2V; the text tower (`textual.*`) and `log_scale` are left out on purpose. Wan
-# takes the output of the first 31 of 32 blocks (`use_31_block=True`), which is
-# CLIPVisionModel's `hidden_states[-2]`, what the pipeline reads. No library ships this map.
-_CLIP_LAYER = {
-    "norm1": "layer_norm1", "norm2": "layer_norm2", "attn.proj": "self_attn.out_proj",
-    "mlp.0": "mlp.fc1", "mlp.2": "mlp.fc2",
-}
-
-
-def clip_vision_key_names(original_keys: list[str]) -> dict[str, Any]:
-    """CLIPVisionModel key -> original key, or (original key, transform) where the layouts
-    differ: the fused `to_qkv` splits into q / k / v (rows in that order: WanModel views its
-    output as (..., 3, heads, head_dim)); the class and position embeddings drop their
-    leading batch axes."""
-    out: dict[str, Any] = {}
-    for k in original_keys:
-        if not k.startswith("visual."):
-            continue
-        rest = k[len("visual."):]
-        if rest == "patch_embedding.weight":
-            out["vision_model.embeddings.patch_embedding.weight"] = k
-        elif rest == "cls_embedding":
-            out["vision_model.embeddings.class_embedding"] = (k, lambda t: t.reshape(-1))
-        elif rest == "pos_embedding":
-            out["vision_model.embeddings.position_embedding.weight"] = (k, lambda t: t.reshape(t.shape[-2:]))
-        elif rest.startswith(("pre_norm.", "post_norm.")):
-            name, leaf = rest.split(".")
-            out[f"vision_model.{'pre_layrnorm' if name == 'pre_norm' else 'post_layernorm'}.{leaf}"] = k
-        elif rest.startswith("transformer."):
-            _, i, sub = rest.split(".", 2)
-            mod, leaf = sub.rsplit(".", 1)
-            prefix = f"vision_model.encoder.layers.{i}."
-            if mod == "attn.to_qkv":
-                for j, proj in enumerate(("q_proj", "k_proj", "v_proj")):
-                    out[f"{prefix}self_attn.{proj}.{leaf}"] = (k, lambda t, j=j: t.chunk(3, dim=0)[j])
-            else:
-                out[prefix + _CLIP_LAYER.get(mod, f"<no CLIP counterpart for {mod}>") + "." + leaf] = k
-        elif rest != "head":  # `head` projects the pooled token; hidden_states[-2] never reaches it
-            out[f"<no CLIP counterpart for {k}>"] = k
-    return out
+# The key map: `original_keys.clip_vision_key_names`.
 
 
 def load_image_encoder(path: str | Path, config: Mapping[str, Any], *, dtype: torch.dtype,
@@ -427,7 +422,8 @@ def load_image_encoder(path: str | Path, config: Mapping[str, Any], *, dtype: to
         # This transformers' CLIPVisionModel holds the tower's modules itself (older ones hold
         # them under `vision_model`, the name checkpoints use): map onto whichever it has.
         names = {k.removeprefix("vision_model."): v for k, v in names.items()}
-    return _load_strict(model, names, src, "the CLIP image encoder", dtype).to(device)
+    return _load_strict(model, names, src, "the CLIP image encoder", dtype,
+                        example="visual.transformer.0.attn.to_qkv.weight").to(device)
 
 
 # -- the whole pipeline -------------------------------------------------------------------------

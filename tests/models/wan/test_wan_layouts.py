@@ -217,3 +217,80 @@ def test_sharded_dit_loads(reference, original_state, tmp_path):
     model = load_transformer(tmp_path, dtype=torch.float32)
     want = reference.transformer.state_dict()
     assert all(torch.equal(model.state_dict()[k], want[k]) for k in want)
+
+
+# -- layout mismatches: each a clear error naming the file and what it holds ---------------------
+def _no_house_advice(e) -> str:
+    """The error of a load from an original-layout directory: its advice is about that layout
+    (not about directories save_pretrained writes) and it carries no terminal colour codes."""
+    msg = str(e.value)
+    assert "\x1b" not in msg and "saved by save_pretrained" not in msg, msg
+    return msg
+
+
+def test_i2v_config_beside_a_t2v_dit_names_the_file(dirs, tmp_path):
+    """config.json says image-to-video, the DiT file beside it has no image tensors (a
+    text-to-video DiT, or the wrong file): the file and what it holds are named."""
+    from magi_zoo.adapters.wan.original import load_transformer, transformer_from_state_dict
+
+    d = _copy(dirs[1], tmp_path)
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps(dict(cfg, model_type="i2v", in_dim=36)))
+    with pytest.raises(ValueError, match=r"config\.json says model_type='i2v' .*diffusion_pytorch_model\.safetensors"
+                                         r".* holds a text-to-video DiT \(no img_emb\.\* or k_img tensors\)"):
+        load_transformer(d, dtype=torch.float32)
+    # the mirror case: a text-to-video config.json beside an image-to-video DiT
+    from safetensors.torch import load_file
+
+    sd = load_file(str(d / "diffusion_pytorch_model.safetensors"))
+    sd["img_emb.proj.0.weight"] = torch.ones(1280)
+    with pytest.raises(ValueError, match=r"config\.json says model_type='t2v' .* holds an image-to-video DiT"):
+        transformer_from_state_dict(sd, cfg, dtype=torch.float32)
+
+
+def test_t5_file_with_transformers_names_says_so(reference, dirs, tmp_path):
+    d = _copy(dirs[1], tmp_path)
+    torch.save(reference.text_encoder.state_dict(), d / "models_t5_umt5-xxl-enc-bf16.pth")
+    with pytest.raises(ValueError) as e:
+        magi_zoo.load(TINY, gpu="cpu", weights=str(d), compile=False)
+    msg = _no_house_advice(e)
+    assert "models_t5_umt5-xxl-enc-bf16.pth" in msg and "transformers' UMT5EncoderModel names" in msg, msg
+    assert "not in the file" not in msg and "'blocks.0.attn.q.weight'" in msg, msg
+
+
+def test_other_components_with_library_names_say_so(reference, dirs, tmp_path):
+    """The same rule for the VAE (diffusers' names) and the DiT (diffusers' names)."""
+    from safetensors.torch import save_file
+
+    d = _copy(dirs[1], tmp_path)
+    torch.save(reference.vae.state_dict(), d / "Wan2.1_VAE.pth")
+    with pytest.raises(ValueError) as e:
+        magi_zoo.load(TINY, gpu="cpu", weights=str(d), compile=False)
+    assert "Wan2.1_VAE.pth" in _no_house_advice(e) and "diffusers' AutoencoderKLWan names" in str(e.value)
+    d = _copy(dirs[1], tmp_path / "dit")
+    save_file({k: v.contiguous() for k, v in reference.transformer.state_dict().items()},
+              str(d / "diffusion_pytorch_model.safetensors"))
+    with pytest.raises(ValueError) as e:
+        magi_zoo.load(TINY, gpu="cpu", weights=str(d), compile=False)
+    assert "diffusers' WanTransformer3DModel names" in _no_house_advice(e), str(e.value)
+
+
+def test_layout_errors_end_with_advice_for_the_original_layout(dirs, tmp_path):
+    d = _copy(dirs[1], tmp_path)
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps(dict(cfg, ffn_dim=128)))
+    with pytest.raises(ValueError) as e:
+        magi_zoo.load(TINY, gpu="cpu", weights=str(d), compile=False)
+    assert "Wan-AI Wan2.1 repository" in _no_house_advice(e)
+
+
+def test_unpickling_error_has_no_colour_codes(dirs, tmp_path):
+    """A pickle holding objects torch.load(weights_only=True) refuses (a path object here)."""
+    from pathlib import PurePosixPath
+
+    d = _copy(dirs[1], tmp_path)
+    torch.save({"a": PurePosixPath("x")}, d / "models_t5_umt5-xxl-enc-bf16.pth")
+    with pytest.raises(ValueError) as e:
+        magi_zoo.load(TINY, gpu="cpu", weights=str(d), compile=False)
+    msg = _no_house_advice(e)
+    assert "models_t5_umt5-xxl-enc-bf16.pth" in msg and "objects other than tensors" in msg, msg
