@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import sys
 from pathlib import Path
 from typing import Any, ClassVar
@@ -37,6 +38,7 @@ from ..engine import Preparation
 from ..engine.compat.diffusers import keep_in_fp32_modules
 from ..specs import spec_path as shipped_spec_path
 from ._notices import quiet_library_notices
+from .call_checks import CallLimits, check_call
 from .fast_init import parallel_fills
 
 # CLI flag of each run option (for error messages).
@@ -179,14 +181,33 @@ class Adapter:
         if bad:
             raise ValueError(f"{variant.name} cannot use {', '.join(flag(k) for k in bad)}; "
                              f"it takes --prompt, --out and {', '.join(flag(k) for k in self.run_options)}")
-        for k in ("num_inference_steps", "num_frames", "height", "width", "max_new_tokens"):
-            if k in given and (not isinstance(given[k], int) or given[k] < 1):
-                raise ValueError(f"{flag(k)} must be a positive integer, got {given[k]!r}")
+        # counts, sizes against the family's limits, the output against this machine's memory
+        self.check_call(variant, {**self.call_defaults(variant), **given}, name=flag)
         if out is not None:
             suffixes = self.out_suffixes(variant, given)
             if Path(out).suffix.lower() not in suffixes:
                 raise ValueError(f"--out {str(out)!r}: {variant.name} writes {' or '.join(suffixes)} here")
         return given
+
+    def check_inputs(self, given: dict[str, Any]) -> None:
+        """The input files among checked run options (`--image`, `--audio`): each exists, is
+        readable and (an image) opens with PIL -- before the build, not after it. Run after
+        `check_run`, so an option the family refuses is named first."""
+        for k in ("image", "audio"):
+            if isinstance(given.get(k), (str, os.PathLike)):
+                check_input_file(given[k], FLAGS[k], image=k == "image")
+
+    def call_limits(self, variant: Variant) -> CallLimits | None:
+        """What `variant`'s calls can make (pixel multiple, position-table length, frame step),
+        from its config; None: sizes are not the family's (counts are still checked)."""
+        return None
+
+    def check_call(self, variant: Variant, call: dict[str, Any], *, name=lambda k: k,
+                   device_gib: float | None = None) -> None:
+        """A call (call defaults filled in) checked before any work, by the general rule of
+        `call_checks.check_call` over `call_limits(variant)`: the handle runs it before each
+        call, `check_run` before the build. `name(key)` words the argument (a CLI flag)."""
+        check_call(variant.name, call, self.call_limits(variant), name=name, device_gib=device_gib)
 
     def out_suffixes(self, variant: Variant, given: dict[str, Any]) -> tuple[str, ...]:
         """The `--out` suffixes valid for these options (default: `output_suffixes`)."""
@@ -195,6 +216,27 @@ class Adapter:
     def generate(self, handle: Any, *, prompt: str, progress: bool = True, **options) -> Output:
         """Generate for `magi-zoo run` through the handle (options already checked)."""
         raise NotImplementedError(f"{self.family}: `magi-zoo run` is not supported for this family")
+
+
+def check_input_file(path: str | os.PathLike, flag: str, *, image: bool = False) -> None:
+    """An input file the run reads: it exists, is a readable file and (image=True) is an
+    image PIL can read -- checked before the build, the error naming the flag and the path."""
+    p = Path(path)
+    if not p.exists():
+        raise ValueError(f"{flag} {str(path)!r}: no such file")
+    if not p.is_file():
+        raise ValueError(f"{flag} {str(path)!r}: not a file (a directory?); pass the file itself")
+    if not os.access(p, os.R_OK):
+        raise ValueError(f"{flag} {str(path)!r}: the file is not readable (permissions)")
+    if image:
+        from PIL import Image, UnidentifiedImageError  # lazy: PIL costs ~15 ms; only image inputs need it
+
+        try:
+            with Image.open(p) as img:
+                img.verify()  # reads the header and checks the data without decoding the pixels
+        except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+            raise ValueError(f"{flag} {str(path)!r}: not an image PIL can read ({type(e).__name__}: "
+                             f"{' '.join(str(e).split())}); pass a .png, .jpg or .webp file") from None
 
 
 @contextlib.contextmanager

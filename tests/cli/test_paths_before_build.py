@@ -146,3 +146,17 @@ def test_atomic_write_over_a_directory_names_the_path_not_the_temporary_file(tmp
         atomic_write_text(d, "x")
     assert str(d) in str(e.value) and ".partial" not in str(e.value)
     assert [p.name for p in tmp_path.iterdir()] == ["isdir.txt"]  # no temporary file left behind
+
+
+# -- inputs ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("model, extra", [("bagel-tiny", []), ("qwen3-omni-tiny", ["--max-new-tokens", "2"])])
+def test_image_missing_or_not_an_image_is_refused_before_the_build(tmp_path, no_load, capsys, model, extra):
+    out = tmp_path / ("a.png" if model.startswith("bagel") else "a.txt")
+    text = tmp_path / "notes.png"
+    text.write_text("not an image")
+    for image, why in [(tmp_path / "nope.png", "no such file"), (text, "not an image"),
+                       (tmp_path, "file")]:  # a directory: "not a file" (Qwen3-Omni's own check: "no such file")
+        assert main(["run", model, "--gpu", "cpu", "--no-compile", "--prompt", "p", "--out", str(out),
+                     "--image", str(image), *extra]) == 2
+        err = capsys.readouterr().err
+        assert f"--image {str(image)!r}" in err and why in err and "build was reached" not in err, err

@@ -38,7 +38,7 @@ def check_run(args) -> RunRequest:
     opts.update(task=args.task, think=args.think or None)  # BAGEL: which task; reason first
     opts.update(audio=args.audio, voice=args.voice)  # Qwen3-Omni: audio prompt, speech voice
     adapter, variant = adapters.lookup(args.model)
-    adapter.check_run(variant, opts, Path(args.out))
+    adapter.check_inputs(adapter.check_run(variant, opts, Path(args.out)))
     check_output_paths(args)
     compile_overrides = parse_compile_overrides(args.compile_overrides)
     step_cache = step_cache_override(args, adapter)
