@@ -40,6 +40,7 @@ from ..specs import spec_path as shipped_spec_path
 from ._notices import quiet_library_notices
 from .call_checks import CallLimits, check_call
 from .fast_init import parallel_fills
+from .weights_check import FAMILY_WEIGHTS, identify, path_reason
 
 # CLI flag of each run option (for error messages).
 FLAGS = {"num_inference_steps": "--steps", "num_frames": "--frames", "max_new_tokens": "--max-new-tokens",
@@ -82,6 +83,7 @@ class Adapter:
     entry_points: ClassVar[tuple[str, ...]] = ()  # e.g. ("denoise",) or ("prefill", "decode_step")
     run_options: ClassVar[tuple[str, ...]] = ()  # `magi-zoo run` options this family takes
     output_suffixes: ClassVar[tuple[str, ...]] = ()  # file suffixes `--out` may have
+    weights_families: ClassVar[tuple[str, ...]] = ()  # checkpoint families it loads (default: FAMILY_WEIGHTS)
 
     # -- build flow (owned here) ------------------------------------------------------------
     def build(self, variant: Variant, *, weights: str | Path | None, dtype: torch.dtype,
@@ -116,19 +118,53 @@ class Adapter:
             m.eval()
 
     def weights_source(self, variant: Variant, weights: str | Path | None) -> str:
-        """Normalise `weights=`: 'random', a local directory, or a hub id."""
-        if variant.tiny:
-            if weights not in (None, "random") and not Path(str(weights)).is_dir():
-                raise ValueError(
-                    f"{variant.name} is a tiny random variant; weights= must be None, 'random' "
-                    f"or a local directory saved from it, not {weights!r}"
-                )
-            return "random" if weights in (None, "random") else str(weights)
+        """Normalise `weights=`: 'random', a local directory, or a hub id -- decided by the shape
+        of the string (`weights_check.path_reason`): a missing local path is an error about the
+        path, and a local directory holding another family's checkpoint is refused by name
+        (`check_weights_dir`). Cheap (a few small JSON files): `load` calls it before the plan."""
         if weights is None:
+            if variant.tiny:
+                return "random"
             if variant.hub_id is None:
                 raise ValueError(f"{variant.name} has no published weights; pass weights='random' or a path")
             return variant.hub_id
-        return str(weights)
+        text = str(weights)
+        if text == "random":
+            return "random"
+        path = Path(text).expanduser()
+        if path.is_dir():
+            self.check_weights_dir(variant, path)
+            return str(path)
+        if path.exists():
+            raise ValueError(f"{variant.name}: weights {text!r} is a file; pass the checkpoint directory that holds "
+                             "it (with its config files), or weights='random' (--weights random)")
+        why = path_reason(text)
+        if why is not None:
+            raise ValueError(f"{variant.name}: weights {text!r}: no such directory (it reads as a local path: {why}); "
+                             "pass an existing checkpoint directory, a hub id ('org/name'), or weights='random' "
+                             "(--weights random)")
+        if variant.tiny:
+            raise ValueError(f"{variant.name} is a tiny random variant; weights= must be None, 'random' or a local "
+                             f"directory saved from it, not {text!r} (no such directory)")
+        return text
+
+    def accepted_weights(self) -> tuple[str, ...] | None:
+        """The checkpoint families this adapter loads (`weights_families`, else the shipped
+        families' table); None: not checked."""
+        return self.weights_families or FAMILY_WEIGHTS.get(self.family)
+
+    def check_weights_dir(self, variant: Variant, path: Path) -> None:
+        """Refuse a directory whose declared classes (model_index.json's / config.json's
+        `_class_name`, transformers' `architectures`, the original layouts' files) name
+        another family's checkpoint -- before a plan is resolved against what it would build."""
+        accepted = self.accepted_weights()
+        found = identify(path) if accepted else None
+        if found is None or found.family in accepted:
+            return
+        raise ValueError(f"{variant.name}: the weights in {str(path)!r} are a {found.family} checkpoint "
+                         f"({found.layout}: found {found.found}), not {' or '.join(accepted)}; pass a "
+                         f"{accepted[0]} checkpoint directory, run these weights with a {found.family} model "
+                         "(magi-zoo list), or pass weights='random' (--weights random)")
 
     def save_pretrained(self, native: Any, path: str | Path) -> Path:
         """Write the weights (and tokenizer) so that `build(weights=path)` loads them back."""

@@ -44,6 +44,8 @@ def weights_error(variant: Variant, source: str, local: bool, e: BaseException) 
         return ValueError(f"{variant.name}: cannot load the weights in directory {source!r}: {first}. {instead}")
     why = ("offline (HF_HUB_OFFLINE is set) and not in the local hub cache" if _offline()
            else "not in the local hub cache and not downloadable (no network, or no such hub id)")
+    if not os.path.exists(os.path.expanduser(source)):  # `org/name` reads as a hub id and as a relative path
+        why += f", and there is no local directory {source!r} either"
     return ValueError(f"{variant.name}: the weights {source!r} are {why}. {instead}")
 
 

@@ -160,3 +160,83 @@ def test_image_missing_or_not_an_image_is_refused_before_the_build(tmp_path, no_
                      "--image", str(image), *extra]) == 2
         err = capsys.readouterr().err
         assert f"--image {str(image)!r}" in err and why in err and "build was reached" not in err, err
+
+
+# -- weights --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("text, path", [
+    ("/abs/dir", True), ("./rel", True), ("../up", True), ("~/w", True), (".", True), ("a/b/c", True),
+    ("ckpt.safetensors", True), ("org/model.pt", True), ("my weights", True), ("a\\b", True),
+    ("Wan-AI/Wan2.1-T2V-1.3B-Diffusers", False), ("Qwen/Qwen3-Omni-30B-A3B-Instruct", False), ("gpt2", False),
+])
+def test_the_shape_of_weights_decides_path_or_hub_id(text, path):
+    from magi_zoo.adapters.weights_check import path_reason
+
+    assert (path_reason(text) is not None) == path
+
+
+@pytest.mark.parametrize("model", ["wan2.1-tiny", "wan2.1-t2v-1.3b", "flux-tiny"])
+def test_a_missing_local_weights_path_is_an_error_about_the_path(tmp_path, no_build, model):
+    missing = str(tmp_path / "no" / "such" / "weights")
+    with pytest.raises(ValueError, match=r"no such directory \(it reads as a local path"):
+        magi_zoo.load(model, gpu="cpu", weights=missing)
+    f = tmp_path / "model.safetensors"
+    f.write_bytes(b"")
+    with pytest.raises(ValueError, match="is a file; pass the checkpoint directory"):
+        magi_zoo.load(model, gpu="cpu", weights=str(f))
+
+
+def test_a_hub_id_that_cannot_be_fetched_says_no_local_directory_either():
+    from magi_zoo.adapters.diffusers_pipeline import weights_error
+
+    _, variant = adapters.lookup("wan2.1-t2v-1.3b")
+    e = weights_error(variant, "someorg/nosuchmodel", False, OSError("offline"))
+    assert "no local directory 'someorg/nosuchmodel' either" in str(e)
+
+
+def _wan_dirs(tmp_path):
+    """Wan checkpoints as the published layouts declare them (only the declaring files)."""
+    diffusers = tmp_path / "wan-diffusers"
+    (diffusers / "transformer").mkdir(parents=True)
+    (diffusers / "model_index.json").write_text(json.dumps({"_class_name": "WanPipeline"}))
+    (diffusers / "transformer" / "config.json").write_text(json.dumps({"_class_name": "WanTransformer3DModel"}))
+    original = tmp_path / "wan-original"
+    original.mkdir()
+    (original / "config.json").write_text(json.dumps({"model_type": "t2v", "dim": 1536, "num_heads": 12}))
+    return diffusers, original
+
+
+@pytest.mark.parametrize("model, expected", [("flux-tiny", "Flux"), ("flux-schnell", "Flux"),
+                                             ("bagel-tiny", "BAGEL"), ("qwen3-omni-tiny", "Qwen3-Omni")])
+def test_weights_of_another_family_are_named_before_the_plan(tmp_path, no_build, model, expected):
+    for d in _wan_dirs(tmp_path):
+        with pytest.raises(ValueError, match=f"are a Wan checkpoint .*found .*, not {expected}"):
+            magi_zoo.load(model, gpu="cpu", weights=str(d))
+
+
+def test_weights_identification_reads_each_published_layout(tmp_path):
+    from magi_zoo.adapters.weights_check import identify
+
+    diffusers, original = _wan_dirs(tmp_path)
+    assert identify(diffusers).family == "Wan" and "WanPipeline" in identify(diffusers).found
+    assert identify(original).family == "Wan"
+    flux = tmp_path / "flux"
+    flux.mkdir()
+    (flux / "model_index.json").write_text(json.dumps({"_class_name": "FluxPipeline"}))
+    bagel = tmp_path / "bagel"
+    bagel.mkdir()
+    (bagel / "llm_config.json").write_text("{}")
+    (bagel / "vit_config.json").write_text("{}")
+    qwen = tmp_path / "qwen"
+    qwen.mkdir()
+    (qwen / "config.json").write_text(json.dumps({"architectures": ["Qwen3OmniMoeForConditionalGeneration"]}))
+    sf = tmp_path / "self-forcing"
+    (sf / "transformer").mkdir(parents=True)
+    (sf / "transformer" / "config.json").write_text(json.dumps({"_class_name": "CausalWanTransformer3DModel"}))
+    assert [identify(d).family for d in (flux, bagel, qwen, sf)] == ["Flux", "BAGEL", "Qwen3-Omni", "Wan"]
+    (tmp_path / "empty").mkdir()
+    assert identify(tmp_path / "empty") is None  # nothing declared: the family's loader says what it expected
+    # a family's own weights pass (the loader takes it from there)
+    a, v = adapters.lookup("wan2.1-tiny")
+    assert a.weights_source(v, str(diffusers)) == str(diffusers)
+    a, v = adapters.lookup("self-forcing-tiny")
+    assert a.weights_source(v, str(sf)) == str(sf)
