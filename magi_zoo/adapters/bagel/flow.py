@@ -15,17 +15,23 @@ from tqdm.auto import tqdm
 
 def flow_timesteps(num_timesteps: int, shift: float) -> torch.Tensor:
     """linspace(1, 0, num_timesteps) warped by t' = s t / (1 + (s - 1) t); the sampler
-    makes num_timesteps - 1 model evaluations."""
+    makes num_timesteps - 1 model evaluations. Float32 torch ops in the official order
+    (Bagel.generate_image), so every timestep is the official one bit for bit
+    (tests/data/bagel_guidance_oracle.json; a float64 schedule rounds differently)."""
     if num_timesteps < 2:
         raise ValueError(f"num_inference_steps must be >= 2 (got {num_timesteps}): BAGEL evaluates the model "
                          "between consecutive times of linspace(1, 0, steps)")
-    t = torch.linspace(1.0, 0.0, num_timesteps, dtype=torch.float64)
-    return (shift * t / (1 + (shift - 1) * t)).float()
+    t = torch.linspace(1, 0, num_timesteps, dtype=torch.float32)
+    return shift * t / (1 + (shift - 1) * t)
 
 
-def cfg_active(t: float, interval: Sequence[float]) -> bool:
-    """Guidance applies iff interval[0] < t <= interval[1] (t = shifted time)."""
-    return interval[0] < t <= interval[1]
+def cfg_active(t: float | torch.Tensor, interval: Sequence[float]) -> bool:
+    """Guidance applies iff interval[0] < t <= interval[1] (t = shifted time), compared in
+    float32 as the official code compares its float32 timestep tensor with the interval's
+    Python floats: a timestep equal to float32(0.4) is not above an interval start of 0.4
+    (in float64 it is, and would be guided one step more than the official code)."""
+    t32 = torch.as_tensor(t, dtype=torch.float32)
+    return bool(t32 > interval[0]) and bool(t32 <= interval[1])
 
 
 def _norm(v: torch.Tensor, per_token: bool) -> torch.Tensor:
@@ -61,14 +67,16 @@ def cfg_combine(v_c: torch.Tensor, v_t: torch.Tensor | None, v_i: torch.Tensor |
 
 def euler_sample(x: torch.Tensor, timesteps: torch.Tensor, velocity: Callable[[torch.Tensor, float], torch.Tensor],
                  progress: bool = False) -> torch.Tensor:
-    """x <- x - v(x, t) * (t_i - t_{i+1}) from t = 1 down to 0."""
+    """x <- x - v(x, t) * (t_i - t_{i+1}) from t = 1 down to 0; the step sizes are the
+    schedule's float32 differences, as the official loop's `dts`."""
     ts = timesteps.tolist()
+    dts = timesteps[:-1] - timesteps[1:]
     it = range(len(ts) - 1)
     if progress:
         it = tqdm(it, desc="denoise")
     for i in it:
         v = velocity(x, ts[i])
-        x = x - v.to(x.dtype) * (ts[i] - ts[i + 1])
+        x = x - v.to(x.dtype) * dts[i].to(x.device)
     return x
 
 
