@@ -243,6 +243,9 @@ class SpecFile(BaseModel):
     def from_toml(cls, path: str | Path) -> "SpecFile":
         """Read and validate a spec TOML file (`[default.<section>]`, `[gpu.<profile>.<section>]`)."""
         path = Path(path)
+        if path.is_dir():
+            raise ValueError(f"spec file {str(path)!r} is a directory; pass a TOML file (e.g. a copy of "
+                             "magi_zoo/specs/wan.toml)")
         if not path.is_file():
             raise FileNotFoundError(f"spec file {str(path)!r} does not exist")
         try:
@@ -250,6 +253,11 @@ class SpecFile(BaseModel):
                 data = tomllib.load(f)
         except tomllib.TOMLDecodeError as e:
             raise ValueError(f"spec file {str(path)!r} is not valid TOML: {e}") from None
+        except UnicodeDecodeError as e:
+            raise ValueError(f"spec file {str(path)!r} is not UTF-8 text (byte {e.object[e.start]:#04x} at "
+                             f"offset {e.start}); a spec file is a TOML text file") from None
+        except OSError as e:
+            raise ValueError(f"spec file {str(path)!r} cannot be read: {e.strerror or e}") from None
         return cls.from_dict(data, source=str(path))
 
     @classmethod
@@ -262,8 +270,15 @@ class SpecFile(BaseModel):
         if unknown:
             raise ValueError(f"{where}: unknown top-level tables {sorted(unknown)}; "
                              "valid: [default] and [gpu.<profile>]")
+        for top in ("default", "gpu"):
+            if top in data and not isinstance(data[top], Mapping):
+                raise ValueError(f"{where}: '{top}' must be a table ([{top}...]), got {type(data[top]).__name__} "
+                                 f"{data[top]!r}")
         gpus = dict(data.get("gpu", {}))
-        for name in gpus:
+        for name, table in gpus.items():
+            if not isinstance(table, Mapping):
+                raise ValueError(f"{where}: 'gpu.{name}' must be a table ([gpu.{name}.<section>]), got "
+                                 f"{type(table).__name__} {table!r}")
             if name not in PROFILES:
                 raise ValueError(f"{where}: [gpu.{name}] is not a GPU profile{did_you_mean(name, PROFILES)}; "
                                  f"valid: {', '.join(PROFILES)}")
@@ -271,6 +286,9 @@ class SpecFile(BaseModel):
         def section(name: str, table: Any, allow_inherits: bool) -> tuple[PlanLayer, str | None]:
             table = dict(table or {})
             parent = table.pop("inherits", None) if allow_inherits else None
+            if parent is not None and not isinstance(parent, str):
+                raise ValueError(f"{where}: [{name}] inherits must be a profile name (a string), got "
+                                 f"{type(parent).__name__} {parent!r}")
             if parent is not None and parent not in gpus:
                 raise ValueError(f"{where}: [{name}] inherits = {parent!r}, which is not a [gpu.<profile>] "
                                  f"table of this file{did_you_mean(parent, set(gpus) | set(PROFILES))}; tables: {', '.join(gpus)}")
@@ -296,7 +314,14 @@ class SpecFile(BaseModel):
             layer, parent = own[name]
             return layer if parent is None else layer.merged_over(resolved(parent, (*seen, name)))
 
-        return cls(default=default, gpu={k: resolved(k) for k in own}, source=source)
+        spec = cls(default=default, gpu={k: resolved(k) for k in own}, source=source)
+        if not spec.default and not any(spec.gpu.values()):
+            raise ValueError(f"{where} sets no region in any section, so it would change nothing (an empty "
+                             "compile section compiles the whole model at torch.compile's defaults); a minimal "
+                             "spec file is a section table with one region key, e.g. the two lines "
+                             "'[default.compile]' and '\"transformer.blocks.*\" = { fullgraph = true }' "
+                             f"(sections: {', '.join(SECTIONS)}; the shipped files are magi_zoo/specs/*.toml)")
+        return spec
 
     def layers_for(self, gpu: str | None) -> list[tuple[str, PlanLayer]]:
         """The (layer name, layer) pairs this file contributes for one GPU profile."""

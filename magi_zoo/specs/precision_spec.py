@@ -76,7 +76,8 @@ class PrecisionSpec(SectionSpec):
     @field_validator("keep_bf16", mode="before")
     @classmethod
     def _one_or_many(cls, v: Any) -> Any:
-        return (v,) if isinstance(v, str) else v
+        # One name, or a list of names (a TOML array): the field is strict about the rest.
+        return (v,) if isinstance(v, str) else tuple(v) if isinstance(v, list) else v
 
     @classmethod
     def from_shorthand(cls, value: Any) -> "PrecisionSpec":

@@ -124,7 +124,7 @@ class RecomputeSpec(SectionSpec):
     def _save_list(cls, v: Any) -> Any:
         if isinstance(v, str):
             return (v,)
-        return v
+        return tuple(v) if isinstance(v, list) else v  # a TOML array; the field is strict about the rest
 
     @field_validator("save")
     @classmethod

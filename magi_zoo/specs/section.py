@@ -23,7 +23,9 @@ SECTIONS: dict[str, type["SectionSpec"]] = {}  # section name -> spec class, in 
 
 
 class SectionSpec(BaseModel):
-    """Base of every section's per-region spec: frozen, unknown fields rejected.
+    """Base of every section's per-region spec: frozen, unknown fields rejected, strict types
+    (``fullgraph = "yes"`` or ``1`` is refused, never read as True; an int where a float goes
+    is the one conversion kept, since it does not change the meaning).
 
     Class attributes a section sets:
     - `section`: its name in plans and TOML files (``[default.<section>]``);
@@ -31,7 +33,7 @@ class SectionSpec(BaseModel):
       a module is its own compiled region); other sections apply to the module as a whole.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     section: ClassVar[str]
     per_method: ClassVar[bool] = False
@@ -112,6 +114,24 @@ def flat_error(e: Exception) -> str:
     return str(e)
 
 
+# What a strict type error expected, in the words of a spec file (pydantic error type -> words).
+_EXPECTED = {"bool_type": "a boolean (true or false)", "int_type": "an integer", "float_type": "a number",
+             "string_type": "a string", "tuple_type": "a list", "list_type": "a list", "dict_type": "a table",
+             "int_from_float": "an integer"}
+
+
+def field_error(err: Mapping[str, Any]) -> str:
+    """One pydantic error as 'field: message': a type error says the type expected and what
+    was given (``fullgraph: expected a boolean (true or false), got str 'yes'``)."""
+    where = ".".join(str(x) for x in err["loc"] if not str(x).startswith(("function-", "tagged-union")))
+    if err["type"] in _EXPECTED:
+        value = err.get("input")
+        msg = f"expected {_EXPECTED[err['type']]}, got {type(value).__name__} {value!r}"
+    else:
+        msg = err["msg"].replace("Value error, ", "")
+    return f"{where or 'spec'}: {msg}"
+
+
 def renamed_field_message(cls: type[SectionSpec], old: str, value: Any = ...) -> str:
     """What to write instead of a field `cls.renamed_fields` lists as renamed."""
     new = cls.renamed_fields[old]
@@ -133,9 +153,13 @@ def build_spec(cls: type[SectionSpec], data: Mapping[str, Any], where: str) -> S
     try:
         return cls(**data)
     except ValidationError as e:
-        msgs = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'spec'}: {err['msg'].replace('Value error, ', '')}"
-                         for err in e.errors())
-        raise ValueError(f"{where}: {msgs}") from None
+        raise ValueError(f"{where}: {'; '.join(_dedup(field_error(err) for err in e.errors()))}") from None
+
+
+def _dedup(msgs) -> list[str]:
+    # A union (`bool | None`) may report one error per member; the 'None' one adds nothing.
+    msgs = list(dict.fromkeys(msgs))
+    return [m for m in msgs if "Input should be None" not in m] or msgs
 
 
 Entry = Union[SectionSpec, dict[str, SectionSpec]]
