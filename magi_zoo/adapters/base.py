@@ -39,7 +39,7 @@ from ..engine.compat.diffusers import keep_in_fp32_modules
 from ..specs import spec_path as shipped_spec_path
 from ._notices import quiet_library_notices
 from .fast_init import parallel_fills
-from .weights_check import FAMILY_WEIGHTS, identify, path_reason
+from .weights_check import FAMILY_WEIGHTS, Identity, identify, identify_hub, path_reason
 
 # CLI flag of each run option (for error messages).
 FLAGS = {"num_inference_steps": "--steps", "num_frames": "--frames", "max_new_tokens": "--max-new-tokens",
@@ -145,6 +145,8 @@ class Adapter:
         if variant.tiny:
             raise ValueError(f"{variant.name} is a tiny random variant; weights= must be None, 'random' or a local "
                              f"directory saved from it, not {text!r} (no such directory)")
+        if self.accepted_weights():  # a hub id already in the local hub cache: identified from it (offline)
+            self.refuse_foreign(variant, repr(text), identify_hub(text))
         return text
 
     def accepted_weights(self) -> tuple[str, ...] | None:
@@ -156,11 +158,15 @@ class Adapter:
         """Refuse a directory whose declared classes (model_index.json's / config.json's
         `_class_name`, transformers' `architectures`, the original layouts' files) name
         another family's checkpoint -- before a plan is resolved against what it would build."""
+        if self.accepted_weights():
+            self.refuse_foreign(variant, f"in {str(path)!r}", identify(path))
+
+    def refuse_foreign(self, variant: Variant, where: str, found: Identity | None) -> None:
+        """A ValueError when `found` (an identified checkpoint) is not of a family this adapter loads."""
         accepted = self.accepted_weights()
-        found = identify(path) if accepted else None
-        if found is None or found.family in accepted:
+        if found is None or not accepted or found.family in accepted:
             return
-        raise ValueError(f"{variant.name}: the weights in {str(path)!r} are a {found.family} checkpoint "
+        raise ValueError(f"{variant.name}: the weights {where} are a {found.family} checkpoint "
                          f"({found.layout}: found {found.found}), not {' or '.join(accepted)}; pass a "
                          f"{accepted[0]} checkpoint directory, run these weights with a {found.family} model "
                          "(magi-zoo list), or pass weights='random' (--weights random)")

@@ -102,6 +102,25 @@ def identify(directory: str | Path) -> Identity | None:
     return None
 
 
+def identify_hub(repo_id: str) -> Identity | None:
+    """`identify` for a hub id whose files are already in the local hub cache (offline: it
+    reads the cache, never the network); None when nothing of it is cached."""
+    try:
+        from huggingface_hub import try_to_load_from_cache  # lazy: huggingface_hub costs ~0.1 s; hub ids only
+    except ImportError:  # pragma: no cover - diffusers and transformers depend on it
+        return None
+    for name in ("model_index.json", "llm_config.json", "config.json"):
+        try:
+            cached = try_to_load_from_cache(repo_id, name)
+        except (ValueError, OSError):  # not a valid repo id for the cache: nothing to read
+            return None
+        if isinstance(cached, str):
+            found = identify(Path(cached).parent)
+            if found is not None:
+                return dataclasses.replace(found, layout=f"{found.layout}, in the local hub cache")
+    return None
+
+
 # The checkpoint families each shipped adapter family loads (an adapter may set
 # `weights_families` itself; a family in neither is not checked).
 FAMILY_WEIGHTS = {"wan": ("Wan",), "wan22": ("Wan",), "self-forcing": ("Wan",), "flux": ("Flux",),

@@ -240,3 +240,18 @@ def test_weights_identification_reads_each_published_layout(tmp_path):
     assert a.weights_source(v, str(diffusers)) == str(diffusers)
     a, v = adapters.lookup("self-forcing-tiny")
     assert a.weights_source(v, str(sf)) == str(sf)
+
+
+def test_a_cached_hub_id_of_another_family_is_named_before_the_build(tmp_path, no_build, monkeypatch):
+    # the hub cache's documented layout: models--org--name/{refs/main, snapshots/<commit>/...}
+    import huggingface_hub.constants
+
+    repo = tmp_path / "models--Wan-AI--Wan2.1-T2V-1.3B-Diffusers"
+    snap = repo / "snapshots" / ("0" * 40)
+    snap.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    (snap / "model_index.json").write_text(json.dumps({"_class_name": "WanPipeline"}))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    with pytest.raises(ValueError, match="are a Wan checkpoint .*hub cache.*, not Flux"):
+        magi_zoo.load("flux.1-schnell", gpu="cpu", weights="Wan-AI/Wan2.1-T2V-1.3B-Diffusers")
