@@ -62,10 +62,13 @@ TINY = dict(
 BAGEL_7B_MOT = dict(llm=LLM_7B, vit=VIT_SO400M, vae=VAE_FLUX, special_ids=QWEN_SPECIAL_IDS,
                     tokenizer_vocab=4096, **GLUE_7B)
 
-# Demo sampling settings of the official inferencer / notebook for text-to-image.
+# Text-to-image, the official demo's settings (app.py text_to_image and its sliders). The app
+# passes no image guidance, so the inferencer's gen_image default 1.5 applies (the notebook
+# passes 1.0; pass cfg_img_scale=1.0 for its images): with no input image the no-image context
+# is the full one, so 1.5 is a third model evaluation per guided step.
 # max_new_tokens: the answer budget of understanding (the demo's 512); max_think_tokens: the
 # reasoning budget before an image in think mode (the demo's 1024).
-T2I_DEFAULTS = dict(num_inference_steps=50, timestep_shift=3.0, cfg_text_scale=4.0, cfg_img_scale=1.0,
+T2I_DEFAULTS = dict(num_inference_steps=50, timestep_shift=3.0, cfg_text_scale=4.0, cfg_img_scale=1.5,
                     cfg_interval=(0.4, 1.0), cfg_renorm_type="global", cfg_renorm_min=0.0,
                     height=1024, width=1024, max_new_tokens=512, max_think_tokens=1024)
 
