@@ -255,3 +255,25 @@ def test_a_cached_hub_id_of_another_family_is_named_before_the_build(tmp_path, n
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
     with pytest.raises(ValueError, match="are a Wan checkpoint .*hub cache.*, not Flux"):
         magi_zoo.load("flux.1-schnell", gpu="cpu", weights="Wan-AI/Wan2.1-T2V-1.3B-Diffusers")
+
+
+def test_generate_to_checks_the_output_path_before_generating(tmp_path, monkeypatch):
+    # the Python path of `magi-zoo run` after the build: a path it cannot write is refused
+    # before the generation, not after it
+    import types
+
+    from magi_zoo.cli import generate_to
+
+    adapter, variant = adapters.lookup("wan2.1-tiny")
+    monkeypatch.setattr(adapter, "generate", lambda *a, **k: (_ for _ in ()).throw(Built("generated")))
+    handle = types.SimpleNamespace(adapter=adapter, variant=variant)
+    d = tmp_path / "isdir.mp4"
+    d.mkdir()
+    with pytest.raises(ValueError, match="is an existing directory"):
+        generate_to(handle, prompt="p", out=d)
+    f = tmp_path / "a.mp4"
+    f.write_bytes(b"old")
+    with pytest.raises(ValueError, match="already exists"):
+        generate_to(handle, prompt="p", out=f, overwrite=False)
+    with pytest.raises(Built):
+        generate_to(handle, prompt="p", out=f)  # the API's default replaces, as before

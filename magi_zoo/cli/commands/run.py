@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ... import distributed, zoo  # `zoo.load` looked up at call time: a patch of it reaches every command
+from ...io import check_writable
 from ..console import say
 from ..launch import launch
 from ..writers import write_output
@@ -43,7 +44,8 @@ def _run(args) -> int:
         if offload is not None:  # weights stream: say what stays and what the copies cost
             say(f"offload: {offload.did}")
     rank0 = distributed.rank() == 0  # rank 0 writes; the others compute their share, quietly
-    written = generate_to(handle, prompt=args.prompt, out=args.out, progress=rank0, write=rank0, **request.options)
+    written = generate_to(handle, prompt=args.prompt, out=args.out, progress=rank0, write=rank0,
+                          overwrite=args.overwrite, **request.options)
     for path in written:
         say(f"wrote {path}")
     if report is not None:  # after the output is written: a report problem never costs it
@@ -55,10 +57,16 @@ def _run(args) -> int:
 
 
 def generate_to(handle, *, prompt: str, out: str | Path, progress: bool = True, write: bool = True,
-                **options) -> list[Path]:
-    """`magi-zoo run` after the build: check the options, generate through the handle, write
-    (`write=False`: generate only -- the ranks other than 0 of a multi-process run)."""
+                overwrite: bool = True, **options) -> list[Path]:
+    """`magi-zoo run` after the build: check the options and the paths it will write (before
+    the generation: a path that cannot be written never costs one; `overwrite=False`: an
+    existing file is refused), generate through the handle, write (`write=False`: generate
+    only -- the ranks other than 0 of a multi-process run)."""
     given = handle.adapter.check_run(handle.variant, options, Path(out))
+    if write:
+        for flag, path in (("--out", out), ("--audio-out", given.get("audio_out"))):
+            if path is not None:
+                check_writable(path, what=flag, overwrite=overwrite, overwrite_hint="pass --overwrite")
     output = handle.adapter.generate(handle, prompt=prompt, progress=progress, **given)
     if not write:
         return []
