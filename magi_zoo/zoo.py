@@ -75,8 +75,16 @@ class ZooPipeline:
         e.g. a tiny variant's small resolution)."""
         return self.adapter.call_defaults(self.variant)
 
+    def check_call(self, call: dict[str, Any]) -> dict[str, Any]:
+        """`call` with the call defaults filled in, checked against the family's limits before
+        any work (`Adapter.check_call`: counts, sizes, the output against the memory)."""
+        call = {**self.call_defaults(), **call}
+        self.adapter.check_call(self.variant, call,
+                                device_gib=self.profile.memory_gib if self.device.type == "cuda" else None)
+        return call
+
     def __call__(self, *args, **kwargs):
-        out = self.pipe(*args, **{**self.call_defaults(), **kwargs})
+        out = self.pipe(*args, **self.check_call(kwargs))
         self._maybe_save_cache()
         return out
 
@@ -85,7 +93,7 @@ class ZooPipeline:
         each block's decoded frames as they are made); call defaults filled in as for a call."""
         if not callable(getattr(self.pipe, "stream", None)):
             raise TypeError(f"{self.variant.name} does not stream; call the handle instead")
-        yield from self.pipe.stream(*args, **{**self.call_defaults(), **kwargs})
+        yield from self.pipe.stream(*args, **self.check_call(kwargs))
         self._maybe_save_cache()
 
     def refit_offload(self, *args, activation_gib: dict[str, float] | None = None, margin: float = 0.25,

@@ -38,6 +38,7 @@ from ..engine import Preparation
 from ..engine.compat.diffusers import keep_in_fp32_modules
 from ..specs import spec_path as shipped_spec_path
 from ._notices import quiet_library_notices
+from .call_checks import CallLimits, check_call
 from .fast_init import parallel_fills
 from .weights_check import FAMILY_WEIGHTS, Identity, identify, identify_hub, path_reason
 
@@ -222,9 +223,8 @@ class Adapter:
         if bad:
             raise ValueError(f"{variant.name} cannot use {', '.join(flag(k) for k in bad)}; "
                              f"it takes --prompt, --out and {', '.join(flag(k) for k in self.run_options)}")
-        for k in ("num_inference_steps", "num_frames", "height", "width", "max_new_tokens"):
-            if k in given and (not isinstance(given[k], int) or given[k] < 1):
-                raise ValueError(f"{flag(k)} must be a positive integer, got {given[k]!r}")
+        # counts, sizes against the family's limits, the output against this machine's memory
+        self.check_call(variant, {**self.call_defaults(variant), **given}, name=flag)
         if out is not None:
             suffixes = self.out_suffixes(variant, given)
             if Path(out).suffix.lower() not in suffixes:
@@ -238,6 +238,18 @@ class Adapter:
         for k in ("image", "audio"):
             if isinstance(given.get(k), (str, os.PathLike)):
                 check_input_file(given[k], FLAGS[k], image=k == "image")
+
+    def call_limits(self, variant: Variant) -> CallLimits | None:
+        """What `variant`'s calls can make (pixel multiple, position-table length, frame step),
+        from its config; None: sizes are not the family's (counts are still checked)."""
+        return None
+
+    def check_call(self, variant: Variant, call: dict[str, Any], *, name=lambda k: k,
+                   device_gib: float | None = None) -> None:
+        """A call (call defaults filled in) checked before any work, by the general rule of
+        `call_checks.check_call` over `call_limits(variant)`: the handle runs it before each
+        call, `check_run` before the build. `name(key)` words the argument (a CLI flag)."""
+        check_call(variant.name, call, self.call_limits(variant), name=name, device_gib=device_gib)
 
     def out_suffixes(self, variant: Variant, given: dict[str, Any]) -> tuple[str, ...]:
         """The `--out` suffixes valid for these options (default: `output_suffixes`)."""

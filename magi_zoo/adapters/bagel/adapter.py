@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 
 from .._tokenizers import byte_bpe_tokenizer
-from ..base import Adapter, Output, Variant, init_on
+from ..base import Adapter, CallLimits, Output, Variant, init_on
 from ..diffusers_pipeline import LOAD_ERRORS, weights_error
 from .checkpoint import load_bagel_checkpoint, save_bagel_checkpoint
 from .config import BAGEL_7B_MOT, EDIT_DEFAULTS, T2I_DEFAULTS, TINY, config_from_dir
@@ -156,6 +156,14 @@ class BagelAdapter(Adapter):
 
     def out_suffixes(self, variant: Variant, given: dict[str, Any]) -> tuple[str, ...]:
         return (".txt",) if self.task_of(given) == "understand" else (".png", ".jpg", ".jpeg", ".webp")
+
+    def call_limits(self, variant: Variant) -> CallLimits:
+        """From the config: pixels divide by the VAE's downsampling times `latent_patch_size`;
+        at most `max_latent_size` patches per side (the rows of `latent_pos_embed`)."""
+        cfg = variant.config
+        down, p, n = 2 ** (len(cfg["vae"]["block_out_channels"]) - 1), cfg["latent_patch_size"], cfg["max_latent_size"]
+        return CallLimits(pixel_multiple=down * p, why_multiple=f"VAE {down}x down x {p}x{p} latent patches",
+                          max_grid=n, why_grid=f"its latent position embedding has {n} positions per side")
 
     def check_run(self, variant: Variant, options: dict[str, Any], out: Path | None = None) -> dict[str, Any]:
         """Beyond the base checks: --task is one of generate / edit / understand and fits

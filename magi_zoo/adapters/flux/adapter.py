@@ -17,7 +17,7 @@ import torch
 from ...engine import Preparation
 from ...engine.compat.diffusers import flux_latent_image_ids
 from .._tokenizers import byte_bpe_tokenizer
-from ..base import Variant, init_on
+from ..base import CallLimits, Variant, init_on
 from ..diffusers_pipeline import DiffusersPipelineAdapter
 from .attention import norm_rope_preparation
 from .single_blocks import fused_mlp_preparation, single_stream_preparation
@@ -173,6 +173,12 @@ class FluxAdapter(DiffusersPipelineAdapter):
     def preparations(self, pipe) -> list[Preparation]:
         return [single_stream_preparation(pipe.transformer), fused_mlp_preparation(pipe.transformer),
                 norm_rope_preparation(pipe.transformer)]
+
+    def call_limits(self, variant: Variant) -> CallLimits:
+        """From the config: pixels divide by the VAE's downsampling (2 per level after the
+        first: 8 published) times the 2x2 packing; RoPE is computed per call, so no longest side."""
+        down = 2 ** (len(variant.config["vae"]["block_out_channels"]) - 1)
+        return CallLimits(pixel_multiple=down * 2, why_multiple=f"VAE {down}x down x 2x2 packing")
 
     def check_shape(self, pipe, call: dict[str, Any]) -> None:
         _latent_grid(pipe, call["height"], call["width"])

@@ -12,7 +12,7 @@ import torch.nn as nn
 from packaging.version import Version
 
 from .._tokenizers import byte_bpe_tokenizer
-from ..base import Adapter, Output, Variant, init_on, keep_fp32_modules
+from ..base import Adapter, CallLimits, Output, Variant, init_on, keep_fp32_modules
 from ..diffusers_pipeline import LOAD_ERRORS, weights_error
 from ..wan.config import T2V_1_3B, TINY, UMT5_XXL, VAE
 from .checkpoint import find_checkpoint, load_generator
@@ -173,6 +173,14 @@ class SelfForcingAdapter(Adapter):
                     rope_cos=cos, rope_sin=sin, **cache.step_args(b))
 
     # -- `magi-zoo run` -------------------------------------------------------------------------
+    def call_limits(self, variant: Variant) -> CallLimits:
+        """Wan2.1's: pixels divide by the VAE's 8x times the 2x2 patch; at most `rope_max_seq_len`
+        patches per side (frames: `check_run`'s 12 m - 3; the model checks its RoPE table's length)."""
+        t = variant.config["transformer"]
+        rope, p = t["rope_max_seq_len"], t["patch_size"][1]
+        return CallLimits(pixel_multiple=8 * p, why_multiple=f"VAE 8x down x {p}x{p} patches", max_grid=rope,
+                          why_grid=f"its RoPE table has {rope} positions per axis")
+
     def check_run(self, variant: Variant, options: dict[str, Any], out: Path | None = None) -> dict[str, Any]:
         given = super().check_run(variant, options, out)
         n = given.get("num_frames")

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from .._tokenizers import byte_bpe_tokenizer
-from ..base import Variant, init_on, keep_fp32_modules
+from ..base import CallLimits, Variant, init_on, keep_fp32_modules
 from ..diffusers_pipeline import DiffusersPipelineAdapter, weights_error
 from . import original
 from .attention import norm_rope_preparation
@@ -120,6 +120,17 @@ class WanAdapter(DiffusersPipelineAdapter):
     # Image-to-video variants take `--image` too (check_run).
     run_options = ("num_inference_steps", "height", "width", "num_frames", "seed")
     output_suffixes = (".mp4", ".gif")
+
+    def call_limits(self, variant: Variant) -> CallLimits:
+        """From the config: pixels divide by the VAE's spatial factor (8; Wan2.2's VAE 16) times
+        the 2x2 patch; frames are 1 + 4 k (the VAE's temporal factor); no axis has more patches
+        than `rope_max_seq_len` (diffusers' WanRotaryPosEmbed table: a longer axis fails in a reshape)."""
+        t, vae = variant.config["transformer"], variant.config["vae"]
+        pt, ph, _ = t["patch_size"]
+        ss, st, rope = vae.get("scale_factor_spatial", 8), vae.get("scale_factor_temporal", 4), t["rope_max_seq_len"]
+        return CallLimits(pixel_multiple=ss * ph, why_multiple=f"VAE {ss}x down x {ph}x{ph} patches",
+                          max_grid=rope, why_grid=f"its RoPE table has {rope} positions per axis",
+                          frame_step=st, max_latent_frames=rope * pt)
 
     @staticmethod
     def image_to_video(variant: Variant) -> bool:

@@ -1,0 +1,107 @@
+"""The general rule a call's counts and sizes are checked by, before any work.
+
+Every family says what its calls can make as a `CallLimits`, filled from its variant's
+config (`Adapter.call_limits`); `check_call` applies the same rule to all of them:
+
+- counts (steps, frames, sizes, token budgets) are positive integers; guidance scales are
+  numbers >= 0;
+- height and width divide by the pixels one token covers (the VAE's downsampling times the
+  patch size), and a video's frame count is 1 + k times the VAE's temporal factor (the
+  pipelines would otherwise round it, or fail deep inside a reshape);
+- no axis has more patches than the model's position table holds (Wan's RoPE table,
+  BAGEL's latent position embedding);
+- the decoded output (float32 frames) fits the machine: the host's memory, and the card's
+  when the call runs on one. It is a lower bound of what the call needs, so a refusal is
+  never wrong; it turns an allocator's abort into a line that says how big the ask was.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Callable, Mapping
+
+# Call arguments that count something: positive integers.
+COUNTS = ("num_inference_steps", "num_frames", "height", "width", "max_new_tokens", "max_think_tokens",
+          "talker_max_new_tokens", "max_sequence_length", "num_images_per_prompt", "num_videos_per_prompt")
+# Guidance scales: a negative one has no meaning (0 / 1 turn guidance off, per pipeline).
+SCALES = ("guidance_scale", "guidance_scale_2", "true_cfg_scale", "cfg_text_scale", "cfg_img_scale")
+
+
+@dataclasses.dataclass(frozen=True)
+class CallLimits:
+    """What one variant's calls can make (each family fills it from its config)."""
+
+    pixel_multiple: int = 1  # height and width divide by this: the VAE's downsampling x the patch size
+    why_multiple: str = ""  # e.g. "VAE 8x down x 2x2 patches"
+    max_grid: int | None = None  # patches per axis at most (the position table's length)
+    why_grid: str = ""  # e.g. "its RoPE table has 32 positions per axis"
+    frame_step: int | None = None  # video: num_frames = 1 + k * frame_step (the VAE's temporal factor)
+    max_latent_frames: int | None = None  # latent frames at most (the position table, on the time axis)
+
+
+def host_memory_bytes() -> int | None:
+    """This machine's physical memory (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _label(name: Callable[[str], str], key: str, value: Any) -> str:
+    flag = name(key)
+    return f"{flag} {value}" if flag.startswith("--") else f"{flag}={value!r}"
+
+
+def check_call(variant: str, call: Mapping[str, Any], limits: CallLimits | None, *,
+               name: Callable[[str], str] = lambda k: k, device_gib: float | None = None) -> None:
+    """Raise a ValueError naming the argument (`name(key)`: a CLI flag or the keyword) and
+    what would work, for a call `variant` cannot make. `device_gib`: the card's memory when
+    the call runs on one (None: on the host)."""
+    for k in COUNTS:
+        v = call.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ValueError(f"{name(k)} must be a positive integer, got {v!r}")
+    for k in SCALES:
+        v = call.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0):
+            raise ValueError(f"{name(k)} must be a number >= 0, got {v!r}")
+    if limits is None:
+        return
+    m = limits.pixel_multiple
+    for k in ("height", "width"):
+        v = call.get(k)
+        if v is None:
+            continue
+        if v % m:
+            near = sorted({max(m, v // m * m), (v // m + 1) * m})
+            raise ValueError(f"{_label(name, k, v)}: {variant} needs height and width divisible by {m} "
+                             f"({limits.why_multiple}); e.g. {' or '.join(map(str, near))}")
+        if limits.max_grid is not None and v // m > limits.max_grid:
+            raise ValueError(f"{_label(name, k, v)}: {variant} makes at most {limits.max_grid * m} px per side "
+                             f"({limits.max_grid} patches of {m} px: {limits.why_grid})")
+    f, s = call.get("num_frames"), limits.frame_step
+    if f is not None and s:
+        if (f - 1) % s:
+            near = sorted({max(1, f - (f - 1) % s), f - (f - 1) % s + s})
+            raise ValueError(f"{_label(name, 'num_frames', f)}: {variant} makes 1 + {s} k frames (its VAE turns "
+                             f"each {s} frames after the first into one latent frame); e.g. "
+                             f"{' or '.join(map(str, near))}")
+        if limits.max_latent_frames is not None and (f - 1) // s + 1 > limits.max_latent_frames:
+            raise ValueError(f"{_label(name, 'num_frames', f)}: {variant} makes at most "
+                             f"{1 + s * (limits.max_latent_frames - 1)} frames ({limits.max_latent_frames} latent "
+                             f"frames: {limits.why_grid})")
+    h, w = call.get("height"), call.get("width")
+    if h is None or w is None:
+        return
+    frames = f or 1
+    need = frames * h * w * 3 * 4  # the decoded output as float32: a lower bound of the call's memory
+    host = host_memory_bytes()
+    places = [(host, "this machine's memory")] if host else []
+    if device_gib is not None:
+        places.append((device_gib * 2**30, "the card"))
+    for have, where in places:
+        if need > have:
+            size = f"{h}x{w}" + (f" x {f} frames" if f else "")
+            raise ValueError(f"{size}: {variant}'s decoded output alone is {need / 2**30:,.1f} GiB (float32), more "
+                             f"than the {have / 2**30:,.0f} GiB of {where}; ask for a smaller size")
