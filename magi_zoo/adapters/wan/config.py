@@ -23,15 +23,20 @@ I2V_14B = dict(T2V_14B, in_channels=36, image_dim=1280, added_kv_proj_dim=5120)
 CLIP_H = dict(hidden_size=1280, intermediate_size=5120, num_hidden_layers=32, num_attention_heads=16,
               image_size=224, patch_size=14, projection_dim=1024, hidden_act="gelu")
 
-# Tiny: a few layers, small dims; 4 blocks so "N blocks, one compile" is visible.
+# Tiny: a few layers, small dims; 4 blocks so "N blocks, one compile" is visible. Only widths,
+# depths and table sizes shrink; every other constant is the published one (T5's relative
+# distance 128 included): tests/conformance/test_tiny_configs.py compares field by field.
 TINY = dict(
     transformer=dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=16,
                      out_channels=16, text_dim=32, freq_dim=32, ffn_dim=64, num_layers=4,
                      cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=32),
     text_encoder=dict(vocab_size=512, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
-                      relative_attention_num_buckets=8, relative_attention_max_distance=16,
+                      relative_attention_num_buckets=8, relative_attention_max_distance=128,
                       feed_forward_proj="gated-gelu", layer_norm_epsilon=1e-6, tie_word_embeddings=False),
     vae=dict(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1, attn_scales=[],
              temperal_downsample=[False, True, True], dropout=0.0),
     scheduler=SCHEDULER, tokenizer_vocab=512,
 )
+# The I2V image encoder in small: CLIP-H's width (Wan's WanModel hard-codes 1280 for its image
+# MLP) and activation, 2 narrow layers. tests/conformance/test_tiny_configs.py lists what may differ.
+TINY_CLIP = dict(CLIP_H, intermediate_size=128, num_hidden_layers=2)
