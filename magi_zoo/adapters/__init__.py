@@ -87,10 +87,33 @@ def lookup(name: str) -> tuple[Adapter, Variant]:
         key_v = a.aliases.get(key, key)
         if key_v in a.variants:
             return a, a.variants[key_v]
-    choices = list_models(include_aliases=True)
-    close = difflib.get_close_matches(key, choices, n=3, cutoff=0.4)
+    close = close_models(key, list_models(include_aliases=True))
     hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-    raise ValueError(f"unknown model {name!r}.{hint} Known models: {', '.join(list_models())}")
+    raise ValueError(f"unknown model {name!r}.{hint} Known models: {', '.join(list_models())} "
+                     "(`magi-zoo list` describes them)")
+
+
+SUGGEST_CUTOFF = 0.75  # difflib's similarity, 0..1, of the names without punctuation
+
+
+def _bare(name: str) -> str:
+    """A name without case and punctuation: 'Wan2.1-Tiny' and 'wan21tiny' compare equal."""
+    return "".join(c for c in name.lower() if c.isalnum())
+
+
+def close_models(name: str, choices: list[str], n: int = 3) -> list[str]:
+    """The known names `name` is plausibly a typo or a prefix of (at most `n`): similar
+    enough once punctuation is ignored, or starting with it. Nothing for an unrelated name
+    -- a far-fetched suggestion ('nosuchmodel' -> 'flux-schnell') misleads more than none."""
+    bare = _bare(name)
+    scored, seen = [], set()
+    for c in choices:
+        b = _bare(c)
+        ratio = difflib.SequenceMatcher(None, bare, b).ratio()
+        if b not in seen and (ratio >= SUGGEST_CUTOFF or (len(bare) >= 3 and b.startswith(bare))):
+            seen.add(b)  # 'qwen3-omni' and 'qwen3_omni': one suggestion
+            scored.append((-ratio, c))
+    return [c for _, c in sorted(scored)[:n]]
 
 
 __all__ = ["Adapter", "Variant", "FAMILIES", "get_family", "all_adapters", "list_models", "lookup"]

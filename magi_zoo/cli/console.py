@@ -1,14 +1,20 @@
 """What the CLI prints: progress lines as they happen, and an error as one line.
 
 Errors in what the user gave (flags, paths, weights, CUDA) end as `magi-zoo: error: ...` and
-exit status 2, never a traceback (`--debug` shows it).
+exit status 2, never a traceback (`--debug` shows it). A reader that closed the output early
+(`| head -1`) ends the command quietly (`reader_gone`, `quiet_closed_output`). Progress bars
+drawn into a file or a pipe never move the cursor (`plain_progress_bars`).
 """
 
 from __future__ import annotations
 
+import os
+import select
 import sys
 
-from ..distributed import rank_tag
+# The exit status when the reader closed our output: what a shell reports for a tool that
+# SIGPIPE ended (128 + 13), so `set -o pipefail` scripts see a truncated listing as one.
+CLOSED_PIPE_STATUS = 141
 
 # Errors a user's input causes; their message says what to do. Anything else is named by
 # its type, so a bug report can start there.
@@ -28,6 +34,8 @@ def one_line(e: object) -> str:
 def print_error(e: BaseException) -> int:
     """Print `e` as the one `magi-zoo: error:` line (rank-tagged in a multi-process run: which
     process failed); returns the exit status, 2."""
+    from ..distributed import rank_tag  # lazy: distributed imports torch, which --help / --version never need
+
     tag = rank_tag()
     text = e.args[0] if isinstance(e, KeyError) and e.args else e  # KeyError's str() adds quotes
     msg = one_line(text) or type(e).__name__
@@ -37,3 +45,55 @@ def print_error(e: BaseException) -> int:
         print(f"magi-zoo: error: {tag}{type(e).__name__}: {msg} (magi-zoo --debug ... shows the traceback)",
               file=sys.stderr)
     return 2
+
+
+def _closed_streams() -> list:
+    """stdout / stderr when they are pipes whose reader has gone (poll reports an error on
+    a pipe's write end once no reader is left)."""
+    gone = []
+    for stream in (sys.__stdout__, sys.__stderr__):
+        try:
+            fd = stream.fileno()
+        except (AttributeError, ValueError, OSError):  # closed, or not a file (captured)
+            continue
+        if not hasattr(select, "poll"):  # pragma: no cover - Windows has no SIGPIPE either
+            continue
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        if any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0)):
+            gone.append(stream)
+    return gone
+
+
+def reader_gone() -> bool:
+    """Whether the reader of stdout or stderr has closed it (`magi-zoo ... | head -1`):
+    a BrokenPipeError then means "nobody is listening", not a failure."""
+    return bool(_closed_streams())
+
+
+def quiet_closed_output() -> None:
+    """Point the closed stream(s) at /dev/null, so the interpreter's final flush of what
+    is still buffered adds no 'Broken pipe' message at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in _closed_streams():
+        os.dup2(devnull, stream.fileno())
+    os.close(devnull)
+
+
+def plain_progress_bars() -> None:
+    """On a terminal, nested progress bars are drawn on lines of their own (tqdm moves the
+    cursor between them). Into a file or a pipe those cursor moves would be written as text:
+    a stray `ESC[A` for each update of a nested bar -- diffusers' "Loading pipeline
+    components" bar around transformers' "Loading weights" and diffusers' "Loading
+    checkpoint shards". There every bar draws at position 0, one line after another.
+
+    tqdm reads its defaults from `TQDM_*` variables when it is imported, so this runs before
+    anything imports it (the CLI imports the libraries only after parsing); a TQDM_POSITION
+    the user set wins, and the ranks of a `--nproc` job (stderr relayed through a pipe)
+    inherit it."""
+    try:
+        terminal = sys.stderr.isatty()
+    except (AttributeError, ValueError):  # closed, or not a file
+        terminal = False
+    if not terminal:
+        os.environ.setdefault("TQDM_POSITION", "0")

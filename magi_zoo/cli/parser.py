@@ -1,5 +1,6 @@
-"""`magi-zoo`'s command line: one subcommand per `commands` module, each bound to its
-`cmd_<name>` function."""
+"""`magi-zoo`'s command line: one subcommand per `commands` module (`args.cmd` names it;
+`magi_zoo.cli.main` imports its `cmd_<name>` only after parsing, so `--help` and
+`--version` load no torch)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,6 @@ import argparse
 
 from .. import __version__
 from ..specs.gpu_profiles import GPU_CHOICES
-from .commands.demo import cmd_demo
-from .commands.explain import cmd_explain
-from .commands.list import cmd_list
-from .commands.run import cmd_run
-from .commands.spec import cmd_spec
 
 DESCRIPTION = "`magi-zoo`: list models, show a resolved spec, run the demo, generate."
 
@@ -20,10 +16,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="magi-zoo", description=DESCRIPTION)
     p.add_argument("--version", action="version", version=f"magi-zoo {__version__}")
     p.add_argument("--debug", action="store_true", help="show the full traceback of an error")
+    # --debug after the subcommand too: SUPPRESS leaves the top level's value unless given here
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show the full traceback of an error")
     sub = p.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("list", help="models and their variants").set_defaults(fn=cmd_list)
+    sub.add_parser("list", parents=[common], help="models and their variants")
 
-    s = sub.add_parser("spec", help="the resolved plan for a model on a GPU, as a table")
+    s = sub.add_parser("spec", parents=[common], help="the resolved plan for a model on a GPU, as a table")
     s.add_argument("model")
     s.add_argument("--gpu", default="auto", type=str.lower, choices=GPU_CHOICES)
     s.add_argument("--spec-file", default=None, help="a TOML spec replacing the shipped one")
@@ -34,14 +34,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "(GIB: the training step's peak)")
     s.add_argument("--measure", action="store_true",
                    help="with --recompute auto:GIB: build the model here (random weights) and show auto's measured choice")
-    s.set_defaults(fn=cmd_spec)
 
-    d = sub.add_parser("demo", help="offline CPU demo: wan2.1-tiny eager vs its plan")
+    d = sub.add_parser("demo", parents=[common], help="offline CPU demo: wan2.1-tiny eager vs its plan")
     d.add_argument("--prompt", default="a corgi surfing a wave at sunset")
     d.add_argument("--seed", type=int, default=0)
-    d.set_defaults(fn=cmd_demo)
 
-    r = sub.add_parser("run", help="generate with a model and write the result")
+    r = sub.add_parser("run", parents=[common], help="generate with a model and write the result")
     r.add_argument("model")
     r.add_argument("--weights", default=None, help="a local directory, a hub id, or 'random'")
     r.add_argument("--prompt", required=True)
@@ -88,9 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "the model runs CFG)")
     r.add_argument("--uneven", action="store_true",
                    help="allow token counts that do not divide by the sequence degree (uneven shards)")
-    r.set_defaults(fn=cmd_run)
 
-    e = sub.add_parser("explain", help="one call with torch's compile trace on: graphs, breaks, guards, code")
+    e = sub.add_parser("explain", parents=[common],
+                       help="one call with torch's compile trace on: graphs, breaks, guards, code")
     e.add_argument("model")
     e.add_argument("--gpu", default="auto", type=str.lower, choices=GPU_CHOICES)
     e.add_argument("--out", default="magi-zoo-explain", help="folder to write (default: ./magi-zoo-explain)")
@@ -99,5 +97,5 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--entry", default=None, help="the entry point to call (default: the family's first)")
     e.add_argument("--weights", default=None, help="a local directory, a hub id, or 'random'")
     e.add_argument("--spec-file", default=None, help="a TOML spec replacing the shipped one")
-    e.set_defaults(fn=cmd_explain)
     return p
+

@@ -30,7 +30,7 @@ def cmd_spec(args) -> int:
     modules = nn.ModuleDict(adapter.components(native))
     plan = preview(modules, layers, adapter.preparations(native))
     say(f"{variant.name} on {profile.name} ({profile.device}, default dtype {profile.default_dtype}); "
-        f"spec {adapter.spec_file}, layers: {' < '.join(n for n, _ in layers)}")
+        f"spec {args.spec_file or adapter.spec_file}, layers: {' < '.join(n for n, _ in layers)}")
     say(f"apply steps, in order: {' -> '.join(STEP_ORDER)}")
     for p in adapter.preparations(native):
         say(f"  prepare: {p.name}: {p.why}")

@@ -1,0 +1,233 @@
+"""The command line's small frictions (issue 34): a fast `--version` / `--help`, a quiet
+broken pipe, `--debug` anywhere, one error per multi-process failure, `spec --spec-file`'s
+title, close-match-only suggestions, and no cursor-up codes from progress bars."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from magi_zoo.cli import main
+
+HEAVY = ("torch", "diffusers", "transformers", "magi_zoo.engine", "magi_zoo.zoo", "magi_zoo.adapters")
+
+# Runs the CLI in a fresh interpreter and reports, when it prints, which heavy modules are
+# loaded (argparse prints --help / --version through the stream's write, then exits).
+_PROBE = textwrap.dedent("""
+    import sys, time
+    t0 = time.perf_counter()
+    HEAVY = {heavy!r}
+    seen = []
+
+    class Spy:
+        def __init__(self, s):
+            self.s = s
+        def write(self, text):
+            if not seen:
+                seen.append([m for m in HEAVY if m in sys.modules])
+                seen.append(time.perf_counter() - t0)
+            return self.s.write(text)
+        def __getattr__(self, name):
+            return getattr(self.s, name)
+
+    sys.stdout = Spy(sys.stdout)
+    sys.argv = ["magi-zoo", *{argv!r}]
+    try:
+        from magi_zoo.cli import main
+        code = main()
+    except SystemExit as e:
+        code = e.code
+    sys.stdout = sys.stdout.s
+    print("HEAVY-AT-PRINT", seen[0] if seen else None, "SECONDS", seen[1] if seen else None)
+    sys.exit(code)
+""")
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["--help"], ["list", "--help"], ["spec", "--help"],
+                                  ["demo", "--help"], ["run", "--help"], ["explain", "--help"]])
+def test_version_and_help_import_nothing_heavy(argv):
+    """`--version` / `--help` print before torch, diffusers, transformers or the engine load
+    (they took 4-8 s). The time is measured and shown (-s), not asserted: CI machines vary."""
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", _PROBE.format(heavy=HEAVY, argv=argv)],
+                          capture_output=True, text=True, timeout=120)
+    wall = time.perf_counter() - t0
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    line = proc.stdout.strip().splitlines()[-1]
+    assert line.startswith("HEAVY-AT-PRINT [] "), (argv, line)
+    print(f"magi-zoo {' '.join(argv)}: printed after {float(line.split()[-1]):.2f} s, process {wall:.2f} s")
+
+
+def test_the_module_entry_point_is_light_too():
+    """`python -m magi_zoo.cli --version` (what torchrun re-runs) imports no heavy module."""
+    code = ("import runpy, sys\nsys.argv = ['magi_zoo.cli', '--version']\n"
+            "try:\n    runpy.run_module('magi_zoo.cli', run_name='__main__')\n"
+            "except SystemExit:\n    pass\n"
+            f"print('HEAVY', [m for m in {HEAVY!r} if m in sys.modules])")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "HEAVY []", proc.stdout
+
+
+def test_the_package_still_exports_its_api():
+    """A lazy `import magi_zoo` keeps every public name (imported on first use)."""
+    import magi_zoo
+
+    for name in magi_zoo.__all__:
+        assert getattr(magi_zoo, name) is not None, name
+    assert set(magi_zoo.__all__) <= set(dir(magi_zoo))
+    from magi_zoo import cli
+
+    for name in cli.__all__:
+        assert callable(getattr(cli, name)), name
+
+
+def _closed_pipe_run(argv: list[str], stdout_closed: bool = True) -> subprocess.CompletedProcess:
+    """Run the CLI with stdout (or stderr) a pipe whose reader has already gone: every write
+    gets EPIPE, as `magi-zoo spec wan2.1 | head -1` does once head exits."""
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        return subprocess.run([sys.executable, "-m", "magi_zoo.cli", *argv],
+                              stdout=w if stdout_closed else subprocess.PIPE,
+                              stderr=subprocess.PIPE if stdout_closed else w, text=True, timeout=600)
+    finally:
+        os.close(w)
+
+
+@pytest.mark.parametrize("argv", [["list"], ["--help"], ["spec", "wan2.1-tiny", "--gpu", "cpu"]])
+def test_a_closed_pipe_ends_quietly(argv):
+    """`magi-zoo ... | head -1`: no 'Broken pipe' error, no traceback, exit status 141 (what
+    a shell reports for a tool its reader closed on: 128 + SIGPIPE)."""
+    proc = _closed_pipe_run(argv)
+    assert proc.returncode == 141, proc.stderr[-2000:]
+    assert proc.stderr == "", proc.stderr[-2000:]
+
+
+def test_head_reads_one_line_and_the_rest_is_quiet():
+    """The real pipeline: `magi-zoo spec wan2.1 | head -1`."""
+    proc = subprocess.run(f"{sys.executable} -m magi_zoo.cli spec wan2.1 --gpu h100 | head -1",
+                          shell=True, capture_output=True, text=True, timeout=600)
+    assert proc.stdout.startswith("wan2.1-t2v-1.3b on h100"), proc.stdout
+    assert proc.stderr == "", proc.stderr[-2000:]
+
+
+def test_a_broken_pipe_elsewhere_is_still_an_error(monkeypatch, capsys):
+    """Only a closed stdout / stderr is quiet: a BrokenPipeError from anything else (a socket
+    of a multi-process job) stays an error."""
+    from magi_zoo.cli.commands import list as list_cmd
+
+    def boom(args):
+        raise BrokenPipeError(32, "Broken pipe (a peer's socket)")
+
+    monkeypatch.setattr(list_cmd, "cmd_list", boom)
+    assert main(["list"]) == 2
+    assert "magi-zoo: error: [Errno 32] Broken pipe (a peer's socket)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["--debug", "spec", "nosuchmodel"], ["spec", "nosuchmodel", "--debug"],
+                                  ["spec", "--debug", "nosuchmodel"]])
+def test_debug_anywhere(argv):
+    """`--debug` before or after the subcommand shows the traceback."""
+    with pytest.raises(ValueError, match="unknown model 'nosuchmodel'"):
+        main(argv)
+
+
+def test_without_debug_one_line(capsys):
+    assert main(["spec", "nosuchmodel"]) == 2
+    assert capsys.readouterr().err.startswith("magi-zoo: error: unknown model 'nosuchmodel'")
+
+
+@pytest.mark.parametrize("cmd", ["list", "demo", "run", "explain"])
+def test_every_subcommand_takes_debug(cmd):
+    from magi_zoo.cli import build_parser
+
+    extra = {"list": [], "demo": [], "run": ["m", "--prompt", "p", "--out", "o.txt"], "explain": ["m"]}[cmd]
+    assert build_parser().parse_args([cmd, *extra, "--debug"]).debug is True
+    assert build_parser().parse_args([cmd, *extra]).debug is False
+
+
+def test_multi_process_errors_print_once(capsys):
+    """Every rank failing with the same error prints it once, naming the ranks; different
+    errors each print; the launcher's own failure line is not a second error."""
+    import io
+
+    from magi_zoo.cli.launch import relay_stderr
+
+    stream = io.StringIO(
+        "magi-zoo: error: [rank 0/3] attention heads 12 do not divide by 3\n"
+        "magi-zoo: error: [rank 2/3] attention heads 12 do not divide by 3\n"
+        "some library line\n"
+        "magi-zoo: error: [rank 1/3] attention heads 12 do not divide by 3\n"
+        "magi-zoo: error: [rank 1/3] something else\n")
+    failed = relay_stderr(stream)
+    err = capsys.readouterr().err
+    assert err.count("attention heads 12 do not divide by 3") == 1, err
+    assert "something else" in err and "some library line" in err
+    assert failed  # the launcher knows a rank printed its error (and adds no second error line)
+
+
+@pytest.mark.slow
+def test_nproc_3_prints_one_error(tmp_path):
+    """`magi-zoo run --nproc 3` whose ranks all fail says why once."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "magi_zoo.cli", "run", "wan2.1-tiny", "--gpu", "cpu",
+                           "--prompt", "a corgi", "--out", str(tmp_path / "x.mp4"), "--nproc", "3",
+                           "--cfg-parallel", "--no-compile", "--steps", "1"],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 2
+    assert proc.stderr.count("magi-zoo: error:") == 1, proc.stderr
+
+
+def test_spec_file_titles_the_spec(tmp_path, capsys):
+    """`spec --spec-file X` says X, not the shipped file."""
+    from magi_zoo import adapters
+
+    adapter, _ = adapters.lookup("wan2.1-tiny")
+    mine = tmp_path / "mine.toml"
+    mine.write_text(adapter.spec_path().read_text())
+    assert main(["spec", "wan2.1-tiny", "--gpu", "cpu", "--spec-file", str(mine)]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert f"spec {mine}," in first and adapter.spec_file not in first, first
+
+
+@pytest.mark.parametrize("name", ["nosuchmodel", "xyz", "model"])
+def test_unknown_model_suggests_nothing_unrelated(name):
+    from magi_zoo import adapters
+
+    with pytest.raises(ValueError) as e:
+        adapters.lookup(name)
+    msg = str(e.value)
+    assert "Did you mean" not in msg and "magi-zoo list" in msg, msg
+
+
+@pytest.mark.parametrize("name, close", [("wan2.1-tny", "wan2.1-tiny"), ("flux-tiyn", "flux-tiny"),
+                                         ("bagle", "bagel"), ("selfforcing", "self-forcing"),
+                                         ("qwen", "qwen3-omni")])
+def test_unknown_model_suggests_close_names(name, close):
+    from magi_zoo import adapters
+
+    with pytest.raises(ValueError, match=rf"Did you mean [^?]*'{close}'"):
+        adapters.lookup(name)
+
+
+def test_nested_progress_bars_write_no_cursor_codes(tmp_path):
+    """Loading a diffusers directory nests bars (diffusers' "Loading pipeline components"
+    around transformers' "Loading weights"); into a file or pipe tqdm wrote the nested bar's
+    cursor-up code as text (a stray `ESC[A`). The CLI draws every bar at position 0 there."""
+    import magi_zoo
+
+    h = magi_zoo.load("wan2.1-tiny", gpu="cpu", compile=False)
+    h.pipe.save_pretrained(tmp_path / "w")
+    proc = subprocess.run([sys.executable, "-m", "magi_zoo.cli", "run", "wan2.1-tiny", "--weights",
+                           str(tmp_path / "w"), "--gpu", "cpu", "--prompt", "a corgi", "--steps", "1",
+                           "--no-compile", "--out", str(tmp_path / "x.mp4")],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Loading weights" in proc.stderr  # the nested bar did draw
+    assert "\x1b[A" not in proc.stderr, proc.stderr[-2000:]
