@@ -31,7 +31,12 @@ WAN = {
         "base_dim": "width", "dim_mult": "width (per-level multipliers)", "num_res_blocks": "depth",
     }),
     "scheduler": (wan.TINY["scheduler"], wan.SCHEDULER, {}),
-    "clip image encoder (I2V)": (wan.TINY_CLIP, wan.CLIP_H, {
+    "i2v dit": (wan.TINY_I2V["transformer"], wan.I2V_14B, {
+        "num_attention_heads": "width", "attention_head_dim": "width", "text_dim": "width (the T5's d_model)",
+        "freq_dim": "width", "ffn_dim": "width", "num_layers": "depth", "added_kv_proj_dim": "width (the DiT's)",
+        "rope_max_seq_len": "table size (the RoPE table's rows; each row is the published one)",
+    }),
+    "i2v image encoder": (wan.TINY_I2V["image_encoder"], wan.CLIP_H, {
         "intermediate_size": "width", "num_hidden_layers": "depth",
     }),
 }
@@ -44,3 +49,11 @@ def test_wan_tiny_config_keeps_the_published_constants(component):
     assert set(allowed) <= published.keys(), f"allowed fields that are not fields: {sorted(set(allowed) - published.keys())}"
     differ = {k: (tiny[k], published[k]) for k in published if k not in allowed and tiny[k] != published[k]}
     assert not differ, f"{component}: tiny differs from the published config in structural fields {differ}"
+
+
+def test_wan_tiny_i2v_text_is_the_published_512_tokens():
+    """diffusers' Wan attention splits its context at `length - 512`: image tokens before,
+    text after. A shorter text (the tiny I2V test's former 16) takes another path: the split
+    falls inside the image tokens."""
+    assert wan.TINY_I2V_CALL["max_sequence_length"] == 512
+    assert wan.TINY_I2V["text_encoder"] == wan.TINY["text_encoder"] and wan.TINY_I2V["vae"] == wan.TINY["vae"]

@@ -40,3 +40,11 @@ TINY = dict(
 # The I2V image encoder in small: CLIP-H's width (Wan's WanModel hard-codes 1280 for its image
 # MLP) and activation, 2 narrow layers. tests/conformance/test_tiny_configs.py lists what may differ.
 TINY_CLIP = dict(CLIP_H, intermediate_size=128, num_hidden_layers=2)
+# The I2V model in small: I2V-14B's structure (36 input channels: noise, mask and image latents;
+# CLIP image tokens through the added K/V) at the tiny widths. Its text is 512 tokens, as
+# published: diffusers' Wan attention takes the last 512 context tokens as text and the ones
+# before them as image tokens (`encoder_hidden_states.shape[1] - 512`).
+TINY_I2V = dict(TINY, transformer=dict(TINY["transformer"], in_channels=36, image_dim=1280, added_kv_proj_dim=32),
+                image_encoder=TINY_CLIP)
+TINY_I2V_CALL = dict(height=32, width=32, num_frames=9, num_inference_steps=2, guidance_scale=5.0,
+                     max_sequence_length=512)
