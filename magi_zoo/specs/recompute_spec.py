@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from .plan import PlanLayer
-from .section import SectionSpec, register_section
+from .section import SectionSpec, build_spec, register_section
 
 POLICIES = ("none", "full", "selective", "auto")
 # Op groups `save` may name, as data: the aten ops each stands for (every overload). A
@@ -183,7 +183,7 @@ def with_recompute(layers: list, value: Any) -> list:
     elif isinstance(value, str):
         spec = RecomputeSpec.from_shorthand(value)
     elif isinstance(value, dict):
-        spec = RecomputeSpec(**value)
+        spec = build_spec(RecomputeSpec, value, "recompute=")
     else:
         raise TypeError(f"recompute= takes a policy name ({', '.join(POLICIES)}), a dict of RecomputeSpec "
                         f"fields or a RecomputeSpec; got {type(value).__name__}")

@@ -120,3 +120,11 @@ def test_cli_compile_override_is_strict():
 
     with pytest.raises(ValueError, match="fullgraph"):
         parse_compile_overrides(['blocks={"fullgraph": 1}'])
+
+
+def test_recompute_dict_is_strict_with_one_line():
+    from magi_zoo.specs.recompute_spec import with_recompute
+
+    with pytest.raises(ValueError) as e:
+        with_recompute([], {"policy": "auto", "train_peak_gib": "16"})
+    assert str(e.value) == "recompute=: train_peak_gib: expected a number, got str '16'"
