@@ -194,8 +194,8 @@ def load_error(variant_name: str, source: str | Path, e: BaseException) -> Value
     then advice for this layout (the advice for directories save_pretrained writes does not
     fit it)."""
     return ValueError(f"{variant_name}: cannot load the original-layout Wan checkpoint in {str(source)!r}: "
-                      f"{_plain(e)}. Replace the file named with the one the Wan-AI Wan2.1 repository ships "
-                      "(or fix config.json to describe it), or pass weights='random' (CLI: --weights random) "
+                      f"{_plain(e)}. Put the file named in place as the Wan-AI Wan2.1 repository ships it (or fix "
+                      "config.json to describe the files), or pass weights='random' (CLI: --weights random) "
                       "for the published config with random weights")
 
 
