@@ -173,15 +173,19 @@ def test_multi_process_errors_print_once(capsys):
 
 
 @pytest.mark.slow
-def test_nproc_3_prints_one_error(tmp_path):
-    """`magi-zoo run --nproc 3` whose ranks all fail says why once."""
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+def test_a_failure_on_every_rank_prints_one_error(tmp_path):
+    """`magi-zoo run --nproc 2` whose ranks all fail alike (here a bad MAGI_ZOO_DIST_TIMEOUT,
+    read as each rank starts its process group) says why once, naming the ranks, with no
+    torchrun summary and no second launcher line."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", MAGI_ZOO_DIST_TIMEOUT="soon")
     proc = subprocess.run([sys.executable, "-m", "magi_zoo.cli", "run", "wan2.1-tiny", "--gpu", "cpu",
-                           "--prompt", "a corgi", "--out", str(tmp_path / "x.mp4"), "--nproc", "3",
-                           "--cfg-parallel", "--no-compile", "--steps", "1"],
+                           "--prompt", "a corgi", "--out", str(tmp_path / "x.mp4"), "--nproc", "2",
+                           "--no-compile", "--steps", "1"],
                           capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 2
     assert proc.stderr.count("magi-zoo: error:") == 1, proc.stderr
+    assert "magi-zoo: error: [ranks 0, 1 of 2] MAGI_ZOO_DIST_TIMEOUT='soon'" in proc.stderr, proc.stderr
+    assert "Root Cause" not in proc.stderr, proc.stderr
 
 
 def test_spec_file_titles_the_spec(tmp_path, capsys):
@@ -231,3 +235,16 @@ def test_nested_progress_bars_write_no_cursor_codes(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "Loading weights" in proc.stderr  # the nested bar did draw
     assert "\x1b[A" not in proc.stderr, proc.stderr[-2000:]
+
+
+def test_nproc_on_a_cpu_machine_is_refused_before_launching(tmp_path, monkeypatch, capsys):
+    """`--gpu auto` on a machine without CUDA is the CPU profile: a sequence split there is
+    refused before torchrun starts (it reached every rank, each failing alike)."""
+    from magi_zoo.cli.commands import run
+    from magi_zoo.specs import gpu_profiles
+
+    monkeypatch.setattr(gpu_profiles, "detect_profile_name", lambda: "cpu")
+    monkeypatch.setattr(run, "launch", lambda *a: pytest.fail("launched"))
+    assert main(["run", "wan2.1-tiny", "--prompt", "p", "--out", str(tmp_path / "x.mp4"), "--nproc", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("magi-zoo: error:") == 1 and "only --cfg-parallel splits the work" in err, err

@@ -12,7 +12,7 @@ from ... import adapters, distributed
 from ...engine.compile import resolve_cache_dir
 from ...io import check_writable
 from ...overrides import eager_compile
-from ...specs import SpecFile
+from ...specs import SpecFile, get_profile
 from ...specs.compile_spec import TorchCompileSpec
 from ...specs.parallel_spec import ParallelSpec, default_parallel
 from ...specs.section import flat_error
@@ -53,9 +53,10 @@ def check_run(args) -> RunRequest:
     par = run_parallel_fields(world if distributed.is_launched() else args.nproc,
                               ulysses=args.ulysses, ring=args.ring, cfg=args.cfg_parallel,
                               uneven=args.uneven, runs_cfg=runs_cfg)
-    if par and args.gpu == "cpu" and (par.get("ulysses_degree", 1) > 1 or par.get("ring_degree", 1) > 1):
-        raise ValueError("--ulysses / --ring use diffusers' context parallelism, which runs on GPUs; on --gpu cpu "
-                         "only --cfg-parallel splits the work")
+    on_cpu = par is not None and get_profile(args.gpu).device == "cpu"  # --gpu auto without CUDA too
+    if on_cpu and (par.get("ulysses_degree", 1) > 1 or par.get("ring_degree", 1) > 1):
+        raise ValueError("--ulysses / --ring use diffusers' context parallelism, which runs on GPUs; on the CPU "
+                         "(--gpu cpu, or auto without CUDA) only --cfg-parallel splits the work")
     if args.compile:
         compile_arg = compile_overrides
     elif par is not None:  # the parallel split is part of the plan: it applies, every region eager
