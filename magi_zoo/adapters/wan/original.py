@@ -206,9 +206,9 @@ def _library_names_error(what: str, src: "_TensorSource", model: nn.Module, own:
     lib = cls.__module__.split(".")[0]
     files = ", ".join(repr(str(f)) for f in sorted(set(src.files)))
     return ValueError(f"{what} in {files}: the file holds {lib}' {cls.__name__} names (e.g. {own!r}), not the "
-                      f"original Wan release's names (e.g. {example!r}) that this layout reads. Put the file the "
-                      f"Wan-AI Wan2.1 repository ships in its place, or load a model saved with {lib}' names as "
-                      "a diffusers-format directory (model_index.json with transformer/, text_encoder/, vae/)")
+                      f"original Wan release's names (e.g. {example!r}) that this layout reads (a model saved with "
+                      f"{lib}' names loads as a diffusers-format directory: model_index.json with transformer/, "
+                      "text_encoder/, vae/)")
 
 
 # -- strict load into an empty model ----------------------------------------------------------
