@@ -297,7 +297,7 @@ def test_checkpoint_errors(eager, tmp_path):
     torch.save({"generator": _official(state), "hook": Exception("not a tensor")}, tmp_path / "code.pt")
     with pytest.raises(ValueError, match="weights only"):
         read_generator(tmp_path / "code.pt")
-    with pytest.raises(ValueError, match="not a local directory"):
+    with pytest.raises(ValueError, match="is a file; pass the checkpoint directory that holds it"):
         magi_zoo.load("self-forcing-wan2.1-1.3b", gpu="cpu", weights=str(tmp_path / "bad.pt"))
 
 
