@@ -15,18 +15,14 @@ import magi_zoo
 from magi_zoo import adapters
 from magi_zoo.adapters.base import Variant
 from magi_zoo.adapters.wan import WanAdapter
-from magi_zoo.adapters.wan.config import TINY
+from magi_zoo.adapters.wan.config import TINY_I2V, TINY_I2V_CALL
 
-# I2V-14B's shape in small: 36 input channels (16 noise + 4 mask + 16 image latents), CLIP
-# image tokens (224 / 14 = 16 -> 256 patches + class = 257) projected by the added K/V. The
-# CLIP width stays 1280 (Wan's WanModel hard-codes it for its image MLP), narrow elsewhere.
-_TINY_I2V = dict(
-    TINY, transformer=dict(TINY["transformer"], in_channels=36, image_dim=1280, added_kv_proj_dim=32),
-    image_encoder=dict(hidden_size=1280, intermediate_size=128, num_hidden_layers=2, num_attention_heads=16,
-                       image_size=224, patch_size=14, projection_dim=1024))
-VARIANT = Variant(name="wan2.1-i2v-tiny-test", family="wan", config=_TINY_I2V, tiny=True,
-                  call_defaults=dict(height=32, width=32, num_frames=9, num_inference_steps=2, guidance_scale=5.0,
-                                     max_sequence_length=16))
+# I2V-14B's structure in small (adapters/wan/config.py: TINY_I2V): 36 input channels (16 noise
+# + 4 mask + 16 image latents), CLIP image tokens (224 / 14 = 16 -> 256 patches + class = 257,
+# gelu as published) projected by the added K/V, and 512 text tokens, where diffusers' Wan
+# attention splits image from text tokens.
+VARIANT = Variant(name="wan2.1-i2v-tiny-test", family="wan", config=TINY_I2V, tiny=True,
+                  call_defaults=dict(TINY_I2V_CALL))
 
 
 @pytest.fixture(scope="module")
