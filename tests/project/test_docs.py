@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO
+from helpers import REPO, checkout_files
 
 README = REPO / "README.md"
 DOCS = REPO / "docs"
@@ -39,19 +39,6 @@ PARENT_PATH = re.compile(r"[\w.\-/]*\.\./[\w.\-/]*")
 
 def _markdown_files() -> list[Path]:
     return [README, REPO / "CHANGELOG.md", *sorted(DOCS.glob("*.md"))]
-
-
-def _repo_files() -> list[Path]:
-    """Every file of the checkout (tracked or new, not ignored); the tree walked without git."""
-    try:
-        out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                             capture_output=True, text=True, check=True).stdout
-        files = [REPO / line for line in out.splitlines() if line]
-    except (OSError, subprocess.CalledProcessError):  # a tree that travels without .git
-        skip = {".git", "__pycache__", ".pytest_cache", "venv", ".venv"}
-        files = [p for p in REPO.rglob("*") if not (set(p.relative_to(REPO).parts) & skip)
-                 and not any(part.endswith(".egg-info") for part in p.parts)]
-    return [p for p in files if p.is_file()]
 
 
 def _text(path: Path) -> str | None:
@@ -189,7 +176,7 @@ def test_named_commands_exist():
 def test_no_file_cites_anything_outside_the_repository():
     """The design is in docs/; nothing may send a reader to a file a clone does not have."""
     bad = []
-    for path in _repo_files():
+    for path in checkout_files():
         text = _text(path)
         if text is None:
             continue

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from benchmarks import tables
-from helpers import REPO
+from helpers import REPO, checkout_files
 
 RESULTS = REPO / "benchmarks" / "results"
 ALLOWED_FILE = Path(__file__).with_name("prose_numbers_allowed.txt")
@@ -135,19 +134,6 @@ def test_a_result_written_by_the_harness_shows_its_commit(tmp_path):
         assert tables.Result("x/r.json", {"env": {"commit": bad}}).commit == "unknown"
 
 
-def _checkout_files() -> list[Path]:
-    """The checkout's files, tracked or new (not ignored: no venvs, egg-info or caches)."""
-    try:
-        out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                             capture_output=True, text=True, check=True).stdout
-        files = [REPO / line for line in out.splitlines() if line]
-    except (OSError, subprocess.CalledProcessError):  # a tree that travels without .git
-        skip = {".git", "__pycache__", ".pytest_cache", "venv", ".venv", "build", "dist"}
-        files = [p for p in REPO.rglob("*") if not set(p.relative_to(REPO).parts) & skip
-                 and not any(part.endswith(".egg-info") for part in p.parts)]
-    return [p for p in files if p.is_file()]
-
-
 CITED = re.compile(r"benchmarks/results/[\w.+\-/]*[\w+\-]")
 CITED_FILES = {".py", ".md", ".toml", ".txt", ".sh", ".cfg"}
 
@@ -157,7 +143,7 @@ def test_every_cited_results_path_exists():
     (moved or deleted results leave no dangling citation). A name followed by a placeholder
     (`<card>`, `*`, `{a,b}`) is a pattern, not a path: not checked."""
     dangling = []
-    for path in _checkout_files():
+    for path in checkout_files():
         rel = path.relative_to(REPO)
         if path.suffix not in CITED_FILES or rel.as_posix().startswith("benchmarks/results/"):
             continue
