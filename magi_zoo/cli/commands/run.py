@@ -6,11 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from ... import distributed, zoo  # `zoo.load` looked up at call time: a patch of it reaches every command
-from ...io import check_writable
 from ..console import say
 from ..launch import launch
 from ..writers import write_output
-from .run_options import check_run
+from .run_options import check_output_files, check_run
 
 
 def cmd_run(args) -> int:
@@ -64,9 +63,7 @@ def generate_to(handle, *, prompt: str, out: str | Path, progress: bool = True, 
     only -- the ranks other than 0 of a multi-process run)."""
     given = handle.adapter.check_run(handle.variant, options, Path(out))
     if write:
-        for flag, path in (("--out", out), ("--audio-out", given.get("audio_out"))):
-            if path is not None:
-                check_writable(path, what=flag, overwrite=overwrite, overwrite_hint="pass --overwrite")
+        check_output_files(out, given.get("audio_out"), overwrite=overwrite)
     output = handle.adapter.generate(handle, prompt=prompt, progress=progress, **given)
     if not write:
         return []

@@ -66,16 +66,21 @@ def check_run(args) -> RunRequest:
     return RunRequest(adapter, opts, compile_arg, step_cache or None, par)
 
 
+def check_output_files(out, audio_out=None, *, overwrite: bool) -> None:
+    """`--out` and `--audio-out` (when given) writable, and not one file: what `magi-zoo run`
+    checks before the build and `generate_to` again before it generates."""
+    outs = [("--out", out)] + ([("--audio-out", audio_out)] if audio_out else [])
+    for flag, path in outs:
+        check_writable(path, what=flag, overwrite=overwrite, overwrite_hint="pass --overwrite")
+    if len(outs) == 2 and Path(outs[0][1]).resolve() == Path(outs[1][1]).resolve():
+        raise ValueError(f"--out and --audio-out name the same file {str(out)!r}; give each its own")
+
+
 def check_output_paths(args) -> None:
     """Every path the run writes -- `--out`, `--audio-out`, the compile cache -- checked now,
     so a finished generation is never lost to a path that cannot be written: not an existing
     directory, not an existing file without `--overwrite`, in a writable directory."""
-    overwrite = bool(getattr(args, "overwrite", False))
-    outs = [("--out", args.out)] + ([("--audio-out", args.audio_out)] if getattr(args, "audio_out", None) else [])
-    for flag, path in outs:
-        check_writable(path, what=flag, overwrite=overwrite, overwrite_hint="pass --overwrite")
-    if len(outs) == 2 and Path(outs[0][1]).resolve() == Path(outs[1][1]).resolve():
-        raise ValueError(f"--out and --audio-out name the same file {args.out!r}; give each its own")
+    check_output_files(args.out, getattr(args, "audio_out", None), overwrite=bool(getattr(args, "overwrite", False)))
     cache = resolve_cache_dir(getattr(args, "cache_dir", None))
     if cache is not None:  # a cache directory is reused: it may hold files already
         what = "--cache-dir" if getattr(args, "cache_dir", None) is not None else "$MAGI_ZOO_CACHE_DIR"
