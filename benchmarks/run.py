@@ -36,6 +36,11 @@ CPU), batch 1 unless `--shape batch=N`. Strategies are the real thing:
                       only a diffusers model's forward with `_repeated_blocks`; for any other
                       entry (BAGEL, Qwen3-Omni) it is refused before any process starts, and
                       the refusal is recorded (status "refused", with the reason);
+- diffusers_regional_fa3 / diffusers_fp8: diffusers' regional compile with the same FA3 kernel
+                      as attention, and with torchao's float8 per-row linears + per-tensor fp8
+                      FA3 on top: the baselines a diligent user composes on Hopper
+                      (benchmarks/baselines.py says exactly what each does); refused with the
+                      reason where their pieces cannot run;
 - magi_zoo:           `magi_zoo.load(model, weights="random", gpu=<card>)` with its shipped
                       spec, timed on the same entry;
 - magi_zoo_fp8:       the same with `precision="fp8"` (fp8 linears in the regions the spec
@@ -85,9 +90,9 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from benchmarks import common
+from benchmarks import baselines, common
 
-STRATEGIES = ("eager", "torch_compile", "diffusers_regional", "magi_zoo", "magi_zoo_fp8", "magi_zoo_fp8_matmul",
+STRATEGIES = ("eager", "torch_compile", "diffusers_regional", *baselines.BASELINES, "magi_zoo", "magi_zoo_fp8", "magi_zoo_fp8_matmul",
               "magi_zoo_sdpa", "magi_zoo_fa3", "magi_zoo_graphs", "magi_zoo_fp8_graphs", "magi_zoo_nographs",
               "magi_zoo_fp8_nographs", "magi_zoo_unfused")
 ZOO_STRATEGIES = ("magi_zoo", "magi_zoo_fp8", "magi_zoo_fp8_matmul", "magi_zoo_sdpa", "magi_zoo_fa3",
@@ -142,8 +147,46 @@ def _qwen3_omni_layers(variant, n: int):
     return derived, note
 
 
+# Where each family keeps its denoiser's depth: (component, key) pairs, in the variant config.
+# Text encoders are cut to one layer too: the timed entries (the denoiser step) never run them,
+# and a published T5-XXL (4.7B parameters) would dominate the build of a reduced-depth model.
+DEPTH_KEYS: dict[str, tuple[tuple[str, str], ...]] = {
+    "wan": (("transformer", "num_layers"),),
+    "self-forcing": (("transformer", "num_layers"),),
+    "flux": (("transformer", "num_layers"), ("transformer", "num_single_layers")),
+    "bagel": (("llm", "num_hidden_layers"),),
+}
+ENCODER_KEYS: dict[str, tuple[tuple[str, str], ...]] = {
+    "wan": (("text_encoder", "num_layers"),), "self-forcing": (("text_encoder", "num_layers"),),
+    "flux": (("t5", "num_layers"), ("clip", "num_hidden_layers")),
+    "bagel": (("vit", "num_hidden_layers"),),
+}
+
+
+def _denoiser_layers(variant, n: int):
+    """The variant's published config with `n` repeated layers in each of the denoiser's block
+    stacks (widths, heads and every other constant unchanged) and one-layer text encoders:
+    the real per-layer code path and shapes at a fraction of the build."""
+    family = variant.family
+    config = {k: dict(v) if isinstance(v, dict) else v for k, v in variant.config.items()}
+    totals = []
+    for component, key in DEPTH_KEYS[family]:
+        total = config[component][key]
+        if not 1 <= n <= total:
+            raise SystemExit(f"--layers {n}: {variant.name} has {total} {component}.{key}; choose 1..{total}")
+        totals.append(f"{component}.{key} {n} of {total}")
+        config[component][key] = n
+    for component, key in ENCODER_KEYS.get(family, ()):
+        config[component][key] = 1
+    derived = dataclasses.replace(variant, name=f"{variant.name}-{n}L", config=config)
+    note = (f"{variant.name} published config with {', '.join(totals)} and one-layer encoders, random weights: "
+            "per-forward time scales ~linearly with layers")
+    return derived, note
+
+
 # family -> (registered variant, N) -> (derived Variant, one-line note for the results).
-LAYER_VARIANTS: dict[str, Callable] = {"qwen3_omni": _qwen3_omni_layers}
+LAYER_VARIANTS: dict[str, Callable] = {"qwen3_omni": _qwen3_omni_layers,
+                                       **dict.fromkeys(DEPTH_KEYS, _denoiser_layers)}
 
 
 def _variant(args):
@@ -178,7 +221,7 @@ def _shape(args) -> dict[str, Any]:
 # -- building a handle -------------------------------------------------------------------------
 
 def _assemble(adapter, variant, *, gpu: str, dtype, device, compiled: bool, backend: str | None,
-              cache_dir: str | None, derived: bool, overrides=None):
+              cache_dir: str | None, derived: bool, overrides=None, precision: str | None = None):
     """What `magi_zoo.load` returns, for the two inputs load cannot be given: a derived
     Variant (--layers; load takes a registered name, and the base `build` has no config=)
     and compile layers with every backend overridden (--backend; `specs.with_backend` works
@@ -199,7 +242,8 @@ def _assemble(adapter, variant, *, gpu: str, dtype, device, compiled: bool, back
     from magi_zoo.zoo import ZooPipeline
 
     profile = get_profile(gpu)
-    layers = spec_layers(adapter, profile, overrides=overrides)  # a strategy's one change, as load takes it
+    # a strategy's one change, as load takes it
+    layers = spec_layers(adapter, profile, overrides=overrides, precision=precision)
     if backend:
         layers = with_backend(layers, backend)
     native = adapter.build(variant, weights="random", dtype=dtype, device=device)
@@ -242,12 +286,13 @@ def _drop_unmatched(modules, layers, preparations) -> tuple[list, list[str]]:
     return out, sorted(set(dropped))
 
 
-def _regional_refusal(adapter, entry: str, module, method: str) -> str | None:
-    """Why diffusers_regional cannot apply to this entry (None: it can)."""
+def _regional_refusal(adapter, entry: str, module, method: str, strategy: str = "diffusers_regional") -> str | None:
+    """Why `strategy` (diffusers' regional compile, alone or under a baseline) cannot apply to
+    this entry (None: it can)."""
     if method == "forward" and callable(getattr(module, "compile_repeated_blocks", None)) \
             and getattr(module, "_repeated_blocks", None):
         return None
-    return (f"diffusers_regional needs a diffusers model's forward with _repeated_blocks "
+    return (f"{strategy} needs a diffusers model's forward with _repeated_blocks "
             f"(compile_repeated_blocks); {adapter.family} entry {entry!r} is "
             f"{type(module).__name__}.{method}, which is not one")
 
@@ -276,11 +321,11 @@ def _build(args, strategy: str):
         handle = magi_zoo.load(args.model, gpu=gpu, weights="random", dtype=dtype, device=device,
                                compile=None if compiled else False, cache_dir=cache_dir, **extra)
     else:
-        if set(extra) - {"overrides"}:  # a plan override layers take; load-only arguments (precision=) not
+        if set(extra) - {"overrides", "precision"}:
             raise TypeError(f"{strategy} does not combine with --layers / --backend")
         handle, dropped = _assemble(adapter, variant, gpu=gpu, dtype=dtype, device=device, compiled=compiled,
                                     backend=args.backend, cache_dir=cache_dir, derived=args.layers is not None,
-                                    overrides=extra.get("overrides"))
+                                    overrides=extra.get("overrides"), precision=extra.get("precision"))
     module, method = adapter.entry(handle.pipe, args.entry)
     if not compiled and not callable(getattr(module, method, None)):
         # The method is one a preparation adds (apply installs them for magi_zoo).
@@ -318,6 +363,13 @@ def _prepare(args, adapter, module, method: str):
         if why:
             raise TypeError(why)
         module.compile_repeated_blocks(fullgraph=True, **kw)
+        return module
+    if strategy in baselines.BASELINES:
+        why = _regional_refusal(adapter, args.entry, module, method, strategy) \
+            or baselines.missing_reason(strategy, next(module.parameters()).device.type)
+        if why:
+            raise TypeError(why)
+        args.baseline_setup = baselines.prepare(strategy, module, kw)
         return module
     raise ValueError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
 
@@ -364,6 +416,8 @@ def worker(args) -> dict[str, Any]:
         rec["cache_status"], rec["cache_load_s"] = handle.cache.status, round(handle.cache.load_s, 3)
         rec["cache_kernel_files"] = handle.cache.kernel_files  # our Triton kernels' files restored
     fn = _prepare(args, handle.adapter, module, method)
+    if getattr(args, "baseline_setup", None):
+        rec["baseline_setup"] = args.baseline_setup
     inputs = make_inputs()
     call = lambda: fn(**inputs)  # noqa: E731
     before = counters.snapshot()
@@ -465,10 +519,14 @@ def _preflight(args, adapter, variant, strategies: list[str]) -> dict[str, str]:
     except (TypeError, ValueError) as e:
         raise SystemExit(f"{variant.name} entry {args.entry!r}: example inputs at this shape fail: {e}") from None
     refused = {}
-    if "diffusers_regional" in strategies:
-        why = _regional_refusal(adapter, args.entry, module, method)
+    for strategy in ("diffusers_regional", *baselines.BASELINES):
+        if strategy not in strategies:
+            continue
+        why = _regional_refusal(adapter, args.entry, module, method, strategy)
+        if why is None and strategy in baselines.BASELINES:
+            why = baselines.missing_reason(strategy, torch.device(args.device).type)
         if why:
-            refused["diffusers_regional"] = why
+            refused[strategy] = why
     return refused
 
 

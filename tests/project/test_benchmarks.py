@@ -127,8 +127,10 @@ def test_harness_rejects_bad_entry_shape_and_layers(tmp_path):
     base = ["--device", "cpu", "--out", str(tmp_path)]
     with pytest.raises(SystemExit, match="no entry point 'decode'.*prefill, decode_step"):
         main(["--model", "qwen3-omni-tiny", "--entry", "decode", *base])
-    with pytest.raises(SystemExit, match="--layers: .*'wan'"):
-        main(["--model", "wan2.1-tiny", "--layers", "2", *base])
+    with pytest.raises(SystemExit, match="--layers: .*'wan22'"):
+        main(["--model", "wan2.2-tiny", "--layers", "2", *base])
+    with pytest.raises(SystemExit, match="--layers 31: .* has 30 transformer.num_layers"):
+        main(["--model", "wan2.1-t2v-1.3b", "--layers", "31", *base])
     with pytest.raises(SystemExit, match="has 2 thinker layers"):
         main(["--model", "qwen3-omni-tiny", "--layers", "3", *base])
     with pytest.raises(SystemExit, match="expected key=value"):
@@ -348,3 +350,54 @@ def test_model_topics_name_the_results_folders():
     for model in ("wan2.1-t2v-1.3b", "wan2.1-i2v-14b-480p", "flux.1-dev", "bagel-7b-mot", "qwen3-omni-30b-a3b"):
         assert results_dir(model_topic(model)).is_dir(), model  # where its committed results are
     assert not [p for p in RESULTS.iterdir() if p.is_file()]  # every result lies in a topic folder
+
+
+def test_layer_derivation_keeps_every_published_constant_but_depth():
+    """--layers cuts the denoiser's block stacks (and the encoders, which the timed entry never
+    runs) and nothing else: widths, heads, patch sizes stay the published ones."""
+    from benchmarks.run import LAYER_VARIANTS
+    from magi_zoo import adapters
+
+    adapter, variant = adapters.lookup("flux.1-dev")
+    derived, note = LAYER_VARIANTS[adapter.family](variant, 2)
+    assert derived.name == "flux.1-dev-2L" and "num_single_layers 2 of 38" in note
+    changed = {(c, k) for c, cfg in variant.config.items() if isinstance(cfg, dict)
+               for k, v in cfg.items() if derived.config[c][k] != v}
+    assert changed == {("transformer", "num_layers"), ("transformer", "num_single_layers"),
+                       ("t5", "num_layers"), ("clip", "num_hidden_layers")}
+    assert variant.config["transformer"]["num_layers"] == 19  # the registered variant is untouched
+
+
+def test_same_kernel_baselines_are_refused_with_the_reason_before_any_process(capsys):
+    """The diffusers baselines on FA3 / fp8 need CUDA and the kernels; a family with no
+    diffusers regional compile cannot have them at all. Both are refusals recorded before any
+    worker starts, each naming its reason (a missing baseline row is never a silent gap)."""
+    import argparse
+
+    from benchmarks.run import _preflight
+    from magi_zoo import adapters
+
+    args = argparse.Namespace(entry="denoise", device="cpu", height=None, width=None, frames=None, shape=[])
+    strategies = ["eager", "diffusers_regional", "diffusers_regional_fa3", "diffusers_fp8"]
+    refused = _preflight(args, *adapters.lookup("wan2.1-tiny"), strategies)
+    assert set(refused) == {"diffusers_regional_fa3", "diffusers_fp8"}
+    assert all("needs a CUDA device" in why for why in refused.values()), refused
+    refused = _preflight(args, *adapters.lookup("bagel-tiny"), strategies)
+    assert set(refused) == {"diffusers_regional", "diffusers_regional_fa3", "diffusers_fp8"}
+    assert refused["diffusers_fp8"].startswith("diffusers_fp8 needs a diffusers model's forward"), refused
+
+
+def test_per_tensor_fp8_baseline_quantizes_with_one_scale_per_tensor():
+    import torch
+
+    from benchmarks.baselines import FP8_MAX, _per_tensor_fp8
+
+    x = torch.randn(2, 64, 3, 16) * torch.tensor([1.0, 10.0, 100.0]).view(1, 1, 3, 1)
+    q, descale = _per_tensor_fp8(x)
+    assert q.dtype == torch.float8_e4m3fn and descale.shape == (2, 3)
+    assert torch.all(descale == x.abs().amax() / FP8_MAX)  # one scale, repeated per (batch, head)
+    back = q.float() * descale[0, 0]
+    # e4m3 keeps 3 mantissa bits: half an ulp is 2^-4 relative for normal values; the small head
+    # (100x below the amax) loses more, which is what per-head scales fix
+    big = x[:, :, 2]
+    assert float((back[:, :, 2] - big).abs().max() / big.abs().max()) < 2 ** -4
