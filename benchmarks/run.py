@@ -155,11 +155,15 @@ DEPTH_KEYS: dict[str, tuple[tuple[str, str], ...]] = {
     "self-forcing": (("transformer", "num_layers"),),
     "flux": (("transformer", "num_layers"), ("transformer", "num_single_layers")),
     "bagel": (("llm", "num_hidden_layers"),),
+    "qwen_image": (("transformer", "num_layers"),),
+    "flux2": (("transformer", "num_layers"), ("transformer", "num_single_layers")),
 }
 ENCODER_KEYS: dict[str, tuple[tuple[str, str], ...]] = {
     "wan": (("text_encoder", "num_layers"),), "self-forcing": (("text_encoder", "num_layers"),),
     "flux": (("t5", "num_layers"), ("clip", "num_hidden_layers")),
     "bagel": (("vit", "num_hidden_layers"),),
+    "qwen_image": (("text", "num_hidden_layers"), ("vision", "depth")),
+    "flux2": (("text", "num_hidden_layers"), ("vision", "num_hidden_layers")),
 }
 
 
@@ -608,6 +612,8 @@ def parent(args) -> dict[str, Any]:
             if strategy in refused:
                 print(f"[{i}/{len(strategies)}] {strategy}: refused: {refused[strategy]}", flush=True)
                 rows.append({"strategy": strategy, "status": "refused", "error": refused[strategy]})
+                record = _write_record(args, adapter, variant, note, shape, [dict(r) for r in rows], decode, batch,
+                                       out_dir, complete=i == len(strategies))
                 continue
             warm = 0 if strategy == "eager" or args.no_warm_start else args.warm_repeats
             phases = [("cold", 0)] + [("warm", k) for k in range(warm)]
@@ -641,6 +647,19 @@ def parent(args) -> dict[str, Any]:
             if args.fp32_reference:
                 row["rel_err_vs_fp32"] = _compare(tmp, strategy, "fp32")[0]
             rows.append(row)
+            # Written after every row: a run cut short (a time limit, a crash) keeps what it measured,
+            # marked incomplete; the last write is the whole run.
+            record = _write_record(args, adapter, variant, note, shape, [dict(r) for r in rows], decode, batch,
+                                   out_dir, complete=i == len(strategies))
+    return record
+
+
+def _write_record(args, adapter, variant, note, shape, rows: list[dict[str, Any]], decode: bool, batch: int,
+                  out_dir: Path, *, complete: bool) -> dict[str, Any]:
+    """The results record of the rows measured so far (derived columns added), written as JSON,
+    markdown and chart; `complete` False marks a run still going (or cut short) in both files."""
+    import torch
+
     eager = rows[0]
     flops, peak = eager.get("flops"), eager.get("matmul_tflops")
     for r in rows:
@@ -662,7 +681,7 @@ def parent(args) -> dict[str, Any]:
     device = torch.device(args.device)
     env = common.environment(device)
     target = eager.get("entry_target")
-    record = {"model": args.model, "variant": variant.name, "variant_note": note, "entry": args.entry,
+    record = {"complete": complete, "model": args.model, "variant": variant.name, "variant_note": note, "entry": args.entry,
               "entry_target": target, "entry_method": target.rsplit(".", 1)[-1] if target else None,
               "shape": {"height": args.height, "width": args.width, "frames": args.frames, **shape},
               "batch": batch, "dtype": "bfloat16" if device.type == "cuda" else "float32", "cfg": args.cfg,
@@ -674,7 +693,8 @@ def parent(args) -> dict[str, Any]:
                          + (f"_{args.layers}L" if args.layers is not None else "")
                          + f"_{common.card_tag(env, device.type == 'cuda')}")  # a name says its card
     what = "one denoiser forward" if args.entry == "denoise" else f"one {args.entry} call"
-    md = [f"# {args.model}: {what}" + (" (smoke run: too few runs to be a measurement)" if args.smoke else ""), "",
+    md = [f"# {args.model}: {what}" + (" (smoke run: too few runs to be a measurement)" if args.smoke else "")
+          + ("" if complete else f" (incomplete: {len(rows)} strategies measured so far)"), "",
           common.env_line(env), ""]
     if note:
         md += [note, ""]
@@ -698,7 +718,8 @@ def parent(args) -> dict[str, Any]:
     paths = common.write_results(out_dir, stem, record, "\n".join(md))
     ylabel = "ms per forward (median)" if record["entry_method"] in (None, "forward") else "ms per call (median)"
     chart = _chart(rows, out_dir / f"{stem}.png", f"{args.model} on {env['card']} (torch {env['torch']})", ylabel)
-    print("\n".join(md), flush=True)
+    if complete:
+        print("\n".join(md), flush=True)
     print("wrote " + ", ".join(str(p) for p in paths + ([chart] if chart else [])), flush=True)
     return record
 
