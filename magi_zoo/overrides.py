@@ -158,3 +158,22 @@ def eager_compile(spec: SpecFile) -> dict[str, dict[str, dict[str, bool]]]:
         for key, method, _ in layer.items("compile"):
             off.setdefault(key, {})[method] = {"enabled": False}
     return off
+
+
+def name_plan_source(error: ValueError, spec_file: str | Path, profile: str, *, shipped: bool) -> ValueError:
+    """`error` (a `PlanError`: a plan key that matches nothing) with where the key was written
+    and what to do: the spec file's table for the spec's layers (`[default.<section>]`,
+    `[gpu.<profile>.<section>]`), the caller's arguments for the user layer. The resolver
+    knows the layer, not the file: the caller names it."""
+    layer, section = getattr(error, "layer", None), getattr(error, "section", None)
+    fix = ("the shipped spec fits the published module tree, so these weights are likely not this model's; "
+           "check --weights, or pass a corrected copy of the file with --spec-file / spec_file="
+           if shipped else "fix or remove the key there")
+    if layer == "user":
+        where = "it comes from your overrides (--compile / --step-cache, or load's compile= / overrides=); fix that key"
+    elif layer in ("model default", "gpu") and section:
+        table = f"[default.{section}]" if layer == "model default" else f"[gpu.{profile}.{section}] (or a table it inherits)"
+        where = f"it comes from {table} of the spec file {str(spec_file)!r}: {fix}"
+    else:
+        where = f"the key comes from the spec file {str(spec_file)!r} or your overrides: {fix}"
+    return type(error)(f"{error} ({where})", layer=layer, section=section)

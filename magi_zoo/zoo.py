@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import inspect
 import time
+import typing
 from pathlib import Path
 from typing import Any, Mapping
 
+import pydantic
 import torch
 import torch.nn as nn
 
 from . import adapters
-from .engine import Report, apply, needs_streaming, offload
+from .engine import PlanError, Report, apply, needs_streaming, offload
 from .engine.compile import CompileCache, resolve_cache_dir
 from .engine.observe.explain import explain_call
 from .io import check_writable
-from .overrides import has_auto_recompute, spec_layers
+from .overrides import has_auto_recompute, name_plan_source, spec_layers
 from .specs import PlanLayer, get_profile
 from .specs.gpu_profiles import GpuProfile
 from .train import calibrate as calibrate_handle
@@ -157,6 +160,31 @@ class ZooPipeline:
         return f"ZooPipeline({self.variant.name}, gpu={self.profile.name}, dtype={self.dtype}, regions={n})"
 
 
+_STRICT: dict[Any, Any] = {}  # function -> its arguments' strict pydantic model, made on first use
+
+
+def strict_arguments(fn: Any, values: Mapping[str, Any]) -> None:
+    """`fn`'s arguments in `values` checked against its annotations, strictly (pydantic's strict
+    mode: 1 is not True, "4" is not 4, a bool is not a number; an int is a float). A wrong type
+    is a TypeError naming the argument, the types it takes and what it got: coercing would
+    turn `train=1` into a training load, or a typo'd value into a silent default."""
+    model = _STRICT.get(fn)
+    if model is None:
+        hints = typing.get_type_hints(fn)
+        params = inspect.signature(fn).parameters
+        model = _STRICT[fn] = pydantic.create_model(
+            f"{fn.__name__}_arguments", __config__=pydantic.ConfigDict(strict=True, arbitrary_types_allowed=True),
+            **{k: (hints[k], ...) for k in params if k in hints})
+    try:
+        model(**{k: values[k] for k in model.model_fields})
+    except pydantic.ValidationError as e:
+        order = list(model.model_fields)
+        k = min((x["loc"][0] for x in e.errors()), key=order.index)
+        wanted = inspect.signature(fn).parameters[k].annotation
+        raise TypeError(f"{fn.__name__}({k}={values[k]!r}): {k} takes {wanted}, got {type(values[k]).__name__}; "
+                        "values are not converted (pass e.g. True, not 1; 4.0 or 4, not '4')") from None
+
+
 def list_models() -> list[str]:
     """The registered model variants (aliases such as 'wan2.1' resolve too)."""
     return adapters.list_models()
@@ -230,6 +258,7 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
         the processes of a torchrun job (what `magi-zoo run --nproc N` passes). Not with
         compile=False, which applies no plan.
     """
+    strict_arguments(load, locals())  # train=1, memory_budget_gib="4": refused, never coerced
     mark = time.perf_counter()
     timings: dict[str, float] = {}
 
@@ -258,15 +287,21 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
     directory = resolve_cache_dir(cache_dir)
     if directory is not None:  # a directory the cache can be saved to, or an error now, not after the run
         check_writable(directory, what="cache_dir", directory=True, overwrite=True)
-    build_dev = _build_device(adapter, variant, layers, profile, dev, dt, compile, memory_budget_gib is not None)
+    try:
+        build_dev = _build_device(adapter, variant, layers, profile, dev, dt, compile, memory_budget_gib is not None)
+    except PlanError as e:  # the offload plan resolves the layers on a meta copy: name the file
+        raise name_plan_source(e, spec_file or adapter.spec_path(), profile.name, shipped=spec_file is None) from None
     lap("plan_s")
     native = adapter.build(variant, weights=weights, dtype=dt, device=build_dev)
     lap("build_s")
     modules = nn.ModuleDict(adapter.components(native))
     if train:
         set_train_mode(adapter, native)
-    report = None if compile is False else apply(modules, layers=layers, gpu=profile,
-                                                 preparations=adapter.preparations(native), train=train)
+    try:
+        report = None if compile is False else apply(modules, layers=layers, gpu=profile,
+                                                     preparations=adapter.preparations(native), train=train)
+    except PlanError as e:  # name the file (or argument) the key came from
+        raise name_plan_source(e, spec_file or adapter.spec_path(), profile.name, shipped=spec_file is None) from None
     if build_dev != dev and report is not None:
         if offload.runtime(modules) is None:  # the applied plan streams nothing after all (fp8 weights fit): place it whole
             modules.to(dev)

@@ -30,6 +30,8 @@ FAMILIES: dict[str, str] = {
     "flux": "magi_zoo.adapters.flux.adapter:FluxAdapter",
     "qwen3_omni": "magi_zoo.adapters.qwen3_omni.adapter:Qwen3OmniAdapter",
     "self-forcing": "magi_zoo.adapters.self_forcing.adapter:SelfForcingAdapter",
+    "qwen_image": "magi_zoo.adapters.qwen_image.adapter:QwenImageAdapter",
+    "flux2": "magi_zoo.adapters.flux2.adapter:Flux2Adapter",
 }
 
 ENTRY_POINT_GROUP = "magi_zoo.adapters"

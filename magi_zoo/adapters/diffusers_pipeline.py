@@ -49,9 +49,19 @@ def weights_error(variant: Variant, source: str, local: bool, e: BaseException) 
     return ValueError(f"{variant.name}: the weights {source!r} are {why}. {instead}")
 
 
+def read_rgb(path: str | os.PathLike):
+    """An input image file as an RGB PIL image, read whole (the file may change after)."""
+    from PIL import Image  # lazy: PIL costs ~15 ms; only image inputs need it
+
+    with Image.open(path) as img:
+        return img.convert("RGB")
+
+
 class DiffusersPipelineAdapter(Adapter):
     """An `Adapter` over a diffusers pipeline. Subclasses set `component_names`,
-    `output_kind` and implement `build_random` and `denoiser_inputs`."""
+    `output_kind` and implement `build_random` and `denoiser_inputs`. A family whose pipeline
+    takes a conditioning image lists "image" in `run_options`: `generate` hands the pipeline
+    `image=` as an RGB PIL image (a path is read here, after `check_inputs` checked it)."""
 
     component_names: ClassVar[tuple[str, ...]]  # pipeline attributes the spec keys refer to
     fp32_components: ClassVar[tuple[str, ...]] = ()  # kept in fp32 after from_pretrained
@@ -110,6 +120,8 @@ class DiffusersPipelineAdapter(Adapter):
     # -- `magi-zoo run` ---------------------------------------------------------------------
     def generate(self, handle, *, prompt: str, progress: bool = True, **options) -> Output:
         seed = options.pop("seed", None)
+        if isinstance(options.get("image"), (str, os.PathLike)):  # `--image FILE`, checked by check_inputs
+            options["image"] = read_rgb(options["image"])
         if seed is not None:
             options["generator"] = torch.Generator(device="cpu").manual_seed(int(seed))
         self.check_shape(handle.pipe, {**handle.call_defaults(), **options})

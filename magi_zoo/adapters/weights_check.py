@@ -54,8 +54,8 @@ class Identity:
 
 
 # Declared class-name prefixes (diffusers `_class_name`, transformers `architectures`) -> family.
-_PREFIXES = (("CausalWan", "Wan"), ("Wan", "Wan"), ("Flux", "Flux"), ("Qwen3OmniMoe", "Qwen3-Omni"),
-             ("Bagel", "BAGEL"))
+_PREFIXES = (("CausalWan", "Wan"), ("Wan", "Wan"), ("Flux2", "FLUX.2"), ("Flux", "Flux"),
+             ("Qwen3OmniMoe", "Qwen3-Omni"), ("QwenImage", "Qwen-Image"), ("Bagel", "BAGEL"))
 
 
 def _family_of(name: str) -> str:
@@ -124,4 +124,5 @@ def identify_hub(repo_id: str) -> Identity | None:
 # The checkpoint families each shipped adapter family loads (an adapter may set
 # `weights_families` itself; a family in neither is not checked).
 FAMILY_WEIGHTS = {"wan": ("Wan",), "wan22": ("Wan",), "self-forcing": ("Wan",), "flux": ("Flux",),
-                  "bagel": ("BAGEL",), "qwen3_omni": ("Qwen3-Omni",)}
+                  "bagel": ("BAGEL",), "qwen3_omni": ("Qwen3-Omni",), "qwen_image": ("Qwen-Image",),
+                  "flux2": ("FLUX.2",)}

@@ -24,7 +24,15 @@ from .observe.table import format_table
 
 
 class PlanError(ValueError):
-    """A plan key or method that matches nothing in the module tree."""
+    """A plan key or method that matches nothing in the module tree. `layer` and `section`
+    say where the key was written (the layer's name, e.g. "model default", and the section),
+    when the resolver knows; `magi_zoo.overrides.name_plan_source` turns them into the spec
+    file's table."""
+
+    def __init__(self, message: str, *, layer: str | None = None, section: str | None = None):
+        super().__init__(message)
+        self.layer = layer
+        self.section = section
 
 
 @dataclasses.dataclass
@@ -219,11 +227,15 @@ def resolve_section(root: nn.Module, layers: list[tuple[str, PlanLayer]], sectio
         for key, method, spec in items:
             paths, by_path = match_key(root, key, modules)
             if not paths:
-                raise _no_match_error(root, key, modules, f"{layer_name}, {section}")
+                err = _no_match_error(root, key, modules, f"{layer_name}, {section}")
+                err.layer, err.section = layer_name, section
+                raise err
             for path in paths:
                 mod = modules[path]
                 if method is not None and not callable(getattr(mod, method, None)):
-                    raise _method_error(key, path, mod, method)
+                    err = _method_error(key, path, mod, method)
+                    err.layer, err.section = layer_name, section
+                    raise err
                 found.setdefault((path, method), []).append(
                     ((rank, *_specificity(key, by_path)), layer_name, key, spec)
                 )

@@ -61,7 +61,8 @@ def test_wan_tiny_i2v_text_is_the_published_512_tokens():
 
 # -- every registered tiny variant against its published variant -------------------------------
 PUBLISHED_OF = {"wan2.1-tiny": "wan2.1-t2v-1.3b", "wan2.2-tiny": "wan2.2-t2v-a14b", "wan2.2-ti2v-tiny": "wan2.2-ti2v-5b",
-                "self-forcing-tiny": "self-forcing-wan2.1-1.3b", "flux-tiny": "flux.1-dev", "bagel-tiny": "bagel-7b-mot"}
+                "self-forcing-tiny": "self-forcing-wan2.1-1.3b", "flux-tiny": "flux.1-dev", "bagel-tiny": "bagel-7b-mot",
+                "qwen-image-tiny": "qwen-image", "flux.2-tiny": "flux.2-dev"}
 # Leaf field names that are widths, depths or table sizes in every family's configs.
 SIZES = {
     # widths
@@ -69,8 +70,11 @@ SIZES = {
     "d_ff", "ffn_dim", "freq_dim", "text_dim", "joint_attention_dim", "pooled_projection_dim", "projection_dim",
     "num_key_value_heads", "base_dim", "decoder_base_dim", "dim_mult", "block_out_channels", "norm_num_groups",
     "axes_dims_rope",  # RoPE's split of the head dim (sums to attention_head_dim)
+    "mrope_section",  # multimodal RoPE's split of half the head dim (Qwen2.5-VL)
+    "out_hidden_size",  # a vision tower's output width (the text model's hidden size)
+    "head_dim",  # an LLM's per-head width (Mistral declares it apart from hidden_size / heads)
     # depths
-    "num_layers", "num_hidden_layers", "num_single_layers", "num_res_blocks", "layers_per_block",
+    "num_layers", "num_hidden_layers", "num_single_layers", "num_res_blocks", "layers_per_block", "depth",
     # vocabularies and tables (each row / id is used as published)
     "vocab_size", "tokenizer_vocab", "clip_vocab", "t5_vocab", "relative_attention_num_buckets", "rope_max_seq_len",
     "max_position_embeddings", "max_latent_size", "vit_max_num_patch_per_side", "image_size", "sample_size",

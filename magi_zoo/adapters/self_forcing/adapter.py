@@ -181,13 +181,16 @@ class SelfForcingAdapter(Adapter):
         return CallLimits(pixel_multiple=8 * p, why_multiple=f"VAE 8x down x {p}x{p} patches", max_grid=rope,
                           why_grid=f"its RoPE table has {rope} positions per axis")
 
-    def check_run(self, variant: Variant, options: dict[str, Any], out: Path | None = None) -> dict[str, Any]:
-        given = super().check_run(variant, options, out)
-        n = given.get("num_frames")
-        if n is not None and n not in valid_frame_counts(max(n, 81) + 24):
-            raise ValueError(f"--frames {n}: Self-Forcing makes whole blocks of 3 latent frames, i.e. 12 m - 3 "
-                             f"video frames: {', '.join(map(str, valid_frame_counts(120)))}, ...")
-        return given
+    def check_call(self, variant: Variant, call: dict[str, Any], *, name=lambda k: k,
+                   device_gib: float | None = None) -> None:
+        """The general checks, then Self-Forcing's frame rule: whole blocks of 3 latent frames,
+        12 m - 3 video frames. Here, not only in `check_run`, so the handle (`pipe(...)`) refuses
+        81 + 1 frames before any work as the CLI does."""
+        super().check_call(variant, call, name=name, device_gib=device_gib)
+        n = call.get("num_frames")
+        if isinstance(n, int) and n > 0 and n not in valid_frame_counts(max(n, 81) + 24):
+            raise ValueError(f"{name('num_frames')} {n}: Self-Forcing makes whole blocks of 3 latent frames, i.e. "
+                             f"12 m - 3 video frames: {', '.join(map(str, valid_frame_counts(120)))}, ...")
 
     def generate(self, handle, *, prompt: str, progress: bool = True, **options) -> Output:
         """Stream the video block by block; with progress, one line per block as its frames

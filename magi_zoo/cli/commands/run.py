@@ -9,13 +9,14 @@ from ... import distributed, zoo  # `zoo.load` looked up at call time: a patch o
 from ..console import say
 from ..launch import launch
 from ..writers import write_output
-from .run_options import check_output_files, check_run
+from .run_options import check_output_files, check_plan_keys, check_run
 
 
 def cmd_run(args) -> int:
     # --nproc N: check what is cheap here, then run this same command in N processes (torchrun).
     if (args.nproc or 1) > 1 and not distributed.is_launched():
-        check_run(args)
+        request = check_run(args)
+        check_plan_keys(args, request)  # a spec file's bad key: one error here, not one per rank after N builds
         return launch(args.nproc, args.argv)
     if distributed.init("cpu" if args.gpu == "cpu" else None):
         distributed.check_same(args.argv, "command lines")

@@ -44,8 +44,10 @@ def check_run(args) -> RunRequest:
     step_cache = step_cache_override(args, adapter)
     if compile_overrides is not None and not args.compile:
         raise ValueError("--compile and --no-compile contradict each other; pass one")
-    if args.spec_file is not None and not Path(args.spec_file).is_file():
-        raise ValueError(f"--spec-file {args.spec_file!r}: no such file")
+    if args.spec_file is not None:  # read strictly now: under --nproc an error here is printed once, not per rank
+        if not Path(args.spec_file).is_file():
+            raise ValueError(f"--spec-file {args.spec_file!r}: no such file")
+        SpecFile.from_toml(args.spec_file).layers_for(get_profile(args.gpu).name)
     world = distributed.world_size()
     if distributed.is_launched() and args.nproc not in (None, world):
         raise ValueError(f"--nproc {args.nproc} but this torchrun job has {world} processes; drop --nproc or match it")
@@ -64,6 +66,32 @@ def check_run(args) -> RunRequest:
     else:
         compile_arg = False
     return RunRequest(adapter, opts, compile_arg, step_cache or None, par)
+
+
+def check_plan_keys(args, request: RunRequest) -> None:
+    """The plan's keys (the spec file's and the overrides') resolved against the model's module
+    tree built on the meta device (no memory, no weights): what `--nproc` checks before torchrun
+    starts, so a key that matches nothing is one error naming its file, not one per rank after
+    every rank has built the model."""
+    import torch  # lazy: torch costs seconds; --help never needs it
+    import torch.nn as nn  # lazy: as above
+
+    from ...engine import PlanError, preview  # lazy: the engine imports torch
+    from ...overrides import name_plan_source, spec_layers  # lazy: as above
+
+    if request.compile is False:  # eager: no plan is applied
+        return
+    profile = get_profile(args.gpu)
+    layers = spec_layers(request.adapter, profile, spec_file=args.spec_file, compile=request.compile,
+                         overrides=request.overrides, parallel=request.parallel,
+                         memory_budget_gib=args.memory_budget)
+    variant = adapters.lookup(args.model)[1]
+    native = request.adapter.build(variant, weights="random", dtype=torch.bfloat16, device=torch.device("meta"))
+    try:
+        preview(nn.ModuleDict(request.adapter.components(native)), layers, request.adapter.preparations(native))
+    except PlanError as e:
+        raise name_plan_source(e, args.spec_file or request.adapter.spec_path(), profile.name,
+                               shipped=args.spec_file is None) from None
 
 
 def check_output_files(out, audio_out=None, *, overwrite: bool) -> None:

@@ -10,10 +10,10 @@ import torch
 import torch.nn as nn
 
 from ... import adapters, zoo  # `zoo.load` looked up at call time: a patch of it reaches every command
-from ...engine import STEP_ORDER, format_table, list_custom_ops, preview
+from ...engine import STEP_ORDER, PlanError, format_table, list_custom_ops, preview
 from ...engine.compat import torch as compat
 from ...engine.offload import describe_plan
-from ...overrides import spec_layers
+from ...overrides import name_plan_source, spec_layers
 from ...specs import SECTIONS, get_profile
 from ..console import say
 
@@ -28,7 +28,11 @@ def cmd_spec(args) -> int:
     # The meta device gives the real module tree at published sizes without allocating.
     native = adapter.build(variant, weights="random", dtype=torch.bfloat16, device=torch.device("meta"))
     modules = nn.ModuleDict(adapter.components(native))
-    plan = preview(modules, layers, adapter.preparations(native))
+    try:
+        plan = preview(modules, layers, adapter.preparations(native))
+    except PlanError as e:  # name the file (or flag) the key came from
+        raise name_plan_source(e, args.spec_file or adapter.spec_path(), profile.name,
+                               shipped=args.spec_file is None) from None
     say(f"{variant.name} on {profile.name} ({profile.device}, default dtype {profile.default_dtype}); "
         f"spec {args.spec_file or adapter.spec_file}, layers: {' < '.join(n for n, _ in layers)}")
     say(f"apply steps, in order: {' -> '.join(STEP_ORDER)}")

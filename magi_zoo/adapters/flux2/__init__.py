@@ -1,0 +1,7 @@
+"""FLUX.2 (text-to-image and image-conditioned generation, a 32B Flux successor with a
+Mistral-Small-3.2 text encoder) over diffusers' Flux2Pipeline: `config` (the published and tiny
+configs), `adapter` (variants, build, the denoiser's inputs)."""
+
+from .adapter import VARIANTS, Flux2Adapter
+
+__all__ = ["Flux2Adapter", "VARIANTS"]

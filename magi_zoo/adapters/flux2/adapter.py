@@ -1,0 +1,117 @@
+"""FLUX.2 over diffusers' Flux2Pipeline / Flux2Transformer2DModel: text-to-image, and
+image-conditioned generation with `image=` (`--image FILE`: the pipeline encodes it with the VAE
+and appends its tokens to the image sequence). The numbers and their sources are in `config`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .._tokenizers import byte_bpe_tokenizer
+from ..base import CallLimits, Variant, init_on
+from ..diffusers_pipeline import DiffusersPipelineAdapter
+from . import config as C
+
+VARIANTS = {v.name: v for v in [
+    Variant(name="flux.2-dev", family="flux2", config=C.PUBLISHED, hub_id="black-forest-labs/FLUX.2-dev",
+            description="text-to-image and image editing, 32B, Mistral-Small-3.2 text encoder", call_defaults=C.CALL),
+    Variant(name="flux.2-tiny", family="flux2", config=C.TINY, tiny=True,
+            description="2 double + 2 single blocks, dim 32, a 3-layer Mistral; random, offline",
+            call_defaults=C.TINY_CALL),
+]}
+# Mistral's instruction markers; the template writes the system and user turns as Mistral
+# Small 3's chat template does ([SYSTEM_PROMPT] ... [/SYSTEM_PROMPT][INST] ... [/INST]).
+_SPECIALS = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "<pad>"]
+_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{% set text = m['content'][0]['text'] if m['content'] is not "
+             "string else m['content'] %}{% if m['role'] == 'system' %}[SYSTEM_PROMPT]{{ text }}[/SYSTEM_PROMPT]"
+             "{% else %}[INST]{{ text }}[/INST]{% endif %}{% endfor %}")
+
+
+def _random_pipeline(variant: Variant, dtype: torch.dtype, device: torch.device):
+    """Random init at the variant's config, created on `device` in `dtype` directly."""
+    # lazy: diffusers and transformers cost seconds; the registry imports this module to list models
+    from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2Pipeline, Flux2Transformer2DModel
+    from transformers import Mistral3Config, Mistral3ForConditionalGeneration  # lazy: as above
+
+    cfg = variant.config
+    tokenizer = byte_bpe_tokenizer(vocab_size=min(cfg["tokenizer_vocab"], 4096), specials=_SPECIALS, bos="<s>",
+                                   eos="</s>", pad="<pad>", unk="<unk>", model_max_length=131072)
+    tokenizer.chat_template = _TEMPLATE
+    te_cfg = Mistral3Config(text_config=dict(cfg["text"], bos_token_id=1, eos_token_id=2, pad_token_id=7),
+                            vision_config=cfg["vision"], **cfg["encoder"])
+    with init_on(device, dtype):
+        transformer = Flux2Transformer2DModel(**cfg["transformer"])
+        text_encoder = Mistral3ForConditionalGeneration(te_cfg)
+        vae = AutoencoderKLFlux2(**cfg["vae"])
+    return Flux2Pipeline(scheduler=FlowMatchEulerDiscreteScheduler(**cfg["scheduler"]), vae=vae,
+                         text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer)
+
+
+class Flux2Adapter(DiffusersPipelineAdapter):
+    family = "flux2"
+    spec_file = "flux2.toml"
+    variants = VARIANTS
+    aliases = {"flux.2": "flux.2-dev", "flux2": "flux.2-dev", "flux2-dev": "flux.2-dev"}
+    weights_families = ("FLUX.2",)
+    component_names = ("transformer", "text_encoder", "vae")
+    output_kind = "image"
+    output_suffixes = (".png", ".jpg", ".jpeg", ".webp")
+    run_options = DiffusersPipelineAdapter.run_options + ("image",)  # a conditioning image (editing)
+    # Flux2Pipeline is guidance-distilled (the guidance embedder) and runs no CFG: cfg_option None.
+
+    def build_random(self, variant: Variant, dtype: torch.dtype, device: torch.device):
+        return _random_pipeline(variant, dtype, device)
+
+    def check_inputs(self, given: dict[str, Any]) -> None:
+        """`--image` also has the size Flux2Pipeline accepts (>= 64 px a side), before the build."""
+        super().check_inputs(given)
+        if given.get("image") is not None:
+            from PIL import Image  # lazy: PIL costs ~15 ms; only image inputs need it
+
+            with Image.open(given["image"]) as img:
+                if min(img.size) < 64:
+                    raise ValueError(f"--image {str(given['image'])!r}: {img.size[0]}x{img.size[1]}; FLUX.2 "
+                                     "takes conditioning images of at least 64x64 pixels")
+
+    def call_limits(self, variant: Variant) -> CallLimits:
+        """Pixels divide by the VAE's downsampling (2 per level after the first: 8 published)
+        times the 2x2 latent patches; RoPE is computed per call (no longest side)."""
+        down = 2 ** (len(variant.config["vae"]["block_out_channels"]) - 1)
+        return CallLimits(pixel_multiple=down * 2, why_multiple=f"VAE {down}x down x 2x2 patches")
+
+    def check_shape(self, pipe, call: dict[str, Any]) -> None:
+        f = pipe.vae_scale_factor * 2
+        if call["height"] % f or call["width"] % f:
+            raise ValueError(f"FLUX.2 needs height and width divisible by {f}; got {call['height']}x{call['width']}")
+
+    def denoiser_inputs(self, pipe, variant: Variant, *, height=None, width=None, frames=None,
+                        batch: int = 1, seed: int = 0, cond_tokens: int = 0) -> dict[str, Any]:
+        """One Flux2Transformer2DModel forward as Flux2Pipeline makes it: packed latents
+        (B, (H/16)(W/16), 128), the three stacked Mistral hidden states (B, 512, 15360), timestep
+        in [0, 1], 4-D position ids (T, H, W, L) for image and text tokens, guidance.
+        cond_tokens: a conditioning image's tokens appended to the image sequence (`--shape
+        cond_tokens=N`; the pipeline puts them at T = 10 in their own grid -- here one row)."""
+        if frames not in (None, 1):
+            raise ValueError(f"{variant.name} makes images; frames={frames} has no meaning")
+        d = variant.call_defaults
+        height, width = height or d["height"], width or d["width"]
+        self.check_shape(pipe, {"height": height, "width": width})
+        t = pipe.transformer
+        p = next(t.parameters())
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        rnd = lambda *shape: torch.randn(*shape, generator=g).to(device=p.device, dtype=p.dtype)  # noqa: E731
+        gh, gw = height // (pipe.vae_scale_factor * 2), width // (pipe.vae_scale_factor * 2)
+        text_len = d.get("max_sequence_length", 512)
+        ar = lambda n: torch.arange(n, device=p.device)  # noqa: E731
+        zero = torch.zeros(1, dtype=torch.long, device=p.device)
+        img_ids = torch.cartesian_prod(zero, ar(gh), ar(gw), zero)  # what Flux2Pipeline._prepare_latent_ids makes
+        if cond_tokens:
+            img_ids = torch.cat([img_ids, torch.cartesian_prod(zero + 10, zero, ar(cond_tokens), zero)])
+        txt_ids = torch.cartesian_prod(zero, zero, zero, ar(text_len))
+        return dict(hidden_states=rnd(batch, gh * gw + cond_tokens, t.config.in_channels),
+                    encoder_hidden_states=rnd(batch, text_len, t.config.joint_attention_dim),
+                    timestep=torch.full((batch,), 0.5, device=p.device, dtype=p.dtype),
+                    img_ids=img_ids.expand(batch, -1, -1), txt_ids=txt_ids.expand(batch, -1, -1),
+                    guidance=torch.full((batch,), d.get("guidance_scale", 4.0), device=p.device, dtype=torch.float32),
+                    joint_attention_kwargs={}, return_dict=False)

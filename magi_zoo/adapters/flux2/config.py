@@ -1,0 +1,67 @@
+"""FLUX.2's published configuration (black-forest-labs/FLUX.2-dev, the diffusers layout) and the
+tiny one, as keyword arguments of the diffusers / transformers classes.
+
+Where each number comes from:
+- transformer/config.json (Flux2Transformer2DModel): 128 input channels (32 latent channels x
+  2x2), 8 double + 48 single blocks, 48 heads x 128 = 6144, joint_attention_dim 15360 (three
+  Mistral hidden states of 5120 stacked), timestep / guidance channels 256, MLP ratio 3, RoPE
+  axes (32, 32, 32, 32) at theta 2000, eps 1e-6, guidance-distilled. The same numbers are BFL's
+  reference `Flux2Params` (black-forest-labs/flux2, src/flux2/model.py) and diffusers 0.42's
+  class defaults.
+- vae/config.json (AutoencoderKLFlux2): 4 levels (128, 256, 512, 512), 2 layers per block, 32
+  latent channels, quant convs, batch-norm latent statistics (eps 1e-4, momentum 0.1), 2x2
+  patches; BFL's `AutoEncoderParams` (ch 128, ch_mult (1, 2, 4, 4), z 32) agree.
+- text_encoder/config.json: Mistral-Small-3.2-24B-Instruct (Mistral3ForConditionalGeneration):
+  hidden 5120, FFN 32768, 40 layers, 32 heads / 8 KV heads of 128, vocab 131072, rope theta
+  1e9, RMS eps 1e-5; the Pixtral vision tower 24 layers x 1024, FFN 4096, 16 heads of 64, patch
+  14, image size 1540; projector gelu without bias, spatial merge 2, image token 10.
+- scheduler/scheduler_config.json: FlowMatchEuler, shift 3.0 with dynamic exponential shifting
+  (Flux2Pipeline computes mu itself from the token count and the step count).
+- call defaults: BFL's reference CLI (scripts/cli.py): 50 steps, guidance 4.0, 1360x768; the
+  text encoder's layers 10, 20, 30 and 512 tokens (src/flux2/text_encoder.py OUTPUT_LAYERS,
+  MAX_LENGTH).
+"""
+
+from __future__ import annotations
+
+TRANSFORMER = dict(patch_size=1, in_channels=128, out_channels=None, num_layers=8, num_single_layers=48,
+                   attention_head_dim=128, num_attention_heads=48, joint_attention_dim=15360,
+                   timestep_guidance_channels=256, mlp_ratio=3.0, axes_dims_rope=(32, 32, 32, 32), rope_theta=2000,
+                   eps=1e-6, guidance_embeds=True)
+VAE = dict(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 4,
+           up_block_types=("UpDecoderBlock2D",) * 4, block_out_channels=(128, 256, 512, 512), layers_per_block=2,
+           act_fn="silu", latent_channels=32, norm_num_groups=32, sample_size=1024, use_quant_conv=True,
+           use_post_quant_conv=True, mid_block_add_attention=True, batch_norm_eps=1e-4, batch_norm_momentum=0.1,
+           patch_size=(2, 2))  # the published file's force_upcast: true is no AutoencoderKLFlux2 argument (0.42)
+TEXT = dict(model_type="mistral", vocab_size=131072, hidden_size=5120, intermediate_size=32768, num_hidden_layers=40,
+            num_attention_heads=32, num_key_value_heads=8, head_dim=128, hidden_act="silu",
+            max_position_embeddings=131072, rms_norm_eps=1e-5, sliding_window=None, tie_word_embeddings=False,
+            rope_parameters=dict(rope_type="default", rope_theta=1000000000.0))
+VISION = dict(model_type="pixtral", hidden_size=1024, intermediate_size=4096, num_hidden_layers=24,
+              num_attention_heads=16, head_dim=64, hidden_act="silu", image_size=1540, patch_size=14, num_channels=3,
+              rope_parameters=dict(rope_type="default", rope_theta=10000.0))
+ENCODER = dict(image_token_index=10, multimodal_projector_bias=False, projector_hidden_act="gelu",
+               spatial_merge_size=2, vision_feature_layer=-1)
+SCHEDULER = dict(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15,
+                 base_image_seq_len=256, max_image_seq_len=4096, time_shift_type="exponential")
+PUBLISHED = dict(transformer=TRANSFORMER, vae=VAE, text=TEXT, vision=VISION, encoder=ENCODER, scheduler=SCHEDULER,
+                 tokenizer_vocab=4096)
+CALL = dict(height=768, width=1360, num_inference_steps=50, guidance_scale=4.0, max_sequence_length=512,
+            text_encoder_out_layers=(10, 20, 30))
+
+# Tiny: widths and depths shrink, every other constant is published (tests/conformance/
+# test_tiny_configs.py). 2 + 2 blocks of 2 heads x 16 (RoPE axes 4 x 4), the 32 latent
+# channels and the 8x VAE (four levels) stay, so 32x32 pixels -> 2x2 packed latents -> 4
+# image tokens. The encoder has 3 layers, so its three stacked hidden states are layers 1, 2, 3
+# (the published 10, 20, 30 of 40): joint_attention_dim = 3 x 32.
+TINY = dict(
+    transformer=dict(TRANSFORMER, num_layers=2, num_single_layers=2, attention_head_dim=16, num_attention_heads=2,
+                     joint_attention_dim=96, axes_dims_rope=(4, 4, 4, 4)),
+    vae=dict(VAE, block_out_channels=(8, 8, 8, 8), layers_per_block=1, norm_num_groups=4, sample_size=32),
+    text=dict(TEXT, vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=8),
+    vision=dict(VISION, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, head_dim=8),
+    encoder=ENCODER, scheduler=SCHEDULER, tokenizer_vocab=512,
+)
+TINY_CALL = dict(height=32, width=32, num_inference_steps=2, guidance_scale=4.0, max_sequence_length=512,
+                 text_encoder_out_layers=(1, 2, 3))

@@ -1,0 +1,7 @@
+"""Qwen-Image (text-to-image, 20B MMDiT with a Qwen2.5-VL text encoder) over diffusers'
+QwenImagePipeline: `config` (the published and tiny configs), `adapter` (variants, build, the
+denoiser's inputs)."""
+
+from .adapter import VARIANTS, QwenImageAdapter
+
+__all__ = ["QwenImageAdapter", "VARIANTS"]

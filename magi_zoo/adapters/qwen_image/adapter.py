@@ -1,0 +1,97 @@
+"""Qwen-Image (text-to-image) over diffusers' QwenImagePipeline / QwenImageTransformer2DModel.
+The numbers and their sources are in `config`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .._tokenizers import byte_bpe_tokenizer
+from ..base import CallLimits, Variant, init_on
+from ..diffusers_pipeline import DiffusersPipelineAdapter
+from . import config as C
+
+VARIANTS = {v.name: v for v in [
+    Variant(name="qwen-image", family="qwen_image", config=C.PUBLISHED, hub_id="Qwen/Qwen-Image",
+            description="text-to-image, 20B MMDiT, Qwen2.5-VL-7B text encoder", call_defaults=C.CALL),
+    Variant(name="qwen-image-tiny", family="qwen_image", config=C.TINY, tiny=True,
+            description="2 blocks, dim 32, a 2-layer Qwen2.5-VL; random, offline", call_defaults=C.TINY_CALL),
+]}
+# Qwen's chat markers, the ones QwenImagePipeline's prompt template uses (ids 0..2 in-process).
+_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def _random_pipeline(variant: Variant, dtype: torch.dtype, device: torch.device):
+    """Random init at the variant's config, created on `device` in `dtype` directly."""
+    # lazy: diffusers and transformers cost seconds; the registry imports this module to list models
+    from diffusers import (AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImagePipeline,
+                           QwenImageTransformer2DModel)
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration  # lazy: as above
+
+    cfg = variant.config
+    # The in-process tokenizer does not reproduce Qwen's ids: the pipeline's fixed 34-token drop
+    # of the template's system prefix then drops 34 of ours (random weights: same shapes and path).
+    tokenizer = byte_bpe_tokenizer(vocab_size=min(cfg["tokenizer_vocab"], 4096), specials=_SPECIALS,
+                                   eos="<|im_end|>", pad="<|endoftext|>", model_max_length=32768)
+    te_cfg = Qwen2_5_VLConfig(text_config=dict(cfg["text"], bos_token_id=None, eos_token_id=2, pad_token_id=0),
+                              vision_config=cfg["vision"])
+    with init_on(device, dtype):
+        transformer = QwenImageTransformer2DModel(**cfg["transformer"])
+        text_encoder = Qwen2_5_VLForConditionalGeneration(te_cfg)
+        vae = AutoencoderKLQwenImage(**cfg["vae"])
+    return QwenImagePipeline(scheduler=FlowMatchEulerDiscreteScheduler(**cfg["scheduler"]), vae=vae,
+                             text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer)
+
+
+class QwenImageAdapter(DiffusersPipelineAdapter):
+    family = "qwen_image"
+    spec_file = "qwen_image.toml"
+    variants = VARIANTS
+    aliases = {"qwen-image-20b": "qwen-image"}
+    weights_families = ("Qwen-Image",)
+    component_names = ("transformer", "text_encoder", "vae")
+    output_kind = "image"
+    output_suffixes = (".png", ".jpg", ".jpeg", ".webp")
+    cfg_option = "true_cfg_scale"  # QwenImagePipeline: true CFG needs true_cfg_scale > 1 and a negative prompt
+
+    def runs_cfg(self, call: dict[str, Any]) -> bool:
+        return super().runs_cfg(call) and call.get("negative_prompt") is not None
+
+    def build_random(self, variant: Variant, dtype: torch.dtype, device: torch.device):
+        return _random_pipeline(variant, dtype, device)
+
+    def call_limits(self, variant: Variant) -> CallLimits:
+        """Pixels divide by the VAE's downsampling (2 per temporal-downsample entry: 8 published)
+        times the 2x2 patches; RoPE is computed per call (no longest side)."""
+        down = 2 ** len(variant.config["vae"]["temperal_downsample"])
+        patch = variant.config["transformer"]["patch_size"]
+        return CallLimits(pixel_multiple=down * patch, why_multiple=f"VAE {down}x down x {patch}x{patch} patches")
+
+    def check_shape(self, pipe, call: dict[str, Any]) -> None:
+        f = pipe.vae_scale_factor * 2
+        if call["height"] % f or call["width"] % f:
+            raise ValueError(f"Qwen-Image needs height and width divisible by {f}; got {call['height']}x{call['width']}")
+
+    def denoiser_inputs(self, pipe, variant: Variant, *, height=None, width=None, frames=None,
+                        batch: int = 1, seed: int = 0, text_len: int = 256) -> dict[str, Any]:
+        """One QwenImageTransformer2DModel forward as QwenImagePipeline makes it: packed latents
+        (B, (H/16)(W/16), 64), the text encoder's last hidden states (B, text_len, 3584) with no
+        mask (the pipeline drops an all-ones mask), timestep in [0, 1], img_shapes per sample.
+        text_len: the prompt's tokens after the template (QwenImagePipeline pads to the longest
+        prompt, not to a fixed length); 256 is a chosen size, `--shape text_len=N` sets it."""
+        if frames not in (None, 1):
+            raise ValueError(f"{variant.name} makes images; frames={frames} has no meaning")
+        d = variant.call_defaults
+        height, width = height or d["height"], width or d["width"]
+        self.check_shape(pipe, {"height": height, "width": width})
+        t = pipe.transformer
+        p = next(t.parameters())
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        rnd = lambda *shape: torch.randn(*shape, generator=g).to(device=p.device, dtype=p.dtype)  # noqa: E731
+        gh, gw = height // (pipe.vae_scale_factor * 2), width // (pipe.vae_scale_factor * 2)
+        return dict(hidden_states=rnd(batch, gh * gw, t.config.in_channels),
+                    encoder_hidden_states=rnd(batch, text_len, t.config.joint_attention_dim),
+                    encoder_hidden_states_mask=None,
+                    timestep=torch.full((batch,), 0.5, device=p.device, dtype=p.dtype),
+                    img_shapes=[[(1, gh, gw)]] * batch, attention_kwargs={}, return_dict=False)

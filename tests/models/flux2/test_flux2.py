@@ -1,0 +1,52 @@
+"""FLUX.2 beyond the conformance suite: image-conditioned generation (`--image`), checked
+before any work and driven end to end on the tiny variant."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import magi_zoo
+from magi_zoo.adapters import lookup
+
+
+def _png(path, w, h):
+    Image.fromarray((np.random.default_rng(0).random((h, w, 3)) * 255).astype("uint8")).save(path)
+    return path
+
+
+def test_small_conditioning_image_is_refused_before_the_build(tmp_path, monkeypatch):
+    from magi_zoo.cli import main
+
+    adapter, variant = lookup("flux.2-tiny")
+    small = _png(tmp_path / "small.png", 48, 40)
+
+    def no_work(*a, **k):
+        raise AssertionError("built the model before checking the image")
+
+    monkeypatch.setattr(type(adapter), "build", no_work)
+    with pytest.raises(ValueError, match="at least 64x64"):
+        adapter.check_inputs(adapter.check_run(variant, {"image": str(small)}, tmp_path / "o.png"))
+    argv = ["run", "flux.2-tiny", "--gpu", "cpu", "--prompt", "x", "--out", str(tmp_path / "o.png"), "--image", str(small)]
+    assert main(argv) == 2
+
+
+def test_image_conditioning_appends_its_tokens(tmp_path):
+    """`--image`: the pipeline encodes the image and appends its packed latents to the image
+    tokens: a 64x80 image is 64/16 x 80/16 = 20 more tokens than the 32x32 output's 2x2 = 4."""
+    from magi_zoo.cli import generate_to
+
+    h = magi_zoo.load("flux.2-tiny", gpu="cpu", compile=False)
+    seen = []
+    hook = h.pipe.transformer.register_forward_pre_hook(
+        lambda m, a, kw: seen.append(kw["hidden_states"].shape[1]), with_kwargs=True)
+    try:
+        [out] = generate_to(h, prompt="a corgi", out=tmp_path / "o.png", progress=False,
+                            image=str(_png(tmp_path / "in.png", 80, 64)))
+        assert out.stat().st_size > 0
+        # every step: the output's 4 tokens, then the image's 20 (text-to-image, in the
+        # conformance suite, runs the 4 alone)
+        assert seen == [4 + 20] * h.variant.call_defaults["num_inference_steps"], seen
+    finally:
+        hook.remove()
