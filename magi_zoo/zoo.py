@@ -13,6 +13,7 @@ import torch
 import torch.nn as nn
 
 from . import adapters
+from .adapters import lora as lora_loader
 from .engine import PlanError, Report, apply, needs_streaming, offload
 from .engine.compile import CompileCache, resolve_cache_dir
 from .engine.observe.explain import explain_call
@@ -62,6 +63,21 @@ class ZooPipeline:
         # copy), build_s (the model, on the card or in host memory), apply_s (the engine's
         # steps, offload placement included), calibrate_s (recompute="auto" measuring).
         self.timings: dict[str, float] = {}
+        self.lora: lora_loader.LoraState | None = None  # the LoRAs loaded (load(lora=...)), their scales, the mode
+
+    def swap_lora(self, source: str | Path, scale: float = 1.0) -> None:
+        """Replace the hot-swappable LoRA (`load(..., lora=[...], lora_hotswap=True)`) with
+        another, in place: diffusers' hotswap over peft changes tensors only, so compiled regions
+        recompile nothing. The new LoRA is read and checked against this model first."""
+        if self.lora is None or not self.lora.hotswap:
+            raise ValueError("swap_lora needs a load with lora=[...] and lora_hotswap=True (a fused LoRA is merged "
+                             "into the weights; load again to change it)")
+        slot = self.lora.specs[0]
+        spec = lora_loader.LoraSpec(str(source), float(scale), slot.component)
+        state = lora_loader.prepare([spec], self.pipe, self.adapter.components(self.pipe), self.variant.name)[0]
+        lora_loader.swap(self.pipe, self.lora, spec, state)
+        if self._report is not None:
+            self._report.notes[:] = self.lora.lines()
 
     @property
     def trainable(self) -> nn.Module:
@@ -215,7 +231,8 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
          compile: Any = None, overrides: Any = None, precision: str | None = None,
          spec_file: str | Path | None = None, cache_dir: str | Path | None = None,
          memory_budget_gib: float | None = None, train: bool = False, recompute: Any = None,
-         calibrate: bool = True, parallel: Mapping[str, Any] | None = None) -> ZooPipeline:
+         calibrate: bool = True, parallel: Mapping[str, Any] | None = None, lora: Any = None,
+         lora_scale: float = 1.0, lora_hotswap: bool | int = False) -> ZooPipeline:
     """Build a model with its compile spec for a GPU applied.
 
     The plan's layers come from `magi_zoo.overrides.spec_layers`: the spec file's, then one
@@ -257,6 +274,18 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
         region the spec's parallel section declares (the denoiser): its forward is split over
         the processes of a torchrun job (what `magi-zoo run --nproc N` passes). Not with
         compile=False, which applies no plan.
+    lora: LoRAs to load (`magi_zoo.adapters.lora`): each a .safetensors path or hub id
+        ("org/name/file.safetensors"), a (source, scale) pair or {"source", "scale",
+        "component"} ("transformer_2": Wan2.2 A14B's low-noise expert). Read through
+        diffusers' LoRA loaders (its own, peft, Kohya / musubi and original-Wan key layouts,
+        LightX2V's distill LoRAs included) and checked against the model before it is built;
+        merged by diffusers' `fuse_lora` before the plan applies (no extra compile). Needs peft
+        (the `lora` extra). `report()` and `handle.lora` list them.
+    lora_scale: multiplies every LoRA's scale (default 1.0).
+    lora_hotswap: keep one LoRA unfused in peft layers prepared by diffusers'
+        `enable_lora_hotswap` (an int: the largest rank to come), so `handle.swap_lora(...)`
+        replaces it on the compiled model without a recompile. Not with fp8 (which quantizes
+        plain linears) or a memory budget.
     """
     strict_arguments(load, locals())  # train=1, memory_budget_gib="4": refused, never coerced
     mark = time.perf_counter()
@@ -284,6 +313,11 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
     if calibrate is not True and not auto:
         raise ValueError("calibrate= defers the measuring of recompute='auto' (e.g. until after FSDP2 sharding): "
                          "pass it with train=True and recompute={'policy': 'auto', ...}")
+    loras = lora_loader.lora_specs(lora, lora_scale)
+    if lora_hotswap and (not loras or precision == "fp8" or memory_budget_gib is not None):
+        raise ValueError("lora_hotswap=True needs lora=[...] (the LoRA in the slot), and keeps peft layers in the "
+                         "graph: not with precision='fp8' or memory_budget_gib (fuse the LoRA: lora_hotswap=False)")
+    lora_states = lora_loader.check_for(adapter, variant, loras, dt)  # read and checked before the build
     directory = resolve_cache_dir(cache_dir)
     if directory is not None:  # a directory the cache can be saved to, or an error now, not after the run
         check_writable(directory, what="cache_dir", directory=True, overwrite=True)
@@ -294,6 +328,7 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
     lap("plan_s")
     native = adapter.build(variant, weights=weights, dtype=dt, device=build_dev)
     lap("build_s")
+    lora_state = lora_loader.attach(native, loras, lora_states, hotswap=lora_hotswap) if loras else None
     modules = nn.ModuleDict(adapter.components(native))
     if train:
         set_train_mode(adapter, native)
@@ -306,6 +341,8 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
         if offload.runtime(modules) is None:  # the applied plan streams nothing after all (fp8 weights fit): place it whole
             modules.to(dev)
     lap("apply_s")
+    if report is not None and lora_state is not None:
+        report.notes[:] = lora_state.lines()
     cache = None
     if report is not None and directory is not None:
         cache = CompileCache(directory, {
@@ -315,6 +352,7 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
         cache.load()  # before any compile: the first call then hits torch's warm caches
     handle = ZooPipeline(native, modules, report, adapter=adapter, variant=variant, profile=profile,
                          dtype=dt, device=dev, layers=layers, cache=cache, train=train)
+    handle.lora = lora_state
     if auto and calibrate and report is not None:
         lap()  # the cache and the handle are not a phase of their own
         calibrate_handle(handle)  # recompute='auto': measure the blocks on the example inputs, choose

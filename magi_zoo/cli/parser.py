@@ -32,6 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--recompute", default=None, metavar="POLICY",
                    help="the plan for training with this recompute policy: full, selective, none, auto:GIB "
                         "(GIB: the training step's peak)")
+    s.add_argument("--lora", action="append", default=None, metavar="[COMPONENT=]PATH[:SCALE]",
+                   help="check a LoRA against the model (repeatable): which layers it adapts, at what scale")
     s.add_argument("--measure", action="store_true",
                    help="with --recompute auto:GIB: build the model here (random weights) and show auto's measured choice")
 
@@ -65,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--no-compile", dest="compile", action="store_false", help="run eager")
     r.add_argument("--fp8", action="store_true",
                    help="fp8 matmuls in the regions the spec declares (cards with fp8 matmuls only)")
+    r.add_argument("--lora", action="append", default=None, metavar="[COMPONENT=]PATH[:SCALE]",
+                   help="a LoRA to merge (repeatable): a .safetensors file or hub id, :SCALE its strength (default 1), "
+                        "transformer_2= the low-noise expert of Wan2.2 A14B; e.g. --lora distill.safetensors:1.0")
     r.add_argument("--step-cache", default=None, metavar="METHOD[:THRESHOLD]",
                    help="reuse work across denoising steps (diffusers' caching hooks): none, first_block, "
                         "mag_cache, taylorseer, pab, sea_cache; e.g. first_block:0.1 or "
@@ -97,5 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--entry", default=None, help="the entry point to call (default: the family's first)")
     e.add_argument("--weights", default=None, help="a local directory, a hub id, or 'random'")
     e.add_argument("--spec-file", default=None, help="a TOML spec replacing the shipped one")
+    e.add_argument("--lora", action="append", default=None, metavar="[COMPONENT=]PATH[:SCALE]",
+                   help="a LoRA to merge (repeatable): a .safetensors file or hub id, :SCALE its strength (default 1), "
+                        "transformer_2= the low-noise expert of Wan2.2 A14B; e.g. --lora distill.safetensors:1.0")
     return p
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from ... import zoo  # `zoo.load` looked up at call time: a patch of it reaches every command
 from ...io import check_writable
 from ..console import say
+from .run_options import parse_loras
 
 
 def cmd_explain(args) -> int:
@@ -14,7 +15,10 @@ def cmd_explain(args) -> int:
     # explanation, or anything else) without --overwrite
     out = check_writable(Path(args.out), what="--out", directory=True, overwrite=args.overwrite,
                          overwrite_hint="pass --overwrite")
-    handle = zoo.load(args.model, gpu=args.gpu, weights=args.weights, spec_file=args.spec_file)
+    handle = zoo.load(args.model, gpu=args.gpu, weights=args.weights, spec_file=args.spec_file,
+                      lora=parse_loras(getattr(args, "lora", None)))
+    for line in handle.lora.lines() if handle.lora is not None else []:
+        say(line)
     if args.entry is not None:
         handle.adapter.check_entry(args.entry)
     say(f"explaining {handle.variant.name}: one call of its "

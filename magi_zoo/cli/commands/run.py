@@ -32,8 +32,11 @@ def _run(args) -> int:
         request.options["seed"] = distributed.broadcast_seed(args.seed)  # one initial noise for every rank
     handle = zoo.load(args.model, gpu=args.gpu, weights=args.weights, dtype=args.dtype, compile=request.compile,
                   overrides=request.overrides, precision="fp8" if args.fp8 else None, spec_file=args.spec_file,
-                  cache_dir=args.cache_dir, memory_budget_gib=args.memory_budget, parallel=request.parallel)
+                  cache_dir=args.cache_dir, memory_budget_gib=args.memory_budget, parallel=request.parallel,
+                  lora=request.lora)
     report = handle.report()
+    for line in handle.lora.lines() if handle.lora is not None else []:
+        say(line)
     if report is not None:
         n = sum(1 for r in report.regions if r.spec.enabled)
         say(f"compiling {n} region(s) on the first call (spec {args.spec_file or handle.adapter.spec_file}, "

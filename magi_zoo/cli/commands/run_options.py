@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ... import adapters, distributed
+from ...adapters import lora
 from ...engine.compile import resolve_cache_dir
 from ...io import check_writable
 from ...overrides import eager_compile
@@ -29,6 +30,7 @@ class RunRequest:
     compile: Any  # load's compile=: False (eager), None (the spec) or compile overrides
     overrides: dict[str, Any] | None  # load's overrides=: the step_cache section, if asked for
     parallel: dict[str, Any] | None  # load's parallel=: ParallelSpec fields; None = one process
+    lora: list[Any] | None = None  # load's lora=: `--lora` parsed (LoraSpecs)
 
 
 def check_run(args) -> RunRequest:
@@ -40,6 +42,7 @@ def check_run(args) -> RunRequest:
     adapter, variant = adapters.lookup(args.model)
     adapter.check_inputs(adapter.check_run(variant, opts, Path(args.out)))
     check_output_paths(args)
+    loras = parse_loras(getattr(args, "lora", None))
     compile_overrides = parse_compile_overrides(args.compile_overrides)
     step_cache = step_cache_override(args, adapter)
     if compile_overrides is not None and not args.compile:
@@ -65,7 +68,19 @@ def check_run(args) -> RunRequest:
         compile_arg = eager_compile(SpecFile.from_toml(args.spec_file or adapter.spec_path()))
     else:
         compile_arg = False
-    return RunRequest(adapter, opts, compile_arg, step_cache or None, par)
+    return RunRequest(adapter, opts, compile_arg, step_cache or None, par, loras)
+
+
+def parse_loras(items: list[str] | None) -> list[lora.LoraSpec] | None:
+    """`--lora [COMPONENT=]PATH[:SCALE]` (repeatable) -> LoraSpecs; peft's presence and each
+    local file checked now (the keys against the model at load, before the build)."""
+    if not items:
+        return None
+    specs = lora.lora_specs([lora.parse_cli(t) for t in items])
+    lora.require_peft()
+    for spec in specs:
+        lora.check_source(spec)
+    return specs
 
 
 def check_plan_keys(args, request: RunRequest) -> None:

@@ -10,12 +10,14 @@ import torch
 import torch.nn as nn
 
 from ... import adapters, zoo  # `zoo.load` looked up at call time: a patch of it reaches every command
+from ...adapters import lora
 from ...engine import STEP_ORDER, PlanError, format_table, list_custom_ops, preview
 from ...engine.compat import torch as compat
 from ...engine.offload import describe_plan
 from ...overrides import name_plan_source, spec_layers
 from ...specs import SECTIONS, get_profile
 from ..console import say
+from .run_options import parse_loras
 
 
 def cmd_spec(args) -> int:
@@ -46,6 +48,9 @@ def cmd_spec(args) -> int:
         say(format_table([{k: v for k, v in r.items() if k != "section"} for r in rows]) if rows
             else "  (nothing set: library default)")
     say(describe_plan(modules, plan, profile))
+    specs = parse_loras(getattr(args, "lora", None)) or []
+    for spec, state in zip(specs, lora.prepare(specs, native, adapter.components(native), variant.name)):
+        say(lora.LoraState([spec], [lora.adapted_layers(state)]).lines()[0])
     if recompute is not None:
         for line in spec_recompute_lines(args.model, args.gpu, recompute, args.measure):
             say(line)

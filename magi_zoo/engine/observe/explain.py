@@ -297,6 +297,8 @@ def _summary(out: Path, compiles: list[Compile], breaks: list[GraphBreak], repor
              f"One call, {seconds:.1f} s (compile included); torch {torch.__version__}. "
              f"{len(compiles)} frame compile(s), {len(breaks)} graph break(s), "
              f"{sum(1 for c in compiles if c.recompile_reason)} recompile(s).", ""]
+    if report is not None and getattr(report, "notes", None):  # what the model was built with (LoRAs)
+        lines += ["## The model as built", "", *(f"- {n}" for n in report.notes), ""]
     if report is not None:
         lines += ["## Regions of the plan (engine counters for this call)", "", report.table(), ""]
     lines += ["## Compiled frames", ""]

@@ -23,6 +23,9 @@ class Report:
     regions: list[RegionStats]  # the compile section's regions, with live counters
     plan: ResolvedPlan | None = None  # what the resolver produced, every section
     profile: str | None = None  # the GPU profile the steps were told
+    # What the model was built with before the steps, one line each, set by the caller (the
+    # zoo: the LoRAs loaded, their scales and mode); the engine itself writes none.
+    notes: list[str] = dataclasses.field(default_factory=list)
 
     def step(self, name: str):
         """The record of one step; unknown names list the steps that ran."""
@@ -93,6 +96,7 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         return {
             "profile": self.profile,
+            "notes": list(self.notes),
             "steps": [s.to_dict() for s in self.steps],
             "regions": [r.to_dict() for r in self.regions],
             "totals": {"compile_s": round(self.compile_s, 3), "frames_compiled": self.frames,
@@ -105,6 +109,7 @@ class Report:
 
     def __str__(self) -> str:
         steps = "\n".join(f"  {i + 1}. {s.step}: {s.did}" for i, s in enumerate(self.steps))
-        text = f"apply steps (gpu profile {self.profile}):\n{steps}\n{self.table()}"
+        notes = "".join(f"{n}\n" for n in self.notes)
+        text = f"{notes}apply steps (gpu profile {self.profile}):\n{steps}\n{self.table()}"
         details = self.details()
         return text + (f"\n{details}" if details else "")

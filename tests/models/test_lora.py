@@ -1,0 +1,147 @@
+"""LoRA through diffusers' loaders and peft (magi_zoo/adapters/lora.py), on wan2.1-tiny.
+
+The oracle for a fused LoRA is the same LoRA run unfused by peft (diffusers'
+`load_lora_weights` + `set_adapters` at the scale): the fused weights must give its output.
+Files are tiny and written in the published key layouts (tests/helpers/lora_files.py).
+"""
+
+import copy
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+from helpers.lora_files import diffusers_lora, flux_lora, kohya_lora, original_wan_lora
+
+import magi_zoo
+from magi_zoo.adapters import lora
+from magi_zoo.cli import main
+
+pytest.importorskip("peft")
+
+EAGER = {"WanTransformerBlock": {"backend": "eager", "fullgraph": True}}
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("loras")
+    return {"diffusers": diffusers_lora(d / "style.safetensors"),
+            "diffusers_b": diffusers_lora(d / "other.safetensors", rank=8, seed=5),
+            "kohya": kohya_lora(d / "kohya.safetensors"),
+            "original": original_wan_lora(d / "lightx2v_distill.safetensors", alpha=8.0),
+            "flux": flux_lora(d / "flux.safetensors"),
+            "flux_kohya": flux_lora(d / "flux_kohya.safetensors", kohya=True),
+            "wide": diffusers_lora(d / "wide.safetensors", dim=64)}
+
+
+@pytest.fixture(scope="module")
+def base():
+    h = magi_zoo.load("wan2.1-tiny", gpu="cpu", compile=False)
+    kw = h.adapter.denoiser_inputs(h.pipe, h.variant)
+    with torch.inference_mode():
+        y = h.pipe.transformer(**kw)[0]
+    return h, kw, y
+
+
+def _forward(pipe, kw):
+    with torch.inference_mode():
+        return pipe.transformer(**kw)[0]
+
+
+@pytest.mark.parametrize("layout", ["diffusers", "kohya", "original"])
+def test_fused_lora_equals_peft_unfused(base, files, layout):
+    h, kw, y0 = base
+    ref_pipe = copy.deepcopy(h.pipe)
+    ref_pipe.load_lora_weights(str(files[layout]), adapter_name="ref")
+    ref_pipe.set_adapters(["ref"], [0.7])
+    ref = _forward(ref_pipe, kw)
+
+    pipe = copy.deepcopy(h.pipe)
+    specs = lora.lora_specs([(files[layout], 0.7)])
+    states = lora.prepare(specs, pipe, h.adapter.components(pipe), "wan2.1-tiny")
+    state = lora.attach(pipe, specs, states)
+    assert type(pipe.transformer.blocks[0].attn1.to_q) is nn.Linear  # peft layers gone, weights merged
+    out = _forward(pipe, kw)
+    assert (out - y0).abs().max() > 1e-3  # the LoRA changes the output
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    assert state.layers[0] == {"diffusers": 16, "kohya": 40, "original": 41}[layout]  # 4 blocks x (4, 10, 10) + head
+
+
+def test_load_fuses_before_compile_and_reports(base, files, fresh_dynamo):
+    """Fused at load: the compiled blocks are the base model's (one compile for 4 blocks, no
+    recompile); two LoRAs at their own scales equal the same two run unfused by peft."""
+    h, kw, _ = base
+    pair = [(files["diffusers"], 0.5), {"source": str(files["kohya"]), "scale": 2.0}]
+    f = magi_zoo.load("wan2.1-tiny", gpu="cpu", compile=EAGER, lora=pair, lora_scale=0.5)
+    out = _forward(f.pipe, kw)
+    r = f.report()
+    assert (r.frames, r.recompiles, r.graph_breaks) == (1, 0, 0)  # 4 identical blocks, one compile
+    assert [s.scale for s in f.lora.specs] == [0.25, 1.0]  # per-LoRA scale x lora_scale
+    assert r.notes == f.lora.lines() and "LoRA style:" in str(r) and "scale 0.25" in str(r)
+    assert "fused at load" in r.notes[1] and r.to_dict()["notes"] == r.notes
+
+    ref_pipe = copy.deepcopy(h.pipe)
+    ref_pipe.load_lora_weights(str(files["diffusers"]), adapter_name="a")
+    ref_pipe.load_lora_weights(str(files["kohya"]), adapter_name="b")
+    ref_pipe.set_adapters(["a", "b"], [0.25, 1.0])
+    torch.testing.assert_close(out, _forward(ref_pipe, kw), rtol=1e-4, atol=1e-5)
+
+
+def test_hotswap_on_compiled_model_recompiles_nothing(base, files, fresh_dynamo):
+    h, kw, _ = base
+    hs = magi_zoo.load("wan2.1-tiny", gpu="cpu", compile=EAGER, lora=[files["diffusers"]], lora_hotswap=8)
+    first = _forward(hs.pipe, kw)
+    r = hs.report()
+    assert (r.frames, r.recompiles) == (1, 0)
+    hs.swap_lora(files["diffusers_b"], scale=0.5)  # rank 8 into the rank-8 slot (target_rank)
+    swapped = _forward(hs.pipe, kw)
+    assert (r.frames, r.recompiles, r.graph_breaks) == (1, 0, 0)  # the swap changed tensors only
+    assert "other" in r.notes[0] and "scale 0.5" in r.notes[0] and "hot-swappable" in r.notes[0]
+    assert (swapped - first).abs().max() > 1e-3
+    ref_pipe = copy.deepcopy(h.pipe)
+    ref_pipe.load_lora_weights(str(files["diffusers_b"]), adapter_name="b")
+    ref_pipe.set_adapters(["b"], [0.5])
+    torch.testing.assert_close(swapped, _forward(ref_pipe, kw), rtol=1e-4, atol=1e-5)
+
+
+def test_lora_of_another_family_or_size_is_refused_before_the_build(files, monkeypatch):
+    built = []
+    adapter, _ = magi_zoo.adapters.lookup("wan2.1-tiny")
+    real = type(adapter).build
+    monkeypatch.setattr(type(adapter), "build", lambda self, v, **kw: built.append(kw["device"]) or real(self, v, **kw))
+    with pytest.raises(ValueError, match=r"flux.safetensors' matches no layer of wan2.1-tiny: its keys look like "
+                                         r"a Flux LoRA.*names its layers like"):
+        magi_zoo.load("wan2.1-tiny", gpu="cpu", compile=False, lora=[files["flux"]])
+    with pytest.raises(ValueError, match=r"flux_kohya.safetensors' cannot be read as a LoRA for wan2.1-tiny: its "
+                                         r"keys look like a Flux LoRA"):
+        magi_zoo.load("wan2.1-tiny", gpu="cpu", compile=False, lora=[files["flux_kohya"]])
+    with pytest.raises(ValueError, match=r"wide.safetensors' does not fit wan2.1-tiny: 32 layer\(s\) at other "
+                                         r"shapes, e.g. transformer.blocks.0.attn1.to_\w+ \(in 64, the model's 32\)"):
+        magi_zoo.load("wan2.1-tiny", gpu="cpu", compile=False, lora=[files["wide"]])
+    assert {d.type for d in built} == {"meta"}  # only the meta-device check ran: no weights were made
+
+
+def test_bad_lora_arguments(files, monkeypatch, tmp_path):
+    with pytest.raises(ValueError, match=r"missing.safetensors': no such file; pass a LoRA .safetensors file or a hub id"):
+        magi_zoo.load("wan2.1-tiny", gpu="cpu", compile=False, lora=[tmp_path / "missing.safetensors"])
+    with pytest.raises(ValueError, match="does not take LoRA"):
+        lora.prepare([lora.LoraSpec(str(files["diffusers"]))], object(), {}, "bagel-tiny")
+    with pytest.raises(ValueError, match="lora_hotswap=True needs lora"):
+        magi_zoo.load("wan2.1-tiny", gpu="cpu", lora_hotswap=True)
+    with pytest.raises(ValueError, match="given twice"):
+        lora.lora_specs([files["diffusers"], (files["diffusers"], 0.5)])
+    monkeypatch.setitem(sys.modules, "peft", None)  # peft not installed
+    with pytest.raises(ValueError, match=r"LoRA needs peft, which is not installed: pip install 'magi-zoo\[lora\]'"):
+        magi_zoo.load("wan2.1-tiny", gpu="cpu", compile=False, lora=[files["diffusers"]])
+
+
+def test_cli_lora_parsing_and_spec(files, capsys):
+    assert lora.parse_cli("a.safetensors:0.8") == lora.LoraSpec("a.safetensors", 0.8)
+    assert lora.parse_cli("transformer_2=low.safetensors") == lora.LoraSpec("low.safetensors", 1.0, "transformer_2")
+    assert lora.parse_cli("org/name/x.safetensors") == lora.LoraSpec("org/name/x.safetensors", 1.0)
+    assert main(["spec", "wan2.1-tiny", "--gpu", "cpu", "--lora", f"{files['original']}:0.5"]) == 0
+    out = capsys.readouterr().out
+    assert "LoRA lightx2v_distill:" in out and "(scale 0.5), 41 layers, fused at load" in out
+    assert main(["spec", "wan2.1-tiny", "--gpu", "cpu", "--lora", str(files["flux"])]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("magi-zoo: error: lora ") and "Flux LoRA" in err and "wan2.1-tiny" in err
