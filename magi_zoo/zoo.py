@@ -313,7 +313,8 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
     if calibrate is not True and not auto:
         raise ValueError("calibrate= defers the measuring of recompute='auto' (e.g. until after FSDP2 sharding): "
                          "pass it with train=True and recompute={'policy': 'auto', ...}")
-    loras = lora_loader.lora_specs(lora, lora_scale)
+    # a -distill-lora variant's own LoRAs unless lora= is given (lora=[]: the base model alone)
+    loras = lora_loader.lora_specs(variant.config.get("lora") if lora is None else lora, lora_scale)
     if lora_hotswap and (not loras or precision == "fp8" or memory_budget_gib is not None):
         raise ValueError("lora_hotswap=True needs lora=[...] (the LoRA in the slot), and keeps peft layers in the "
                          "graph: not with precision='fp8' or memory_budget_gib (fuse the LoRA: lora_hotswap=False)")

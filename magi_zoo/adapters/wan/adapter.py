@@ -14,7 +14,7 @@ import torch
 from .._tokenizers import byte_bpe_tokenizer
 from ..base import CallLimits, Variant, init_on, keep_fp32_modules
 from ..diffusers_pipeline import DiffusersPipelineAdapter, weights_error
-from . import original
+from . import distill, original
 from .attention import norm_rope_preparation
 from .config import CLIP_H, I2V_14B, SCHEDULER, T2V_1_3B, T2V_14B, TINY, UMT5_XXL, VAE
 
@@ -22,6 +22,8 @@ from .config import CLIP_H, I2V_14B, SCHEDULER, T2V_1_3B, T2V_14B, TINY, UMT5_XX
 def _variant(name, transformer, hub_id, desc, *, flow_shift=3.0, call=None, **extra):
     cfg = dict(transformer=transformer, text_encoder=UMT5_XXL, vae=VAE,
                scheduler=dict(SCHEDULER, flow_shift=flow_shift), tokenizer_vocab=4096, **extra)
+    if "distill" in extra:  # LightX2V's step- and CFG-distilled sampler (distill.py): 4 steps, no CFG
+        call = {**(call or {}), **distill.CALL}
     return Variant(name=name, family="wan", config=cfg, hub_id=hub_id, description=desc,
                    call_defaults={**dict(height=480, width=832, num_frames=81, num_inference_steps=50,
                                          guidance_scale=5.0), **(call or {})})
@@ -44,6 +46,21 @@ VARIANTS = {
         _variant("wan2.1-i2v-14b-720p", I2V_14B, "Wan-AI/Wan2.1-I2V-14B-720P-Diffusers",
                  "image-to-video, 14B, 720p", image_encoder=CLIP_H, flow_shift=5.0,
                  call=dict(height=720, width=1280, num_inference_steps=40)),
+        # LightX2V's step- and CFG-distilled 14B models (distill.py lists the sources): the full
+        # distilled DiT, read from distill_models/ of an original-layout directory (weights=DIR);
+        # or the base model with the distill LoRA merged at load (load(lora=[local file]) replaces
+        # the hub path). Sampler: 4 Euler steps at shift 5, guidance 1 (no CFG forward).
+        _variant("wan2.1-i2v-14b-480p-distill", I2V_14B, None,
+                 "image-to-video, 14B, 480p, LightX2V 4-step distilled DiT (distill_models/)",
+                 image_encoder=CLIP_H, distill=distill.CONFIG),
+        _variant("wan2.1-t2v-14b-distill", T2V_14B, None,
+                 "text-to-video, 14B, LightX2V 4-step distilled DiT (distill_models/)", distill=distill.CONFIG),
+        _variant("wan2.1-i2v-14b-480p-distill-lora", I2V_14B, "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers",
+                 "image-to-video, 14B, 480p + LightX2V's 4-step distill LoRA", image_encoder=CLIP_H,
+                 distill=distill.CONFIG, lora=[distill.LORA_I2V]),
+        _variant("wan2.1-t2v-14b-distill-lora", T2V_14B, "Wan-AI/Wan2.1-T2V-14B-Diffusers",
+                 "text-to-video, 14B + LightX2V's 4-step distill LoRA", distill=distill.CONFIG,
+                 lora=[distill.LORA_T2V]),
         Variant(name="wan2.1-tiny", family="wan", config=TINY, tiny=True,
                 description="4 blocks, dim 32; random, offline, for CPU tests and the demo",
                 call_defaults=dict(height=32, width=32, num_frames=9, num_inference_steps=2,
@@ -168,6 +185,25 @@ class WanAdapter(DiffusersPipelineAdapter):
                      if t is not None]
         return [norm_rope_preparation(*denoisers)] if denoisers else []
 
+    def build(self, variant: Variant, *, weights, dtype: torch.dtype, device: torch.device):
+        """The base build; a distilled variant's pipeline gets LightX2V's sampler (distill.py)
+        whichever way it was built."""
+        pipe = super().build(variant, weights=weights, dtype=dtype, device=device)
+        if "distill" in variant.config:
+            distill.install(pipe, variant.config["distill"])
+        return pipe
+
+    def save_pretrained(self, native, path):
+        """As diffusers writes it; the distilled sampler is saved as the library scheduler it
+        extends (its config), and put back at load."""
+        sched = native.scheduler
+        if isinstance(sched, distill.scheduler_class()):
+            native.scheduler = distill.plain(native)
+        try:
+            return super().save_pretrained(native, path)
+        finally:
+            native.scheduler = sched
+
     def build_random(self, variant: Variant, dtype: torch.dtype, device: torch.device):
         return _random_pipeline(variant, dtype, device)
 
@@ -185,7 +221,7 @@ class WanAdapter(DiffusersPipelineAdapter):
                 layout = original.detect_layout(source)
                 if layout == "original":
                     return original.load_pipeline(source, variant.config, dtype=dtype, device=device,
-                                                      variant_name=variant.name)
+                                                  variant_name=variant.name, distill="distill" in variant.config)
             except (ValueError, OSError) as e:
                 if layout == "original":
                     raise original.load_error(variant.name, source, e) from e

@@ -11,6 +11,7 @@ repository, LightX2V and Self-Forcing read (a checkpoint directory, `--ckpt_dir`
     Wan2.1_VAE.pth                         the VAE as Wan's own module (wan/modules/vae.py)
     google/umt5-xxl/                       the tokenizer
     models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth   I2V: the CLIP image encoder (clip.py)
+    distill_models/distill_model.safetensors   LightX2V's step-distilled DiT (the -distill variants read it)
 
 What converts what:
 - DiT: diffusers' own `convert_wan_transformer_to_diffusers` (diffusers.loaders.single_file_utils,
@@ -33,10 +34,12 @@ What converts what:
   Wan2.2 checkpoints (two-expert subfolders; the Wan2.2 VAE converter exists only as a
   diffusers script, not in the library). Use their -Diffusers directories.
 
-The UMT5 and CLIP maps were checked against the official modules (github.com/Wan-Video/Wan2.1,
-wan/modules/t5.py, clip.py, model.py, vae.py) once, on tiny random models: our loads of their
-weights reproduce their forwards (fp32, CPU: T5 1.9e-7, CLIP 0.0, T2V DiT 5.7e-7, I2V DiT
-7.1e-7, VAE 0.0 relative); tests/data/wan21_original_keys.json keeps their key names and shapes.
+The official modules' key names and shapes (github.com/Wan-Video/Wan2.1: wan/modules/t5.py,
+clip.py, model.py, vae.py) and the T5 / CLIP forwards at tiny configs are recorded in
+tests/data/wan21_original_keys.json by benchmarks/oracles/wan_original_layout.py;
+tests/models/wan/test_wan_original_values.py loads the same weights through the UMT5 and CLIP
+maps and must reproduce those outputs (fp32, CPU: within 1e-5 relative; a swap of two same-shape
+tensors fails it).
 
 Every load is strict: a missing, unexpected or misshapen tensor names itself and the file.
 """
@@ -62,6 +65,7 @@ T5_FILE = "models_t5_umt5-xxl-enc-bf16.pth"
 VAE_FILE = "Wan2.1_VAE.pth"
 TOKENIZER_DIR = "google/umt5-xxl"
 CLIP_FILE = "models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth"
+DISTILL_DIR = "distill_models"  # LightX2V: the step-distilled DiT beside the base model's files
 
 _DIFFUSERS_LAYOUT = ("a diffusers-format directory (model_index.json with transformer/, vae/, text_encoder/, "
                      "... as save_pretrained and the Wan-AI/*-Diffusers repositories write)")
@@ -81,7 +85,7 @@ def detect_layout(path: str | Path) -> str:
                          "low_noise_model/); only Wan2.1 loads from the original layout. Pass the -Diffusers "
                          "directory (Wan-AI/Wan2.2-T2V-A14B-Diffusers)")
     cfg = _read_config(path) if (path / "config.json").is_file() else None
-    weights = _transformer_files(path)
+    weights = _transformer_files(path) or _transformer_files(path, distill=True)
     if cfg is not None and {"dim", "num_heads"} <= set(cfg) and weights:
         return "original"
     held = sorted(p.name + ("/" if p.is_dir() else "") for p in path.iterdir()) if path.is_dir() else []
@@ -103,8 +107,14 @@ def _read_config(path: Path) -> dict[str, Any]:
     return cfg
 
 
-def _transformer_files(path: Path) -> list[Path]:
-    """The DiT's weight files: safetensors shards if any, else one .pth/.pt."""
+def _transformer_files(path: Path, distill: bool = False) -> list[Path]:
+    """The DiT's weight files: safetensors shards if any, else one .pth/.pt. distill: LightX2V's
+    step-distilled DiT in `distill_models/` (distill_model.safetensors or .pt, or its one file)."""
+    if distill:
+        d = path / DISTILL_DIR
+        named = [d / f"distill_model{x}" for x in (".safetensors", ".pt", ".pth")]
+        files = [f for f in named if f.is_file()][:1] or sorted(d.glob("*.safetensors"))
+        return files if len(files) == 1 else []
     st = sorted(path.glob(f"{TRANSFORMER_GLOB}.safetensors"))
     return st or sorted(p for p in path.glob(TRANSFORMER_GLOB) if p.suffix in (".pth", ".pt"))
 
@@ -331,13 +341,16 @@ def transformer_key_names(original_keys: list[str]) -> dict[str, str]:
 
 
 def load_transformer(path: str | Path, *, dtype: torch.dtype, device: torch.device | str = "cpu",
-                     config: Mapping[str, Any] | None = None):
+                     config: Mapping[str, Any] | None = None, distill: bool = False):
     """WanTransformer3DModel from an original-layout directory (config.json + the DiT's
-    weight files); `config` replaces config.json (original names)."""
+    weight files; distill: LightX2V's distilled DiT in distill_models/); `config` replaces
+    config.json (original names)."""
     path = Path(path)
-    files = _transformer_files(path)
+    files = _transformer_files(path, distill)
     if not files:
-        raise ValueError(f"{str(path)!r}: no {TRANSFORMER_GLOB}.safetensors or .pth (the Wan DiT's weights)")
+        raise ValueError(f"{str(path)!r}: no " + (f"{DISTILL_DIR}/distill_model.safetensors or .pt (LightX2V's "
+                         "step-distilled DiT, in the original Wan names)" if distill else
+                         f"{TRANSFORMER_GLOB}.safetensors or .pth (the Wan DiT's weights)"))
     return _transformer(_open(files), config if config is not None else _read_config(path), dtype, device)
 
 
@@ -428,7 +441,7 @@ def load_image_encoder(path: str | Path, config: Mapping[str, Any], *, dtype: to
 
 # -- the whole pipeline -------------------------------------------------------------------------
 def load_pipeline(path: str | Path, variant_config: Mapping[str, Any], *, dtype: torch.dtype,
-                  device: torch.device | str, variant_name: str = "this variant"):
+                  device: torch.device | str, variant_name: str = "this variant", distill: bool = False):
     """WanPipeline (T2V) or WanImageToVideoPipeline (I2V) from an original-layout directory.
     `variant_config` supplies what the layout does not hold: the UMT5 config
     (`text_encoder`), the scheduler config and, for I2V, the CLIP vision config
@@ -454,7 +467,7 @@ def load_pipeline(path: str | Path, variant_config: Mapping[str, Any], *, dtype:
     if need:
         raise ValueError(f"{str(path)!r} is in the original Wan layout but lacks {', '.join(need)}; the Wan-AI "
                          "Wan2.1 repositories ship all of them beside the DiT")
-    transformer = load_transformer(path, dtype=dtype, device=device)
+    transformer = load_transformer(path, dtype=dtype, device=device, distill=distill)
     text_encoder = load_text_encoder(path / T5_FILE, variant_config["text_encoder"], dtype=dtype, device=device)
     vae = load_vae(path / VAE_FILE, device=device)  # fp32, as published
     try:

@@ -38,7 +38,7 @@ Where each number comes from (the diffusers-format repos were written by diffuse
 from __future__ import annotations
 
 from ..base import Variant
-from ..wan import WanAdapter
+from ..wan import WanAdapter, distill
 from ..wan.config import SCHEDULER, T2V_1_3B, T2V_14B, TINY, UMT5_XXL, VAE
 
 # -- published configs ---------------------------------------------------------------------
@@ -85,6 +85,10 @@ def _published(name, hub_id, desc, transformers, vae, flow_shift, pipeline, fps,
     return Variant(name=name, family="wan22", config=cfg, hub_id=hub_id, description=desc, call_defaults=call)
 
 
+_A14B_CONFIG = dict(transformer=T2V_14B, transformer_2=T2V_14B, text_encoder=UMT5_XXL, vae=VAE,
+                    scheduler=dict(SCHEDULER, flow_shift=3.0), tokenizer_vocab=4096,
+                    pipeline=dict(boundary_ratio=0.875), fps=16)
+
 VARIANTS = {
     v.name: v
     for v in [
@@ -96,6 +100,14 @@ VARIANTS = {
                    dict(transformer=T2V_14B, transformer_2=T2V_14B), VAE, 3.0, dict(boundary_ratio=0.875), 16,
                    dict(height=480, width=832, num_frames=81, num_inference_steps=40, guidance_scale=4.0,
                         guidance_scale_2=3.0)),
+        # LightX2V's 4-step distill LoRAs over T2V-A14B (wan/distill.py lists the sources): the
+        # high-noise LoRA into `transformer`, the low-noise one into `transformer_2`; 4 Euler steps
+        # at shift 5 put the published boundary 0.875 after step 2 (LightX2V's
+        # boundary_step_index 2); guidance 1 on both experts (no CFG forward).
+        Variant(name="wan2.2-t2v-a14b-distill-lora", family="wan22", hub_id="Wan-AI/Wan2.2-T2V-A14B-Diffusers",
+                config=dict(_A14B_CONFIG, distill=distill.CONFIG, lora=distill.LORA_22_T2V),
+                description="text-to-video, 2 x 14B experts + LightX2V's 4-step distill LoRAs",
+                call_defaults=dict(height=480, width=832, num_frames=81, **distill.CALL, guidance_scale_2=1.0)),
         Variant(name="wan2.2-tiny", family="wan22", config=_TINY_A14B, tiny=True,
                 description="2 experts x 4 blocks, dim 32, switched mid-run; random, offline",
                 call_defaults=dict(height=32, width=32, num_frames=9, num_inference_steps=4, guidance_scale=4.0,
