@@ -35,7 +35,9 @@ def cfg_active(t: float | torch.Tensor, interval: Sequence[float]) -> bool:
 
 
 def _norm(v: torch.Tensor, per_token: bool) -> torch.Tensor:
-    return v.norm(dim=-1, keepdim=True) if per_token else v.norm()
+    # float32 whatever v's dtype: the official code's torch.norm runs under CUDA autocast,
+    # which computes linalg_vector_norm of a bf16 input in float32 and returns float32.
+    return torch.linalg.vector_norm(v, dim=-1 if per_token else None, keepdim=per_token, dtype=torch.float32)
 
 
 def cfg_combine(v_c: torch.Tensor, v_t: torch.Tensor | None, v_i: torch.Tensor | None, *,
@@ -46,29 +48,33 @@ def cfg_combine(v_c: torch.Tensor, v_t: torch.Tensor | None, v_i: torch.Tensor |
     Text guidance first, then image guidance (only if img_scale > 1), then rescale so the
     norm never exceeds the conditional one: 'global' (one norm over all tokens),
     'channel' (per token), or 'text_channel' (per-token renorm of the text-guided velocity
-    before image guidance). text_scale <= 1 means no guidance at all."""
+    before image guidance). text_scale <= 1 means no guidance at all.
+
+    Dtypes as the official `Bagel._forward_flow` under its bf16 autocast: the guidance
+    arithmetic in the velocities' own dtype (bf16 on the shipped path, each operation
+    rounded to bf16), the norms and the scale in float32, and the rescale by torch's type
+    promotion: the global scale is a 0-d tensor, so the result keeps the velocities' dtype;
+    a per-token scale is an (N, 1) float32 tensor, so 'channel' and 'text_channel' return
+    float32 (tests/data/bagel_cfg_combine_oracle.json, from the official statements)."""
     if renorm_type not in ("global", "channel", "text_channel"):
         raise ValueError(f"cfg_renorm_type {renorm_type!r}: choose 'global', 'channel' or 'text_channel'")
     if text_scale <= 1.0:
         return v_c
-    v_t = v_t.to(torch.float32)
-    v_c32 = v_c.to(torch.float32)
-    v1 = v_t + text_scale * (v_c32 - v_t)
+    v1 = v_t + text_scale * (v_c - v_t)
     if renorm_type == "text_channel":
-        scale = (_norm(v_c32, True) / (_norm(v1, True) + 1e-8)).clamp(min=renorm_min, max=1.0)
-        v1 = v1 * scale
-        out = v_i.float() + img_scale * (v1 - v_i.float()) if img_scale > 1.0 else v1
-        return out.to(v_c.dtype)
-    v2 = v_i.float() + img_scale * (v1 - v_i.float()) if img_scale > 1.0 else v1
+        v1 = v1 * (_norm(v_c, True) / (_norm(v1, True) + 1e-8)).clamp(min=renorm_min, max=1.0)
+        return v_i + img_scale * (v1 - v_i) if img_scale > 1.0 else v1
+    v2 = v_i + img_scale * (v1 - v_i) if img_scale > 1.0 else v1
     per_token = renorm_type == "channel"
-    scale = (_norm(v_c32, per_token) / (_norm(v2, per_token) + 1e-8)).clamp(min=renorm_min, max=1.0)
-    return (v2 * scale).to(v_c.dtype)
+    return v2 * (_norm(v_c, per_token) / (_norm(v2, per_token) + 1e-8)).clamp(min=renorm_min, max=1.0)
 
 
 def euler_sample(x: torch.Tensor, timesteps: torch.Tensor, velocity: Callable[[torch.Tensor, float], torch.Tensor],
                  progress: bool = False) -> torch.Tensor:
     """x <- x - v(x, t) * (t_i - t_{i+1}) from t = 1 down to 0; the step sizes are the
-    schedule's float32 differences, as the official loop's `dts`."""
+    schedule's float32 differences, as the official loop's `dts`. The product v * dt is
+    taken in v's dtype (a 0-d float32 step size does not promote a bf16 velocity), then
+    subtracted from the float32 x, as the official `x_t - v_t * dts[i]`."""
     ts = timesteps.tolist()
     dts = timesteps[:-1] - timesteps[1:]
     it = range(len(ts) - 1)
@@ -76,7 +82,7 @@ def euler_sample(x: torch.Tensor, timesteps: torch.Tensor, velocity: Callable[[t
         it = tqdm(it, desc="denoise")
     for i in it:
         v = velocity(x, ts[i])
-        x = x - v.to(x.dtype) * dts[i].to(x.device)
+        x = x - v.to(x.device) * dts[i].to(x.device)
     return x
 
 
