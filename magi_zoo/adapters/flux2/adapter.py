@@ -16,6 +16,12 @@ from . import config as C
 VARIANTS = {v.name: v for v in [
     Variant(name="flux.2-dev", family="flux2", config=C.PUBLISHED, hub_id="black-forest-labs/FLUX.2-dev",
             description="text-to-image and image editing, 32B, Mistral-Small-3.2 text encoder", call_defaults=C.CALL),
+    Variant(name="flux.2-klein-4b", family="flux2", config=C.klein(C.KLEIN_4B, C.QWEN3_4B, True),
+            hub_id="black-forest-labs/FLUX.2-klein-4B", description="[klein] 4B, 4-step distilled, Qwen3-4B encoder",
+            call_defaults=dict(C.KLEIN_CALL, num_inference_steps=4, guidance_scale=1.0)),
+    Variant(name="flux.2-klein-base-9b", family="flux2", config=C.klein(C.KLEIN_9B, C.QWEN3_8B, False),
+            hub_id="black-forest-labs/FLUX.2-klein-base-9B", description="[klein] 9B base (CFG), Qwen3-8B encoder",
+            call_defaults=dict(C.KLEIN_CALL, num_inference_steps=50, guidance_scale=4.0)),
     Variant(name="flux.2-tiny", family="flux2", config=C.TINY, tiny=True,
             description="2 double + 2 single blocks, dim 32, a 3-layer Mistral; random, offline",
             call_defaults=C.TINY_CALL),
@@ -23,6 +29,12 @@ VARIANTS = {v.name: v for v in [
 # Mistral's instruction markers; the template writes the system and user turns as Mistral
 # Small 3's chat template does ([SYSTEM_PROMPT] ... [/SYSTEM_PROMPT][INST] ... [/INST]).
 _SPECIALS = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "<pad>"]
+_QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+# Qwen3's chat template, the parts Flux2KleinPipeline uses (a user turn, the generation prompt
+# with thinking off: an empty think block).
+_QWEN_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and not "
+                  "enable_thinking %}<think>\n\n</think>\n\n{% endif %}{% endif %}")
 _TEMPLATE = ("{{ bos_token }}{% for m in messages %}{% set text = m['content'][0]['text'] if m['content'] is not "
              "string else m['content'] %}{% if m['role'] == 'system' %}[SYSTEM_PROMPT]{{ text }}[/SYSTEM_PROMPT]"
              "{% else %}[INST]{{ text }}[/INST]{% endif %}{% endfor %}")
@@ -34,18 +46,28 @@ def _random_pipeline(variant: Variant, dtype: torch.dtype, device: torch.device)
     from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2Pipeline, Flux2Transformer2DModel
     from transformers import Mistral3Config, Mistral3ForConditionalGeneration  # lazy: as above
 
-    cfg = variant.config
-    tokenizer = byte_bpe_tokenizer(vocab_size=min(cfg["tokenizer_vocab"], 4096), specials=_SPECIALS, bos="<s>",
-                                   eos="</s>", pad="<pad>", unk="<unk>", model_max_length=131072)
-    tokenizer.chat_template = _TEMPLATE
-    te_cfg = Mistral3Config(text_config=dict(cfg["text"], bos_token_id=1, eos_token_id=2, pad_token_id=7),
-                            vision_config=cfg["vision"], **cfg["encoder"])
+    from diffusers import Flux2KleinPipeline  # lazy: as above
+    from transformers import Qwen3Config, Qwen3ForCausalLM  # lazy: as above
+
+    cfg, klein = variant.config, "pipeline" in variant.config  # [klein]: a Qwen3 encoder
+    vocab = min(cfg["tokenizer_vocab"], 4096)
+    if klein:
+        tokenizer = byte_bpe_tokenizer(vocab_size=vocab, specials=_QWEN_SPECIALS, eos="<|im_end|>",
+                                       pad="<|endoftext|>", model_max_length=40960)
+        te_cfg = Qwen3Config(**dict(cfg["text"], bos_token_id=None, eos_token_id=2, pad_token_id=0))
+    else:
+        tokenizer = byte_bpe_tokenizer(vocab_size=vocab, specials=_SPECIALS, bos="<s>", eos="</s>", pad="<pad>",
+                                       unk="<unk>", model_max_length=131072)
+        te_cfg = Mistral3Config(text_config=dict(cfg["text"], bos_token_id=1, eos_token_id=2, pad_token_id=7),
+                                vision_config=cfg["vision"], **cfg["encoder"])
+    tokenizer.chat_template = _QWEN_TEMPLATE if klein else _TEMPLATE
     with init_on(device, dtype):
         transformer = Flux2Transformer2DModel(**cfg["transformer"])
-        text_encoder = Mistral3ForConditionalGeneration(te_cfg)
+        text_encoder = (Qwen3ForCausalLM if klein else Mistral3ForConditionalGeneration)(te_cfg)
         vae = AutoencoderKLFlux2(**cfg["vae"])
-    return Flux2Pipeline(scheduler=FlowMatchEulerDiscreteScheduler(**cfg["scheduler"]), vae=vae,
-                         text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer)
+    parts = dict(scheduler=FlowMatchEulerDiscreteScheduler(**cfg["scheduler"]), vae=vae, text_encoder=text_encoder,
+                 tokenizer=tokenizer, transformer=transformer)
+    return Flux2KleinPipeline(**parts, **cfg["pipeline"]) if klein else Flux2Pipeline(**parts)
 
 
 class Flux2Adapter(DiffusersPipelineAdapter):
@@ -58,7 +80,8 @@ class Flux2Adapter(DiffusersPipelineAdapter):
     output_kind = "image"
     output_suffixes = (".png", ".jpg", ".jpeg", ".webp")
     run_options = DiffusersPipelineAdapter.run_options + ("image",)  # a conditioning image (editing)
-    # Flux2Pipeline is guidance-distilled (the guidance embedder) and runs no CFG: cfg_option None.
+    # FLUX.2-dev is guidance-distilled (the guidance embedder) and runs no CFG; [klein] base runs
+    # CFG at guidance_scale > 1, which CFG parallel does not split yet (cfg_option None refuses it).
 
     def build_random(self, variant: Variant, dtype: torch.dtype, device: torch.device):
         return _random_pipeline(variant, dtype, device)
@@ -113,5 +136,6 @@ class Flux2Adapter(DiffusersPipelineAdapter):
                     encoder_hidden_states=rnd(batch, text_len, t.config.joint_attention_dim),
                     timestep=torch.full((batch,), 0.5, device=p.device, dtype=p.dtype),
                     img_ids=img_ids.expand(batch, -1, -1), txt_ids=txt_ids.expand(batch, -1, -1),
-                    guidance=torch.full((batch,), d.get("guidance_scale", 4.0), device=p.device, dtype=torch.float32),
+                    guidance=torch.full((batch,), d.get("guidance_scale", 4.0), device=p.device, dtype=torch.float32)
+                    if t.config.guidance_embeds else None,  # [klein]: no guidance embedder, the pipeline passes None
                     joint_attention_kwargs={}, return_dict=False)

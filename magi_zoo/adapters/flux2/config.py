@@ -20,6 +20,19 @@ Where each number comes from:
 - call defaults: BFL's reference CLI (scripts/cli.py): 50 steps, guidance 4.0, 1360x768; the
   text encoder's layers 10, 20, 30 and 512 tokens (src/flux2/text_encoder.py OUTPUT_LAYERS,
   MAX_LENGTH).
+
+FLUX.2 [klein] (Flux2KleinPipeline, a Qwen3 text encoder, no guidance embedder):
+- transformer: diffusers' scripts/convert_flux2_to_diffusers.py `klein-4b` (5 double + 20 single
+  blocks, 24 heads, joint_attention_dim 7680 = 3 x 2560) and `klein-9b` (8 + 24, 32 heads, 12288
+  = 3 x 4096), guidance_embeds false; VAE as FLUX.2-dev (the klein repositories' vae/config.json).
+- text_encoder/config.json: Qwen3-4B (Qwen3ForCausalLM: hidden 2560, FFN 9728, 36 layers, 32
+  heads / 8 KV heads of 128, vocab 151936, rope theta 1e6, RMS eps 1e-6, tied embeddings) for
+  4B; Qwen3-8B (hidden 4096, FFN 12288, untied) for 9B. Layers 9, 18, 27 are stacked (the
+  pipeline's default).
+- model_index.json: FLUX.2-klein-4B is step-distilled (`is_distilled: true`: 4 steps, guidance
+  unused); FLUX.2-klein-base-9B is not (50 steps, CFG at guidance 4.0: diffusers' example).
+  1024x1024 is Flux2KleinPipeline's default size. The klein scheduler files were not read here:
+  FLUX.2-dev's is used (the pipeline computes the shift mu itself from the token and step counts).
 """
 
 from __future__ import annotations
@@ -65,3 +78,28 @@ TINY = dict(
 )
 TINY_CALL = dict(height=32, width=32, num_inference_steps=2, guidance_scale=4.0, max_sequence_length=512,
                  text_encoder_out_layers=(1, 2, 3))
+
+# -- FLUX.2 [klein] ----------------------------------------------------------------------------
+KLEIN_4B = dict(TRANSFORMER, num_layers=5, num_single_layers=20, num_attention_heads=24, joint_attention_dim=7680,
+                guidance_embeds=False)
+KLEIN_9B = dict(TRANSFORMER, num_layers=8, num_single_layers=24, num_attention_heads=32, joint_attention_dim=12288,
+                guidance_embeds=False)
+QWEN3_4B = dict(model_type="qwen3", vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
+                num_attention_heads=32, num_key_value_heads=8, head_dim=128, hidden_act="silu",
+                max_position_embeddings=40960, rms_norm_eps=1e-6, tie_word_embeddings=True, attention_bias=False,
+                rope_parameters=dict(rope_type="default", rope_theta=1000000.0))
+QWEN3_8B = dict(QWEN3_4B, hidden_size=4096, intermediate_size=12288, tie_word_embeddings=False)
+
+
+def klein(transformer, text, distilled):
+    return dict(transformer=transformer, vae=VAE, text=text, scheduler=SCHEDULER, tokenizer_vocab=4096,
+                pipeline=dict(is_distilled=distilled))
+
+
+KLEIN_CALL = dict(height=1024, width=1024, max_sequence_length=512, text_encoder_out_layers=(9, 18, 27))
+# A tiny klein (the Flux2KleinPipeline path: Qwen3 encoder, no guidance embedder), built by
+# tests/models/flux2 only: registered, it would repeat flux.2-tiny's compile in the conformance suite.
+TINY_KLEIN = dict(klein(dict(TINY["transformer"], guidance_embeds=False), dict(QWEN3_4B, vocab_size=512, hidden_size=32,
+                  intermediate_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                  head_dim=8), False), vae=TINY["vae"], tokenizer_vocab=512)
+TINY_KLEIN_CALL = dict(TINY_CALL, text_encoder_out_layers=(1, 2, 3))

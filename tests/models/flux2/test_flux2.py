@@ -1,10 +1,11 @@
 """FLUX.2 beyond the conformance suite: image-conditioned generation (`--image`), checked
-before any work and driven end to end on the tiny variant."""
+before any work and driven end to end on the tiny variant, and the [klein] pipeline."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 import magi_zoo
@@ -50,3 +51,30 @@ def test_image_conditioning_appends_its_tokens(tmp_path):
         assert seen == [4 + 20] * h.variant.call_defaults["num_inference_steps"], seen
     finally:
         hook.remove()
+
+
+def test_klein_pipeline_runs_at_the_tiny_size():
+    """FLUX.2 [klein]'s path -- Flux2KleinPipeline, a Qwen3 encoder through its chat template,
+    three stacked hidden states, no guidance embedder (the denoiser gets guidance=None) -- at
+    the tiny sizes (config.TINY_KLEIN, not registered: the conformance suite compiles the same
+    blocks for flux.2-tiny)."""
+    from magi_zoo.adapters.base import Variant
+    from magi_zoo.adapters.flux2 import config as C
+
+    adapter, _ = lookup("flux.2-tiny")
+    variant = Variant(name="flux.2-klein-tiny", family="flux2", config=C.TINY_KLEIN, tiny=True,
+                      call_defaults=C.TINY_KLEIN_CALL)
+    pipe = adapter.build(variant, weights="random", dtype=torch.float32, device=torch.device("cpu"))
+    assert type(pipe).__name__ == "Flux2KleinPipeline" and type(pipe.text_encoder).__name__ == "Qwen3ForCausalLM"
+    kwargs = adapter.example_inputs(pipe, variant, "denoise")
+    assert kwargs["guidance"] is None
+    seen = []
+    hook = pipe.transformer.register_forward_pre_hook(
+        lambda m, a, kw: seen.append(kw["encoder_hidden_states"].shape), with_kwargs=True)
+    try:
+        image = pipe(prompt="a corgi", output_type="pil", **variant.call_defaults).images[0]
+    finally:
+        hook.remove()
+    assert image.size == (32, 32)
+    # joint_attention_dim = 3 stacked layers x the encoder's 32; CFG at guidance 4.0 (base): 2 calls a step
+    assert seen == [torch.Size([1, 512, 96])] * 2 * variant.call_defaults["num_inference_steps"], seen
