@@ -7,8 +7,9 @@ google/umt5-xxl/). The original-layout keys come from inverting diffusers' own c
 (tests/helpers/wan_original_layout.py); two checks make sure the inversion is right and not
 circular: diffusers' converters map the written keys back to exactly the model's keys,
 and the written names and shapes equal those of the official Wan modules at the same tiny
-configs (tests/data/wan21_original_keys.json, recorded from github.com/Wan-Video/Wan2.1;
-the same session compared outputs against the official forward, see the file's note).
+configs (tests/data/wan21_original_keys.json, written from github.com/Wan-Video/Wan2.1 by
+benchmarks/oracles/wan_original_layout.py; test_wan_original_values.py checks the T5 / CLIP
+maps value by value against the official forwards recorded there).
 Then `magi_zoo.load("wan2.1-tiny", weights=DIR)` must give the same video from both.
 """
 
