@@ -25,9 +25,21 @@ same) and `auto` is re-measured without them. Strategies (`--strategies`):
   forward + cuDNN's backward); any strategy + "_sdpa" (e.g. auto16_sdpa) pins SDPA's dispatch
   too, to attribute the attention backend's share
 - save_all: regional compile, selective checkpointing keeping every matmul and attention output;
-- auto16 / auto40: regional compile, `recompute="auto"` at a 16 / 40 GiB budget (the choice is
-  printed and recorded);
+- auto16 / auto24 / auto40 (any autoN): regional compile, `recompute="auto"` at an N GiB budget
+  (the choice is printed and recorded);
 - none: regional compile, no checkpointing (out of memory at the Wan shape on 80 GB; docs/training.md).
+
+Hard caps: a budgeted row (autoN) runs with its process capped at N GiB, and any strategy
+takes a cap as `STRATEGY@GIB` (eager_full@16: the baseline under the same cap). The cap is
+`torch.cuda.set_per_process_memory_fraction`, set in the row's fresh process before anything
+touches the card, so the build and the calibration are capped too: what a user with a card
+of that size has. A capped row records its allocated and reserved peaks (the timed steps and
+the whole process); a row whose reserved peak passes its cap is a failure ("over cap"), not a
+result; its speedup is against eager_full under the same cap. An auto row also records its
+estimated peak against the measured allocated peak (`estimate_error`).
+
+    python -m benchmarks.train --model wan2.1-t2v-1.3b --gpu h100 --optimizer none \
+        --strategies eager_full@16,auto16,eager_full@24,auto24,eager_full@40,auto40,save_all@40
 
 Per row: median ms per step over --runs after --warmup steps (CUDA events), peak GiB allocated
 over the timed steps, first-step seconds (compile included), graph breaks and recompiles of
@@ -51,15 +63,54 @@ from typing import Any
 
 from benchmarks import common
 
-STRATEGIES = ("eager_full", "regional_full", "save_all", "auto16", "auto40")
+STRATEGIES = ("eager_full", "regional_full", "save_all", "auto16", "auto24", "auto40")
 ALL_STRATEGIES = (*STRATEGIES, "none")
 
 
 SDPA = "_sdpa"  # strategy suffix: attention pinned to torch SDPA's dispatch (e.g. auto16_sdpa)
+CAP = "@"  # strategy suffix: a hard memory cap in GiB (e.g. eager_full@16)
 
 
 def _base(strategy: str) -> str:
+    strategy = strategy.partition(CAP)[0]
     return strategy[: -len(SDPA)] if strategy.endswith(SDPA) else strategy
+
+
+def row_cap(strategy: str) -> float | None:
+    """The hard cap (GiB) a row runs under: `STRATEGY@GIB`, else an autoN row's budget N,
+    else none."""
+    name, _, cap = strategy.partition(CAP)
+    if cap:
+        try:
+            value = float(cap)
+        except ValueError:
+            value = 0.0
+        if not value > 0:
+            raise ValueError(f"strategy {strategy!r}: the cap after {CAP!r} is GiB, a positive number "
+                             "(e.g. eager_full@16)")
+        return value
+    base = _base(name)
+    return float(base[4:]) if base.startswith("auto") and base[4:] else None
+
+
+def check_strategies(strategies: list[str]) -> None:
+    """Every strategy names a known recompute strategy (autoN with N > 0) and a valid cap."""
+    for s in strategies:
+        _recompute(s)
+        row_cap(s)
+
+
+def cap_memory(gib: float | None) -> float | None:
+    """Limit this process's CUDA allocator to `gib` (before anything touches the card);
+    returns the fraction set, or None (no cap, or no CUDA)."""
+    import torch
+
+    if gib is None or not torch.cuda.is_available():
+        return None
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    fraction = min(1.0, gib * 2 ** 30 / total)
+    torch.cuda.set_per_process_memory_fraction(fraction)
+    return fraction
 
 
 def _recompute(strategy: str, budget: float | None = None, optimizer: str = "adamw") -> Any:
@@ -70,10 +121,18 @@ def _recompute(strategy: str, budget: float | None = None, optimizer: str = "ada
         return {"policy": "selective", "save": ["matmuls", "attention"]}
     if strategy == "none":
         return "none"
-    if strategy.startswith("auto"):
+    if strategy.startswith("auto") and (budget is not None or _positive(strategy[4:])):
         return {"policy": "auto", "train_peak_gib": float(budget if budget is not None else strategy[4:]),
                 "optimizer_states": 2.0 if optimizer == "adamw" else 0.0}
-    raise ValueError(f"unknown strategy {strategy!r}; choices: {', '.join(ALL_STRATEGIES)}")
+    raise ValueError(f"unknown strategy {strategy!r}; choices: {', '.join(ALL_STRATEGIES)} (autoN: any budget N "
+                     f"GiB; {SDPA} pins SDPA; {CAP}GIB a hard cap)")
+
+
+def _positive(text: str) -> bool:
+    try:
+        return float(text) > 0
+    except ValueError:
+        return False
 
 
 def _block_keys(model: str) -> list[str]:
@@ -107,12 +166,12 @@ def build(model: str, strategy: str, *, gpu: str, device: str, backend: str | No
     from magi_zoo import adapters
 
     keys = sorted(common.spec_keys(adapters.lookup(model)[0], gpu, "attention")) \
-        if strategy in BASELINES or strategy.endswith(SDPA) else []
+        if _base(strategy) in BASELINES or strategy.partition(CAP)[0].endswith(SDPA) else []
     overrides = {"attention": {k: {"backend": "native"} for k in keys}} if keys else None
     kw = dict(gpu=gpu, weights=None if model.endswith("tiny") else "random", device=device, train=True,
               recompute=_recompute(strategy, budget, optimizer), compile=compile_override or None,
               overrides=overrides)
-    if strategy.startswith("auto"):
+    if _base(strategy).startswith("auto"):
         # measured once, below, with only the denoiser on the card -- or by the caller after
         # sharding (calibrate=False): never with the frozen encoders still there
         kw["calibrate"] = False
@@ -124,7 +183,7 @@ def build(model: str, strategy: str, *, gpu: str, device: str, backend: str | No
             comp.to("cpu")
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
-    if calibrate and strategy.startswith("auto"):
+    if calibrate and _base(strategy).startswith("auto"):
         calibrate_handle(h)  # now that only the denoiser is on the card
     return h
 
@@ -151,6 +210,7 @@ def make_step(h, inputs, optimizer: str = "adamw"):
                 p.grad = None
         return loss.detach()
 
+    step.optimizer = opt  # its states count in a peak measured off CUDA (run_one)
     return step
 
 
@@ -182,6 +242,10 @@ def run_one(args) -> dict[str, Any]:
 
     device = torch.device(args.device)
     row: dict[str, Any] = {"strategy": args.one}
+    cap = row_cap(args.one)
+    if cap is not None:
+        # before anything touches the card: the build and the calibration are capped too
+        row.update(cap_gib=cap, cap_fraction=cap_memory(cap) if device.type == "cuda" else None)
     try:
         h = build(args.model, args.one, gpu=args.gpu, device=args.device, backend=args.backend,
                   optimizer=args.optimizer)
@@ -190,6 +254,7 @@ def run_one(args) -> dict[str, Any]:
             need = static_need_bytes(sum(p.numel() * p.element_size() for p in h.trainable.parameters()
                                          if p.requires_grad), args.optimizer)
             card = torch.cuda.get_device_properties(device).total_memory
+            card = min(card, int(cap * 2 ** 30)) if cap is not None else card
             if need > card:
                 row.update(status="does not fit", error=f"weights + gradients{' + AdamW states' if args.optimizer == 'adamw' else ''} "
                            f"= {need / 2**30:.1f} GiB > the card's {card / 2**30:.1f} GiB before any activation; "
@@ -209,6 +274,14 @@ def run_one(args) -> dict[str, Any]:
             stats = torch.cuda.memory_stats(device)
             row.update(peak_reserved_gib=common.gib(stats.get("reserved_bytes.all.peak", 0)),
                        alloc_retries=stats.get("num_alloc_retries", 0))
+        else:  # off CUDA: the step's tensors (LiveBytes) over the weights, as the estimate counts them
+            from magi_zoo.engine.recompute import measure_peak
+
+            _, made = measure_peak(step)
+            states = [t for st in (step.optimizer.state.values() if step.optimizer else ()) for t in st.values()
+                      if isinstance(t, torch.Tensor)]
+            peak = made + sum(t.numel() * t.element_size() for t in [*h.modules.parameters(), *h.modules.buffers(),
+                                                                     *states])
         during = counters.delta(before)
         row.update(status="ok", recompiles_in_steps=len(during.recompiles),
                    breaks_in_steps=sum(during.graph_breaks.values()),
@@ -216,10 +289,37 @@ def run_one(args) -> dict[str, Any]:
                    peak_gib=common.gib(peak), first_step_s=round(first_s, 2), loss=round(float(loss), 5),
                    **_blocks_counters(h.report()), recompute=h.report().step("recompute").did,
                    auto=_auto_choice(h.report()))
+        row.update(estimate_check(row.get("auto"), peak))
     except torch.OutOfMemoryError as e:
         row.update(status="out of memory", error=str(e).splitlines()[0][:300])
     except Exception as e:  # recorded, not fatal: the other strategies still run
         row.update(status="error", error=f"{type(e).__name__}: {e}"[:2000])
+    if device.type == "cuda":  # the whole process: build and calibration too
+        row.update(process_peak_allocated_gib=common.gib(torch.cuda.max_memory_allocated(device)),
+                   process_peak_reserved_gib=common.gib(torch.cuda.memory_stats(device).get(
+                       "reserved_bytes.all.peak", 0)))
+    return judge_cap(row)
+
+
+def estimate_check(auto: dict[str, Any] | None, measured_bytes: int | None) -> dict[str, Any]:
+    """An auto row's estimated peak against its measured one (allocated, over the timed
+    steps): both, and the estimate's error relative to the measurement."""
+    if not auto or not measured_bytes:
+        return {}
+    est = next(iter(auto.values())).get("estimated_peak_bytes")
+    if est is None:
+        return {}
+    return {"estimated_peak_gib": common.gib(est), "estimate_error": round(est / measured_bytes - 1, 4)}
+
+
+def judge_cap(row: dict[str, Any]) -> dict[str, Any]:
+    """A capped row whose reserved peak (timed steps or whole process) passed its cap is a
+    failure: "over cap", its time kept only as `over_cap_ms_per_step`, never as a result."""
+    cap = row.get("cap_gib")
+    reserved = max((row.get(k) or 0) for k in ("peak_reserved_gib", "process_peak_reserved_gib"))
+    if cap is not None and row.get("status") == "ok" and reserved > cap:
+        row["over_cap_ms_per_step"] = row.pop("ms_per_step", None)
+        row.update(status="over cap", error=f"reserved peak {reserved} GiB > the {cap:g} GiB cap")
     return row
 
 
@@ -227,6 +327,7 @@ def run_single(args) -> dict[str, Any]:
     import torch
 
     strategies = args.strategies.split(",")
+    check_strategies(strategies)
     rows = []
     for i, s in enumerate(strategies, 1):
         print(f"[bench] [{i}/{len(strategies)}] {args.model}: {s} (fresh process)", flush=True)
@@ -243,8 +344,9 @@ def run_single(args) -> dict[str, Any]:
         result_file.unlink(missing_ok=True)
         print(f"[bench]     {_row_line(row)}", flush=True)
         rows.append(row)
-    base = next((r for r in rows if r["strategy"] == "eager_full" and r.get("status") == "ok"), None)
-    for r in rows:
+    for r in rows:  # against eager + full checkpointing under the same cap (or both uncapped)
+        base = next((b for b in rows if _base(b["strategy"]) == "eager_full" and b.get("status") == "ok"
+                     and b.get("cap_gib") == r.get("cap_gib")), None)
         if base and r.get("status") == "ok":
             r["speedup_vs_eager_full"] = round(base["ms_per_step"] / r["ms_per_step"], 3)
     return {"kind": "single", "model": args.model, "gpu": args.gpu, "env": common.environment(torch.device(args.device)),
@@ -265,11 +367,13 @@ def markdown(rec: dict[str, Any]) -> str:
     lines = [f"# Training step: {rec['model']} ({rec['kind']})", "", common.env_line(rec["env"]), "",
              f"Step: {rec.get('step', '')}. Median of {rec.get('runs')} steps after {rec.get('warmup')} warm-up."
              + (f" Allocator: PYTORCH_CUDA_ALLOC_CONF={rec['allocator']}." if rec.get("allocator") else ""), ""]
-    cols = ["strategy", "status", "ms_per_step", "peak_gib", "peak_reserved_gib", "alloc_retries",
+    cols = ["strategy", "cap_gib", "status", "ms_per_step", "peak_gib", "peak_reserved_gib",
+            "process_peak_reserved_gib", "estimated_peak_gib", "estimate_error", "alloc_retries",
             "speedup_vs_eager_full", "first_step_s",
             "graph_breaks", "recompiles", "recompiles_in_steps", "loss"]
     if rec["kind"] != "single":
-        cols = ["mode", "world", "status", "ms_per_step", "peak_gib_per_gpu", "scaling", "first_step_s", "loss"]
+        cols = ["mode", "world", "status", "ms_per_step", "peak_gib_per_gpu", "peak_reserved_gib_per_gpu", "scaling",
+                "first_step_s", "loss"]
     lines.append(common.results_table(rec["results"], cols))
     for r in rec["results"]:
         if r.get("auto"):
@@ -324,7 +428,8 @@ def run_distributed(args) -> dict[str, Any] | None:
             t = common.time_calls(step, device, warmup=max(0, args.warmup - 1), runs=args.runs)
             peak = torch.cuda.max_memory_allocated(device) if cuda else None
             row.update(status="ok", ms_per_step=t["median_ms"], first_step_s=round(first_s, 2),
-                       peak_gib_per_gpu=common.gib(peak), loss=round(float(loss), 5))
+                       peak_gib_per_gpu=common.gib(peak), loss=round(float(loss), 5),
+                       peak_reserved_gib_per_gpu=common.gib(torch.cuda.max_memory_reserved(device)) if cuda else None)
         except torch.OutOfMemoryError as e:
             row.update(status="out of memory", error=str(e).splitlines()[0][:300])
         return row
@@ -341,7 +446,8 @@ def run_distributed(args) -> dict[str, Any] | None:
     h = build(args.model, strategy, gpu=args.gpu, device=str(device), backend=args.backend, budget=args.budget,
               optimizer=args.optimizer)
     master = {"bf16": torch.bfloat16, "fp32": torch.float32}.get(args.master_dtype)
-    shard(h.trainable, master_dtype=master)  # recompute -> compile (by load) -> fully_shard per block, root
+    # recompute -> compile (by load) -> fully_shard per block, root
+    shard(h.trainable, master_dtype=master, cpu_offload=args.cpu_offload)
     if strategy.startswith("auto"):
         from magi_zoo.train import calibrate
 
@@ -361,7 +467,9 @@ def run_distributed(args) -> dict[str, Any] | None:
     return {"kind": "dp" if args.dp else "fsdp", "model": args.model, "gpu": args.gpu, "env": common.environment(device),
             "step": f"flow-matching loss + backward + {'AdamW' if args.optimizer == 'adamw' else 'no optimizer'}, FSDP2 ({'bf16 params / fp32 reduce' if cuda else 'fp32, gloo'}), "
                     f"recompute {strategy}" + (f", {args.master_dtype} master weights" if args.master_dtype else "")
-                    + (f" at {args.budget} GiB per GPU" if args.budget else ""),
+                    + (f" at {args.budget} GiB per GPU" if args.budget else "")
+                    + (", shards, gradients and optimizer states on the host (CPUOffloadPolicy)"
+                       if args.cpu_offload else ""),
             "runs": args.runs, "warmup": args.warmup, "results": rows, "per_rank": gathered}
 
 
@@ -381,6 +489,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="--fsdp/--dp: the sharded weights' dtype (default: shard's -- fp32 masters for a model "
                         "with mixed dtypes, as Wan's; bf16 halves weights, gradients and AdamW states: what "
                         "lets a 14B full fine-tune fit on 2 x 80 GB)")
+    p.add_argument("--cpu-offload", action="store_true",
+                   help="--fsdp/--dp: FSDP2's CPUOffloadPolicy (magi_zoo.train.shard(cpu_offload=True)): the shards, "
+                        "their gradients and the optimizer states in host memory, the optimizer step on the CPU")
     p.add_argument("--strategy", default=None, choices=ALL_STRATEGIES,
                    help="--fsdp/--dp: the recompute strategy of both modes (default: auto at --budget, else "
                         "regional_full)")
@@ -408,13 +519,19 @@ def main(argv: list[str] | None = None) -> int:
         row = run_one(args)
         Path(args.result_file).write_text(json.dumps(row, default=str))
         return 0
+    if not args.one and not (args.fsdp or args.dp):
+        try:  # a bad name or cap: one line, before any build
+            check_strategies(args.strategies.split(","))
+        except ValueError as e:
+            p.error(str(e))
     if args.fsdp or args.dp:
         if args.smoke:
             args.model = "wan2.1-tiny" if args.model == "wan2.1-t2v-1.3b" else args.model
         rec = run_distributed(args)
         if rec is None:
             return 0
-        stem = f"train_{'dp' if args.dp else 'fsdp'}_{args.model}" + (f"_{args.gpu}" if args.gpu not in ("auto", "cpu") else "")
+        stem = f"train_{'dp' if args.dp else 'fsdp'}_{args.model}" + (f"_{args.gpu}" if args.gpu not in ("auto", "cpu") else "") \
+            + ("_cpuoffload" if args.cpu_offload else "")
         recs = [(stem, rec)]
     else:
         models = ["wan2.1-tiny", "flux-tiny"] if args.smoke else [args.model]

@@ -18,7 +18,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world: int, port: int, out_dir: str, device: str = "cpu", dtype: str = "float32") -> None:
+def _worker(rank: int, world: int, port: int, out_dir: str, device: str = "cpu", dtype: str = "float32",
+            cpu_offload: bool = False) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     import torch.distributed as dist
 
@@ -50,13 +51,20 @@ def _worker(rank: int, world: int, port: int, out_dir: str, device: str = "cpu",
         # the order recompute -> compile -> shard and the collectives are under test).
         layers = training_layers(with_backend(h.layers, "inductor" if cuda else "eager"), "full")
         rep = magi_zoo.apply(h.modules, layers=layers, gpu="cpu", train=True, preparations=h.adapter.preparations(h.pipe))
-        shard(model)
+        shard(model, cpu_offload=cpu_offload)
         loss = flow_matching_loss(model, kw)
         loss.backward()
         rel = {}
         for n, p in model.named_parameters():
-            g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+            # gathered on the compute device (a CPU-offloaded shard cannot all-gather over nccl)
+            g = p.grad.to(ref[n].device).full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
             rel[n] = float((g - ref[n]).norm() / ref[n].norm().clamp_min(1e-12))
+        where = sorted({str(t.to_local().device.type) for p in model.parameters() for t in (p, p.grad)})
+        # an AdamW step on the shards where they live (the host, with CPU offload)
+        first = next(model.parameters())
+        was = first.to_local().clone()
+        torch.optim.AdamW(model.parameters(), lr=1e-3).step()
+        stepped = bool((first.to_local() != was).any())
         r = rep.region("WanTransformerBlock").counters
         sharded = sum(type(m).__name__.startswith("FSDP") for m in model.modules())
         if rank == 0:
@@ -64,7 +72,8 @@ def _worker(rank: int, world: int, port: int, out_dir: str, device: str = "cpu",
                 json.dump({"loss": float(loss), "ref_loss": float(ref_loss), "max_rel": max(rel.values()),
                            "n_grads": len(rel), "breaks": r.n_graph_breaks, "sharded": sharded,
                            "dtensor": type(next(model.parameters())).__name__, "dtypes_built": dtypes_built,
-                           "dtypes_sharded": sorted({str(p.dtype) for p in model.parameters()})}, f)
+                           "dtypes_sharded": sorted({str(p.dtype) for p in model.parameters()}),
+                           "shards_and_grads_on": where, "stepped": stepped}, f)
         # Both ranks tear down together: a CI run saw rank 1 abort in gloo's teardown ("terminate
         # called without an active exception") while rank 0 was still writing the result.
         dist.barrier()
@@ -99,6 +108,20 @@ def test_fsdp2_bf16_on_two_gpus(tmp_path):
     assert res["max_rel"] < 5e-2, res
 
 
+@pytest.mark.gpu
+def test_fsdp2_cpu_offload_on_two_gpus(tmp_path):
+    """FSDP2's CPU offload policy on two CUDA devices: the shards and their gradients on the
+    host, the blocks computed on the cards, the AdamW step on the host; bf16 tolerance."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 CUDA devices")
+    mp.spawn(_worker, args=(2, _free_port(), str(tmp_path), "cuda", "float32", True), nprocs=2, join=True)
+    res = json.loads((tmp_path / "result.json").read_text())
+    assert res["shards_and_grads_on"] == ["cpu"] and res["stepped"], res
+    assert res["sharded"] == 5 and res["breaks"] == 0
+    assert abs(res["loss"] - res["ref_loss"]) <= 2e-2 * abs(res["ref_loss"])
+    assert res["max_rel"] < 5e-2, res
+
+
 def test_unify_dtypes_for_fsdp_groups():
     # FSDP2 wants one dtype per sharded group; diffusers keeps Wan's norms and modulation
     # table fp32 inside bf16 blocks. Mixed -> fp32 masters by default; an explicit dtype wins;
@@ -117,9 +140,12 @@ def test_unify_dtypes_for_fsdp_groups():
 def test_fsdp2_shards_a_bf16_model_with_fp32_layers(tmp_path, fresh_dynamo):
     # A bf16 Wan keeps its norms / modulation table fp32 (diffusers' _keep_in_fp32_modules);
     # FSDP2 wants one dtype per sharded group, so `shard` keeps fp32 master weights. On GPUs
-    # this was the first failure of the data-parallel benchmark.
-    mp.spawn(_worker, args=(2, _free_port(), str(tmp_path), "cpu", "bfloat16"), nprocs=2, join=True)
+    # this was the first failure of the data-parallel benchmark. With FSDP2's CPU offload
+    # policy (on the host already here: the policy's plumbing, the collectives and the
+    # optimizer step on the shards; test_fsdp2_cpu_offload_on_two_gpus checks the placement).
+    mp.spawn(_worker, args=(2, _free_port(), str(tmp_path), "cpu", "bfloat16", True), nprocs=2, join=True)
     res = json.loads((tmp_path / "result.json").read_text())
+    assert res["stepped"] and res["shards_and_grads_on"] == ["cpu"], res
     assert res["dtypes_built"] == ["torch.bfloat16", "torch.float32"], res
     assert res["dtypes_sharded"] == ["torch.float32"] and res["sharded"] == 5 and res["breaks"] == 0
     # fp32 masters of the bf16 weights against the bf16 model's own loss: bf16 tolerance

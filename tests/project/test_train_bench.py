@@ -11,7 +11,7 @@ def test_strategies_are_valid_recompute_specs():
     # Each strategy's own policy: a strategy mapped to the wrong one (or a new strategy left
     # out of this table) fails here, where "is one of the four policies" could not.
     expected = {"eager_full": "full", "regional_full": "full", "save_all": "selective",
-                "auto16": "auto", "auto40": "auto", "none": "none"}
+                "auto16": "auto", "auto24": "auto", "auto40": "auto", "none": "none"}
     assert set(train.ALL_STRATEGIES) == set(expected)
     for s in train.ALL_STRATEGIES:
         value = train._recompute(s)
@@ -48,3 +48,30 @@ def test_static_need_counts_weights_gradients_and_adamw_states():
     # Flux.1-dev's 11.9 G bf16 parameters: 95 GiB with AdamW (> 80 GB: not run), 48 without
     assert static_need_bytes(int(23.8 * gib), "adamw") == int(23.8 * gib) * 4
     assert static_need_bytes(int(23.8 * gib), "none") == int(23.8 * gib) * 2
+
+
+def test_budgeted_rows_run_under_their_cap_and_a_bad_cap_is_refused():
+    assert train.row_cap("auto16") == 16.0 and train.row_cap("auto24_sdpa") == 24.0
+    assert train.row_cap("eager_full@16") == 16.0 and train.row_cap("save_all@40") == 40.0
+    assert train.row_cap("eager_full") is None and train.row_cap("regional_full_sdpa") is None
+    assert train._recompute("eager_full@16") == "full" and train._recompute("auto24")["train_peak_gib"] == 24.0
+    train.check_strategies(["auto16", "eager_full@16", "auto24@20"])
+    for bad, why in (("eager_full@x", "the cap after '@' is GiB"), ("auto16@0", "the cap after '@' is GiB"),
+                     ("autox", "unknown strategy 'autox'"), ("auto", "unknown strategy 'auto'")):
+        with pytest.raises(ValueError, match=why):
+            train.check_strategies([bad])
+    with pytest.raises(SystemExit):  # argparse's one line, before anything is built
+        train.main(["--strategies", "auto16,eager_full@big", "--device", "cpu"])
+
+
+def test_a_row_over_its_cap_is_a_failure_and_the_estimate_is_checked():
+    ok = {"strategy": "auto16", "cap_gib": 16.0, "status": "ok", "ms_per_step": 1917.0,
+          "peak_reserved_gib": 15.2, "process_peak_reserved_gib": 15.9}
+    assert train.judge_cap(dict(ok))["status"] == "ok"
+    over = train.judge_cap({**ok, "process_peak_reserved_gib": 18.1})
+    assert over["status"] == "over cap" and "ms_per_step" not in over and over["over_cap_ms_per_step"] == 1917.0
+    assert "18.1 GiB > the 16 GiB cap" in over["error"]
+    assert train.judge_cap({**ok, "cap_gib": None, "peak_reserved_gib": 18.1})["status"] == "ok"  # uncapped
+    auto = {"WanTransformerBlock": {"estimated_peak_bytes": 11 * 2 ** 30}}
+    assert train.estimate_check(auto, 10 * 2 ** 30) == {"estimated_peak_gib": 11.0, "estimate_error": 0.1}
+    assert train.estimate_check(None, 10 * 2 ** 30) == {}

@@ -15,19 +15,20 @@ Policies (`RecomputeSpec.policy`):
 
 One module per job: `step` (the wrapper and `recompute_step`), `policy` (op groups, save
 sets, the selective policy), `auto` (the cost model and solver), `measure` (measuring a
-block), `calibration` (`calibrate`: measure, account for the step's peak, choose).
+block, by sizes: never an allocator reading that a cap or fragmentation moves; `measure_peak`
+for a whole step off CUDA), `calibration` (`calibrate`: measure, account for the step's peak, choose).
 docs/training.md tells the design; docs/steps.md the step's place in `apply`.
 """
 
 from .auto import AUTO_SAVES, BlockProfile, Choice, GroupCost, Option, OptionCost, choose, choose_within, options
 from .calibration import calibrate, fsdp_in_flight_bytes
-from .measure import measure_block, measure_options
+from .measure import LiveBytes, measure_block, measure_options, measure_peak
 from .policy import (DOWN, context_fn, group_ops, is_compute_sensitive, is_down_projection, op_group, option_name,
                      save_set)
 from .step import BlockState, block_choices, recompute_state, recompute_step
 
 __all__ = ["recompute_step", "calibrate", "block_choices", "recompute_state", "BlockState",
            "choose", "choose_within", "options", "Option", "OptionCost", "Choice", "BlockProfile", "GroupCost",
-           "AUTO_SAVES", "measure_block", "measure_options", "fsdp_in_flight_bytes",
+           "AUTO_SAVES", "measure_block", "measure_options", "measure_peak", "LiveBytes", "fsdp_in_flight_bytes",
            "DOWN", "context_fn", "group_ops", "is_compute_sensitive", "is_down_projection", "op_group",
            "option_name", "save_set"]

@@ -47,7 +47,8 @@ class BlockProfile:
 @dataclasses.dataclass(frozen=True)
 class Option:
     """One thing a block may do: what it keeps, the bytes that costs, the recompute seconds
-    left. `save` None = no checkpoint; () = full recompute (compute-sensitive ops kept)."""
+    left. `save` None = no checkpoint; () = full recompute (a plain checkpoint: every op
+    recomputed, compute-sensitive ones too)."""
 
     name: str
     save: tuple[str, ...] | None
@@ -74,9 +75,13 @@ class OptionCost:
 def options(p: BlockProfile, measured: dict[str, OptionCost] | None = None) -> list[Option]:
     """The choices `auto` weighs for a block with profile `p`, by its measured costs.
 
-    A checkpointed block keeps its boundary inputs, the compute-sensitive custom ops'
-    outputs and the outputs of the kept groups; it recomputes every other op (their
-    forward seconds). No checkpoint keeps what autograd saves and recomputes nothing.
+    A selectively checkpointed block keeps its boundary inputs, the compute-sensitive custom
+    ops' outputs and the outputs of the kept groups; it recomputes every other op (their
+    forward seconds). Full recompute is a plain checkpoint (`step.BlockState.choose(())`):
+    it keeps the boundary inputs only and recomputes every op, the compute-sensitive ones
+    too (counting their outputs as kept charged Wan-1.3B's fused up-projection, 0.55 GiB a
+    block at 480x832x81, to every `full` block: an estimate 3x the measured peak). No
+    checkpoint keeps what autograd saves and recomputes nothing.
     `measured` (option name -> `OptionCost` of the block's real, compiled forward and
     backward; see `measure_options`) refines both: its saved bytes replace the estimate where
     larger (the compiler's partitioner may keep more than the eager ops' outputs: upcasts,
@@ -90,6 +95,8 @@ def options(p: BlockProfile, measured: dict[str, OptionCost] | None = None) -> l
     for save in (*AUTO_SAVES, None):
         if save is None:
             est, secs = p.no_checkpoint_bytes, 0.0
+        elif not save:
+            est, secs = p.boundary_bytes, p.forward_s
         else:
             kept = [p.group(g) for g in save]
             est = p.boundary_bytes + sens.bytes + sum(g.bytes for g in kept)

@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 
 from .auto import Option, choose_within, options
-from .measure import _storage_key, measure_options
+from .measure import _call_device, _storage_key, measure_options
 from .step import _did, _regions_under, _Region
 
 GIB = 1024 ** 3
@@ -60,6 +60,11 @@ def _shapes(args: tuple, kwargs: dict) -> tuple:
     """The shapes and dtypes of a block call's tensor inputs (what a measurement depends on)."""
     items = [*args, *(kwargs[k] for k in sorted(kwargs))]
     return tuple((tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else None for t in items)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (what this rank holds), else the tensor."""
+    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def _tensor_bytes(tensors) -> int:
@@ -141,6 +146,9 @@ def calibrate(root: nn.Module, run: Callable[[], Any], *, measure_compiled: bool
         if missing:
             raise RuntimeError(f"calibrate: run() never called the auto region(s) {missing}; pass a run that calls "
                                "the model's forward")
+        # where the blocks compute: their inputs' device (the weights may live elsewhere:
+        # FSDP2's CPU offload keeps the shards on the host)
+        device = _call_device(*regions[0].sample[1:])[0]
         for r in regions:
             st, args, kwargs = r.sample
             # An FSDP2 block's forward outside the root's call would leave its all-gather /
@@ -160,10 +168,10 @@ def calibrate(root: nn.Module, run: Callable[[], Any], *, measure_compiled: bool
             r.sample = None  # the block inputs: not kept past calibration
     spec = regions[0].spec
     params = list(root.parameters())
-    first = next((p for r in regions for st in r.states[:1] for p in st.module.parameters()), None)
-    device = first.device if first is not None else torch.device("cpu")
-    trainable = _tensor_bytes([p for p in params if p.requires_grad])
-    on_dev = [t for t in [*params, *root.buffers()] if t.device == device]
+    # weights, gradients and optimizer states count where they live: on the blocks' device
+    # (with FSDP2's CPU offload the shards, their gradients and the states are on the host)
+    on_dev = [t for t in [*params, *root.buffers()] if _local(t).device == device]
+    trainable = _tensor_bytes([p for p in on_dev if p.requires_grad])
     own = _tensor_bytes(on_dev)
     frozen = _tensor_bytes([t for t in on_dev if not t.requires_grad])
     if device.type == "cuda":
@@ -184,7 +192,8 @@ def calibrate(root: nn.Module, run: Callable[[], Any], *, measure_compiled: bool
     # checkpointing (a recomputed block rebuilds at most that).
     region_work = {id(r): [_working_set(r, o) for o in region_opts[id(r)]] for r in regions}
     states = int(trainable * spec.optimizer_states)
-    block_grads = {id(r): _tensor_bytes([p for p in r.states[0].module.parameters() if p.requires_grad])
+    block_grads = {id(r): _tensor_bytes([p for p in r.states[0].module.parameters()
+                                         if p.requires_grad and _local(p).device == device])
                    for r in regions}
     other_grads = max(0, trainable - sum(block_grads[id(r)] * len(r.states) for r in regions))
     in_flight = fsdp_in_flight_bytes([st.module for r in regions for st in r.states], device)
@@ -225,7 +234,7 @@ def calibrate(root: nn.Module, run: Callable[[], Any], *, measure_compiled: bool
                          "recompute_ms_per_block": round(o.recompute_s * 1e3, 3),
                          "eager_estimate_gib": round(est[o.name].bytes / GIB, 4),
                          "eager_estimate_ms": round(est[o.name].recompute_s * 1e3, 3),
-                         "backward_working_set_gib": round(w / GIB, 4)}
+                         "backward_working_set_gib": round(w / GIB, 4), "backward_working_set_bytes": int(w)}
                         for o, w in zip(opts, region_work[id(r)])],
         })
     est_peak = (fixed + transient + pick.bytes) / GIB
@@ -237,6 +246,7 @@ def calibrate(root: nn.Module, run: Callable[[], Any], *, measure_compiled: bool
                   "largest_block_backward_gib": round(transient / GIB, 3),
                   "kept_activations_gib": round(kept / GIB, 3),
                   "blocks_kept_or_gradient_gib": round(pick.bytes / GIB, 3), "estimated_peak_gib": round(est_peak, 3),
+                  "estimated_peak_bytes": int(fixed + transient + pick.bytes),
                   "estimated_recompute_ms": round(pick.recompute_s * 1e3, 2), "fits": pick.fits}
     if not pick.fits:
         warnings.warn(f"recompute='auto': even full recompute everywhere is estimated at {est_peak:.3g} GiB, over the "

@@ -10,11 +10,23 @@ Two measurements feed the `auto` solver (`auto.options`):
 
 Both fork the RNG (a measurement must not move what a training step draws) and give the
 block fresh leaf inputs with training's requires_grad.
+
+Every size here is a sum of tensor sizes, never an allocator reading that depends on the
+cap or on what ran before: an op's new outputs are the storages that are none of its
+inputs' (not "an address not seen yet": a freed output's address is reused, more or less
+often depending on the allocator's state); saved storages are held while they are counted,
+so no two can share an address; a backward's working set is `LiveBytes` (the tensors the
+ops make, each counted until it is freed) off CUDA, and on CUDA the allocator's *allocated*
+peak over one forward + backward -- requested sizes rounded to 512 bytes, which a cap or
+fragmentation does not change (they change what is *reserved*).
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import time
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -30,15 +42,33 @@ def _storage_key(t: torch.Tensor) -> tuple[int, int]:
     return s.data_ptr(), s.nbytes()
 
 
+def _input_keys(args: tuple, kwargs: dict | None) -> set:
+    return {_storage_key(t) for t in tree_leaves((args, kwargs or {})) if isinstance(t, torch.Tensor)
+            and t.device.type != "meta"}
+
+
+def _new_outputs(out: Any, args: tuple, kwargs: dict | None) -> dict:
+    """key -> storage of an op's outputs that are new: none of its inputs' storages (a view
+    or an in-place result is not new memory). The inputs are alive during the op, so this
+    does not depend on which addresses the allocator hands out."""
+    inputs = _input_keys(args, kwargs)
+    new = {}
+    for t in tree_leaves(out):
+        if isinstance(t, torch.Tensor) and t.device.type != "meta":
+            key = _storage_key(t)
+            if key not in inputs:
+                new[key] = t.untyped_storage()
+    return new
+
+
 class _OpRecorder(TorchDispatchMode):
-    """Records, per op group, the bytes of each op's outputs (new storages only) and its
+    """Records, per op group, the bytes of each op's new outputs (`_new_outputs`) and its
     time (synchronised around every op on CUDA: a profiling pass, not a fast one)."""
 
     def __init__(self, device: torch.device):
         super().__init__()
         self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
         self.groups: dict[str, list] = {}
-        self.seen: set = set()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.sync()
@@ -46,13 +76,7 @@ class _OpRecorder(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         self.sync()
         dt = time.perf_counter() - t0
-        nbytes = 0
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor) and t.device.type != "meta":
-                key = _storage_key(t)
-                if key not in self.seen:
-                    self.seen.add(key)
-                    nbytes += key[1]
+        nbytes = sum(k[1] for k in _new_outputs(out, args, kwargs))
         names = [op_group(func)]
         if names[0] == "matmuls" and is_down_projection(func, args):
             names.append(DOWN)  # also counted apart: a subset of the matmuls
@@ -62,6 +86,60 @@ class _OpRecorder(TorchDispatchMode):
             g[1] += dt
             g[2] += 1
         return out
+
+
+class LiveBytes(TorchDispatchMode):
+    """Bytes of the tensors made under this mode that are still alive: each op's new outputs
+    (`_new_outputs`) counted when made and uncounted when their storage is freed (a weakref
+    finalizer); `peak` is the most at any moment. A measurement of sizes, the same whatever
+    the allocator did before or caps it at. It sees what dispatches through aten (eager ops,
+    autograd's backward, `aot_eager` graphs), not memory a compiled kernel allocates on its
+    own (inductor's buffers): on CUDA use the allocator's *allocated* peak there."""
+
+    def __init__(self):
+        super().__init__()
+        self.current = 0
+        self.peak = 0
+        self._alive: set[int] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for key, storage in _new_outputs(out, args, kwargs).items():
+            if id(storage) in self._alive:
+                continue
+            self._alive.add(id(storage))
+            self.current += key[1]
+            self.peak = max(self.peak, self.current)
+            weakref.finalize(storage, self._freed, id(storage), key[1])
+        return out
+
+    def _freed(self, ident: int, nbytes: int) -> None:
+        self._alive.discard(ident)
+        self.current -= nbytes
+
+
+@contextlib.contextmanager
+def _measuring(live: "LiveBytes | None"):
+    """`live` entered, with compiled regions run eagerly (dynamo refuses a frame under a
+    dispatch mode of ours; the eager variant makes and frees the same tensors up to what
+    a compiler fuses away); nothing when `live` is None."""
+    if live is None:
+        yield
+        return
+    set_stance = getattr(torch.compiler, "set_stance", None)
+    with (set_stance("force_eager") if set_stance is not None else contextlib.nullcontext()), live:
+        yield
+
+
+def measure_peak(fn: Callable[[], Any]) -> tuple[Any, int]:
+    """Run `fn()` under `LiveBytes` (compiled regions eager): (its result, the peak bytes of
+    the tensors it made and held at once). Add what was alive before (weights, inputs) for
+    the peak of the whole process."""
+    gc.collect()
+    live = LiveBytes()
+    with _measuring(live):
+        out = fn()
+    return out, live.peak
 
 
 def _as_grad_input(x: Any) -> Any:
@@ -95,13 +173,17 @@ class _SavedStorages:
 
     def __init__(self, params: set):
         self.params = params
-        self.keys: set = set()
+        self.held: dict = {}  # key -> storage: held while counted, so no two share an address
+
+    @property
+    def keys(self) -> set:
+        return set(self.held)
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         if t.device.type != "meta":
             key = _storage_key(t)
             if key not in self.params:
-                self.keys.add(key)
+                self.held[key] = t.untyped_storage()
         # Not `t` itself: a saved output packed with its grad_fn is a node -> tensor -> node
         # cycle in C++ that no gc sees, and the whole profiled graph (GiBs at the Wan shape)
         # would stay on the card for good. Nothing backwards through what this packs.
@@ -158,7 +240,7 @@ def measure_block(fn: Callable, args: tuple, kwargs: dict, *, module: nn.Module 
             boundary_bytes=sum(n for _, n in boundary),
             no_checkpoint_bytes=sum(n for _, n in saved.keys | boundary),
         )
-        del out
+        del out, saved
     return prof
 
 
@@ -176,8 +258,9 @@ def measure_options(state: Any, args: tuple, kwargs: dict, *, repeats: int = 3) 
     every torch: the wrapper passes `compat.torch.checkpoint_hooks_kwargs()` -- so
     `options` takes the larger of the two). Each option is one compiled variant of the block
     (guards on its state), the same variants training then reuses. The block's parameter
-    gradients are left as they were. On CUDA the allocator's peak over the forward + backward
-    gives each option's `transient` (this resets the device's peak-memory statistics)."""
+    gradients are left as they were. Each option's `transient` (its backward's working set):
+    on CUDA the allocator's *allocated* peak over a timed forward + backward (this resets the
+    device's peak-memory statistics), elsewhere `LiveBytes` over one more, untimed run."""
     module = state.module
     params = {_storage_key(p) for p in module.parameters()}
     device, cuda_ids = _call_device(args, kwargs)
@@ -189,30 +272,42 @@ def measure_options(state: Any, args: tuple, kwargs: dict, *, repeats: int = 3) 
         for save in (*AUTO_SAVES, None):
             state.choose(save)
             state.decided = True
-            nbytes, times = 0, []
-            for _ in range(max(2, repeats)):
+            nbytes, times, transient = 0, [], None
+            # the timed runs (the first warms up and compiles), then off CUDA one more, untimed,
+            # under `LiveBytes` for the working set (on CUDA the timed runs read the allocator)
+            runs = max(2, repeats) + (0 if cuda_ids else 1)
+            for i in range(runs):
+                live = LiveBytes() if not cuda_ids and i == runs - 1 else None
                 a, k = _training_inputs(args, kwargs)
                 saved = _SavedStorages(params)
-                with torch.random.fork_rng(devices=cuda_ids), torch.enable_grad():
+                with torch.random.fork_rng(devices=cuda_ids), torch.enable_grad(), _measuring(live):
                     sync()
                     if cuda_ids:
+                        gc.collect()
                         torch.cuda.reset_peak_memory_stats(device)
                         base = torch.cuda.memory_allocated(device)
                     t0 = time.perf_counter()
                     with saved.hooks():
                         out = module(*a, **k)
+                    boundary, shared = _input_storages(a, k, out)
+                    # counted now, while autograd holds them too; then let go, so the
+                    # backward frees each as it would in training
+                    nbytes = sum(n for _, n in (saved.keys - shared) | boundary)  # shared inputs: not this block's
+                    saved.held.clear()
                     outs = [t for t in tree_leaves(out)
                             if isinstance(t, torch.Tensor) and t.requires_grad]
                     torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
                     sync()
-                    times.append(time.perf_counter() - t0)
-                    peak = torch.cuda.max_memory_allocated(device) - base if cuda_ids else None
-                boundary, shared = _input_storages(a, k, out)
-                nbytes = sum(n for _, n in (saved.keys - shared) | boundary)  # shared inputs: not this block's
+                    if isinstance(live, LiveBytes):
+                        peak = live.peak
+                    else:
+                        times.append(time.perf_counter() - t0)
+                        peak = torch.cuda.max_memory_allocated(device) - base if cuda_ids else None
                 # what the backward needs above the kept activations (the boundary input
-                # existed before the call, so it is not in the allocator's delta)
-                transient = None if peak is None else max(0, peak - (nbytes - sum(n for _, n in boundary)))
-                del out, outs, a, k
+                # existed before the call, so it is in neither the allocator's delta nor LiveBytes')
+                if peak is not None:
+                    transient = max(0, peak - (nbytes - sum(n for _, n in boundary)))
+                del out, outs, a, k, saved
                 for p in grads:
                     p.grad = None
             costs[option_name(save)] = OptionCost(nbytes, min(times[1:]), transient)
