@@ -41,6 +41,9 @@ CASES = [
     ("wan2.1-t2v-1.3b", 4, dict(height=480, width=832, frames=81), ("bf16", "fp8")),
     ("wan2.1-t2v-14b", 2, dict(height=480, width=832, frames=81), ("bf16", "fp8")),
     ("flux.1-dev", 2, dict(height=1024, width=1024), ("bf16", "fp8")),
+    ("qwen-image", 2, dict(height=1328, width=1328), ("bf16", "fp8")),
+    ("flux.2-dev", 2, dict(height=768, width=1360), ("bf16", "fp8")),
+    ("flux.2-klein-4b", 2, dict(height=1024, width=1024), ("bf16", "fp8")),
     ("bagel-7b-mot", 2, {}, ("bf16",)),
     ("self-forcing", 2, {}, ("bf16",)),
 ]
