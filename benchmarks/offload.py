@@ -9,7 +9,8 @@ and diffusers group offload, one transformer forward, at several budgets.
 GPU rows (random weights at the published configs, bf16, batch 1, regional compile):
 - Wan2.1-I2V-14B-480P at 480x832x81, budgets 12 / 16 / 24 / 40 GiB;
 - Flux.1-dev at 1024^2, budget 12 GiB;
-- BAGEL-7B-MoT, one text-to-image denoising step with CFG (its denoise entry), 24 GiB.
+- BAGEL-7B-MoT, one text-to-image denoising step with CFG (its denoise entry), 24 GiB;
+- Qwen-Image at 1328^2 and FLUX.2-dev at 768x1360, 24 GiB.
 
 Strategies, each in its own process (so peaks and caps are honest):
 - resident:   `magi_zoo.load(model, gpu="h100")` with its shipped spec (everything on the card,
