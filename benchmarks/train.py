@@ -503,6 +503,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in every process (set before CUDA starts): "
                         "the caching allocator grows segments instead of caching fixed blocks, so a peak near the "
                         "card's size fragments less (the 14B FSDP2 row failed with 5.4 GiB reserved but unallocated)")
+    p.add_argument("--merge", action="store_true",
+                   help="add this run's rows to the results file already there (same card, commit and settings; "
+                        "a strategy run again replaces its row): one table from several shorter invocations")
     p.add_argument("--smoke", action="store_true", help="tiny models on CPU, eager backend, 2 runs: plumbing")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)
     p.add_argument("--result-file", default=None, help=argparse.SUPPRESS)
@@ -543,8 +546,27 @@ def main(argv: list[str] | None = None) -> int:
             recs.append((stem, run_single(args)))
     for stem, rec in recs:
         rec["allocator"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
+        if args.merge:
+            rec = merge_into(Path(args.out) / f"{stem}.json", rec)
         common.publish(Path(args.out), stem, rec, markdown(rec))
     return 0
+
+
+def merge_into(path: Path, rec: dict[str, Any]) -> dict[str, Any]:
+    """`rec`'s rows added to the results already at `path` (--merge: one table from several
+    invocations, e.g. one cap per command): a strategy measured again replaces its old row.
+    Only a file of the same card, commit, step and timing settings is merged; a ratio stays
+    within one invocation (each row's baseline is the eager_full row run beside it)."""
+    if not path.is_file():
+        return rec
+    old = json.loads(path.read_text())
+    same = ("card", "commit")
+    if any(old.get("env", {}).get(k) != rec["env"].get(k) for k in same) or \
+            any(old.get(k) != rec.get(k) for k in ("kind", "model", "step", "runs", "warmup")):
+        raise SystemExit(f"--merge: {path} is another run (card, commit, step or --runs/--warmup differ); "
+                         "move it away or run without --merge")
+    new = {r["strategy"] for r in rec["results"]}
+    return {**rec, "results": [r for r in old["results"] if r.get("strategy") not in new] + rec["results"]}
 
 
 if __name__ == "__main__":

@@ -1,7 +1,10 @@
 """benchmarks/train.py without a GPU: the strategy table maps to recompute specs the engine
 accepts, and a results record renders (the CPU paths themselves: `--smoke`, see its docstring)."""
 
+import json
+
 import pytest
+import torch
 
 from benchmarks import train
 from magi_zoo.specs import RecomputeSpec
@@ -75,3 +78,31 @@ def test_a_row_over_its_cap_is_a_failure_and_the_estimate_is_checked():
     auto = {"WanTransformerBlock": {"estimated_peak_bytes": 11 * 2 ** 30}}
     assert train.estimate_check(auto, 10 * 2 ** 30) == {"estimated_peak_gib": 11.0, "estimate_error": 0.1}
     assert train.estimate_check(None, 10 * 2 ** 30) == {}
+
+
+def test_merge_adds_rows_of_the_same_run_and_refuses_another(tmp_path):
+    env = {"card": "H100", "commit": "abc1234"}
+    first = {"kind": "single", "model": "m", "step": "s", "runs": 3, "warmup": 1, "env": env,
+             "results": [{"strategy": "eager_full@16", "ms_per_step": 2.0}, {"strategy": "auto16", "ms_per_step": 1.0}]}
+    path = tmp_path / "r.json"
+    assert train.merge_into(path, first) == first  # nothing there yet
+    path.write_text(json.dumps(first))
+    second = {**first, "results": [{"strategy": "auto16", "ms_per_step": 0.9}, {"strategy": "auto24", "ms_per_step": 0.8}]}
+    merged = train.merge_into(path, second)
+    assert [(r["strategy"], r["ms_per_step"]) for r in merged["results"]] == [
+        ("eager_full@16", 2.0), ("auto16", 0.9), ("auto24", 0.8)]
+    with pytest.raises(SystemExit, match="another run"):
+        train.merge_into(path, {**second, "env": {**env, "commit": "def5678"}})
+
+
+def test_flux_repro_lists_its_cases_and_needs_cuda():
+    from benchmarks import flux_train_repro as repro
+
+    cases = repro._cases(["sdpa", "block", "model"])
+    assert ("sdpa", "cudnn+checkpoint") in cases and ("block", "single/no-cudnn") in cases
+    assert ("model", "default") in cases and len(cases) == 8 + 4 + 2
+    with pytest.raises(SystemExit):
+        repro.main(["--stages", "sdpa,nonsense"])
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit):
+            repro.main(["--stages", "sdpa"])
