@@ -13,7 +13,9 @@ import torch
 import torch.nn as nn
 
 from . import adapters
+from . import checkpoints
 from .adapters import lora as lora_loader
+from .adapters.fp8_checkpoint import read_manifest
 from .engine import PlanError, Report, apply, needs_streaming, offload
 from .engine.compile import CompileCache, resolve_cache_dir
 from .engine.observe.explain import explain_call
@@ -64,6 +66,12 @@ class ZooPipeline:
         # steps, offload placement included), calibrate_s (recompute="auto" measuring).
         self.timings: dict[str, float] = {}
         self.lora: lora_loader.LoraState | None = None  # the LoRAs loaded (load(lora=...)), their scales, the mode
+
+    def save_pretrained(self, path: str | Path, *, precision: str | None = None) -> Path:
+        """Write the model so that `load(name, weights=path)` reads it back; precision="fp8"
+        stores the fp8 regions' linears quantized, read back without a bf16 copy
+        (`magi_zoo.checkpoints`; docs/lora.md#fp8-checkpoints)."""
+        return checkpoints.save_pretrained(self, path, precision=precision)
 
     def swap_lora(self, source: str | Path, scale: float = 1.0) -> None:
         """Replace the hot-swappable LoRA (`load(..., lora=[...], lora_hotswap=True)`) with
@@ -305,6 +313,9 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
     dev = torch.device(device if device is not None else profile.device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(f"gpu={gpu!r} needs CUDA, which is not available here; use gpu='cpu'")
+    if precision is None and profile.fp8 and weights is not None and Path(str(weights)).is_dir() \
+            and read_manifest(weights) is not None:
+        precision = "fp8"  # an fp8 checkpoint: its regions' plan is fp8 (fusions included), on a card with fp8
     layers = spec_layers(adapter, profile, spec_file=spec_file, compile=compile, overrides=overrides,
                          precision=precision, parallel=parallel, train=train, recompute=recompute,
                          memory_budget_gib=memory_budget_gib)

@@ -12,6 +12,7 @@ import torch.nn as nn
 from packaging.version import Version
 
 from ..engine import cfg_parallel_active
+from . import fp8_checkpoint
 from .base import Adapter, Output, Variant
 
 try:  # a corrupt safetensors file raises safetensors' own error type (releases without it raise OSError)
@@ -84,9 +85,13 @@ class DiffusersPipelineAdapter(Adapter):
 
         # diffusers >= 0.42 takes `dtype=` and warns (FutureWarning) on `torch_dtype=`.
         dtype_kw = "dtype" if Version(diffusers.__version__).release >= (0, 42) else "torch_dtype"
-        # A path loads strictly offline; anything else is a hub id, fetched by diffusers.
+        # A path loads strictly offline; anything else is a hub id, fetched by diffusers. An fp8
+        # checkpoint's quantized components are read first, as Fp8Linear (no bf16 copy), and handed in.
+        given = fp8_checkpoint.components_from(source, torch.device("cpu")) if local else {}
         try:
-            pipe = DiffusionPipeline.from_pretrained(source, local_files_only=local, **{dtype_kw: dtype})
+            pipe = DiffusionPipeline.from_pretrained(source, local_files_only=local, **{dtype_kw: dtype}, **given)
+            if given:  # (model_index.json lists them as null: set them as the pipeline's modules)
+                pipe.register_modules(**given)
         except LOAD_ERRORS() as e:
             raise weights_error(variant, source, local, e) from e
         for name in self.fp32_components:

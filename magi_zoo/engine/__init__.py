@@ -27,7 +27,8 @@ from .kernels.norm_rope import apply_heads as apply_norm_rope_heads
 from .offload import hold as offload_hold
 from .offload import streams as offload_streams
 from .parallel import cfg_parallel_active
-from .precision import GELU_EPILOGUE_MARK, marked_norm
+from .precision import GELU_EPILOGUE_MARK, Fp8Linear, marked_norm
+from .precision import eligible as fp8_eligible
 from .prepare import instance_forwards, swap_processors
 
 __all__ = ["apply", "remove", "preview", "needs_streaming", "STEP_ORDER", "installed", "register_custom_op", "custom_op_info",
@@ -35,5 +36,5 @@ __all__ = ["apply", "remove", "preview", "needs_streaming", "STEP_ORDER", "insta
            "PlanError", "ResolvedPlan", "resolve",
            # adapters' names
            "fa3_attention", "fa3_missing_reason", "fa3_wheel_forward", "apply_gelu_linear", "apply_norm_rope",
-           "apply_norm_rope_heads", "offload_hold", "offload_streams", "cfg_parallel_active", "GELU_EPILOGUE_MARK",
+           "apply_norm_rope_heads", "Fp8Linear", "fp8_eligible", "offload_hold", "offload_streams", "cfg_parallel_active", "GELU_EPILOGUE_MARK",
            "marked_norm", "instance_forwards", "swap_processors"]

@@ -100,14 +100,6 @@ VARIANTS = {
                    dict(transformer=T2V_14B, transformer_2=T2V_14B), VAE, 3.0, dict(boundary_ratio=0.875), 16,
                    dict(height=480, width=832, num_frames=81, num_inference_steps=40, guidance_scale=4.0,
                         guidance_scale_2=3.0)),
-        # LightX2V's 4-step distill LoRAs over T2V-A14B (wan/distill.py lists the sources): the
-        # high-noise LoRA into `transformer`, the low-noise one into `transformer_2`; 4 Euler steps
-        # at shift 5 put the published boundary 0.875 after step 2 (LightX2V's
-        # boundary_step_index 2); guidance 1 on both experts (no CFG forward).
-        Variant(name="wan2.2-t2v-a14b-distill-lora", family="wan22", hub_id="Wan-AI/Wan2.2-T2V-A14B-Diffusers",
-                config=dict(_A14B_CONFIG, distill=distill.CONFIG, lora=distill.LORA_22_T2V),
-                description="text-to-video, 2 x 14B experts + LightX2V's 4-step distill LoRAs",
-                call_defaults=dict(height=480, width=832, num_frames=81, **distill.CALL, guidance_scale_2=1.0)),
         Variant(name="wan2.2-tiny", family="wan22", config=_TINY_A14B, tiny=True,
                 description="2 experts x 4 blocks, dim 32, switched mid-run; random, offline",
                 call_defaults=dict(height=32, width=32, num_frames=9, num_inference_steps=4, guidance_scale=4.0,
@@ -116,6 +108,14 @@ VARIANTS = {
                 description="the TI2V-5B path (48-ch Wan2.2 VAE, per-token timesteps), 4 blocks, dim 32",
                 call_defaults=dict(height=64, width=64, num_frames=9, num_inference_steps=2, guidance_scale=5.0,
                                    max_sequence_length=16)),
+        # LightX2V's 4-step distill LoRAs over T2V-A14B (wan/distill.py lists the sources): the
+        # high-noise LoRA into `transformer`, the low-noise one into `transformer_2`; 4 Euler steps
+        # at shift 5 put the published boundary 0.875 after step 2 (LightX2V's
+        # boundary_step_index 2); guidance 1 on both experts (no CFG forward).
+        Variant(name="wan2.2-t2v-a14b-distill-lora", family="wan22", hub_id="Wan-AI/Wan2.2-T2V-A14B-Diffusers",
+                config=dict(_A14B_CONFIG, distill=distill.CONFIG, lora=distill.LORA_22_T2V),
+                description="text-to-video, 2 x 14B experts + LightX2V's 4-step distill LoRAs",
+                call_defaults=dict(height=480, width=832, num_frames=81, **distill.CALL, guidance_scale_2=1.0)),
     ]
 }
 
