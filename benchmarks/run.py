@@ -157,6 +157,8 @@ DEPTH_KEYS: dict[str, tuple[tuple[str, str], ...]] = {
     "bagel": (("llm", "num_hidden_layers"),),
     "qwen_image": (("transformer", "num_layers"),),
     "flux2": (("transformer", "num_layers"), ("transformer", "num_single_layers")),
+    "hunyuanvideo15": (("transformer", "num_layers"),),
+    "ltx2": (("transformer", "num_layers"),),
 }
 ENCODER_KEYS: dict[str, tuple[tuple[str, str], ...]] = {
     "wan": (("text_encoder", "num_layers"),), "self-forcing": (("text_encoder", "num_layers"),),
@@ -164,6 +166,8 @@ ENCODER_KEYS: dict[str, tuple[tuple[str, str], ...]] = {
     "bagel": (("vit", "num_hidden_layers"),),
     "qwen_image": (("text", "num_hidden_layers"), ("vision", "depth")),
     "flux2": (("text", "num_hidden_layers"), ("vision", "num_hidden_layers")),
+    "hunyuanvideo15": (("text_encoder", "num_hidden_layers"), ("text_encoder_2", "num_layers")),
+    # ltx2: none; the connectors read all of Gemma's hidden states (text_proj_in_factor = layers + 1)
 }
 
 

@@ -30,6 +30,8 @@ FAMILIES: dict[str, str] = {
     "flux": "magi_zoo.adapters.flux.adapter:FluxAdapter",
     "qwen3_omni": "magi_zoo.adapters.qwen3_omni.adapter:Qwen3OmniAdapter",
     "self-forcing": "magi_zoo.adapters.self_forcing.adapter:SelfForcingAdapter",
+    "hunyuanvideo15": "magi_zoo.adapters.hunyuan_video15.adapter:HunyuanVideo15Adapter",
+    "ltx2": "magi_zoo.adapters.ltx2.adapter:LTX2Adapter",
     "qwen_image": "magi_zoo.adapters.qwen_image.adapter:QwenImageAdapter",
     "flux2": "magi_zoo.adapters.flux2.adapter:Flux2Adapter",
 }

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -68,7 +69,9 @@ class Output:
     kind: str  # "video" | "image" | "text"
     value: Any  # video: list of HxWx3 float frames in [0, 1]; image: PIL image; text: str
     fps: int | None = None  # video
-    audio: Any = None  # optional 1-D float waveform (text replies with speech)
+    # optional float waveform in [-1, 1], 1-D (mono) or (channels, samples): a text reply's
+    # speech, or a video's sound track (an .mp4 carries it; `--audio-out` writes it as .wav)
+    audio: Any = None
     sample_rate: int | None = None
     note: str | None = None  # one line the CLI prints with the result (e.g. "0 tokens decoded")
 
@@ -84,6 +87,7 @@ class Adapter:
     run_options: ClassVar[tuple[str, ...]] = ()  # `magi-zoo run` options this family takes
     output_suffixes: ClassVar[tuple[str, ...]] = ()  # file suffixes `--out` may have
     weights_families: ClassVar[tuple[str, ...]] = ()  # checkpoint families it loads (default: FAMILY_WEIGHTS)
+    sound_track: ClassVar[bool] = False  # its videos carry audio (Output.audio): an .mp4 needs PyAV to mux it
 
     # -- build flow (owned here) ------------------------------------------------------------
     def build(self, variant: Variant, *, weights: str | Path | None, dtype: torch.dtype,
@@ -229,6 +233,11 @@ class Adapter:
             suffixes = self.out_suffixes(variant, given)
             if Path(out).suffix.lower() not in suffixes:
                 raise ValueError(f"--out {str(out)!r}: {variant.name} writes {' or '.join(suffixes)} here")
+            if self.sound_track and Path(out).suffix.lower() == ".mp4" and not can_mux_audio():
+                raise ValueError(f"--out {str(out)!r}: {variant.name}'s video has a sound track; an .mp4 with "
+                                 f"it needs PyAV: {AV_HINT}")
+        if given.get("audio_out") is not None and Path(given["audio_out"]).suffix.lower() != ".wav":
+            raise ValueError(f"--audio-out {str(given['audio_out'])!r}: audio is written as .wav")
         return given
 
     def check_inputs(self, given: dict[str, Any]) -> None:
@@ -238,6 +247,15 @@ class Adapter:
         for k in ("image", "audio"):
             if isinstance(given.get(k), (str, os.PathLike)):
                 check_input_file(given[k], FLAGS[k], image=k == "image")
+
+    def activation_estimate(self, variant: Variant, call: dict[str, Any],
+                            bytes_per_element: int) -> dict[str, float] | None:
+        """The activation peaks of a call (call defaults filled in), GiB per offload key: "" the
+        plan-wide reserve (the denoiser's forward), a unit key its phase's (a VAE), estimated from
+        the config and the call's shape in the weights' dtype (`bytes_per_element`). The offload
+        plan's reserves are these plus a margin (`magi_zoo.overrides.activation_reserves`); None
+        (the default): the spec's fixed `activation_gib` / `phase_activation_gib` stand."""
+        return None
 
     def call_limits(self, variant: Variant) -> CallLimits | None:
         """What `variant`'s calls can make (pixel multiple, position-table length, frame step),
@@ -258,6 +276,14 @@ class Adapter:
     def generate(self, handle: Any, *, prompt: str, progress: bool = True, **options) -> Output:
         """Generate for `magi-zoo run` through the handle (options already checked)."""
         raise NotImplementedError(f"{self.family}: `magi-zoo run` is not supported for this family")
+
+
+AV_HINT = "pip install 'magi-zoo[av]' (or write a .gif, and the sound with --audio-out FILE.wav)"
+
+
+def can_mux_audio() -> bool:
+    """Whether an .mp4 can carry a sound track here: PyAV (the `av` extra) is importable."""
+    return importlib.util.find_spec("av") is not None
 
 
 def check_input_file(path: str | os.PathLike, flag: str, *, image: bool = False) -> None:

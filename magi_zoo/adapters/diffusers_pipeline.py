@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 from packaging.version import Version
 
-from ..engine import cfg_parallel_active
+from ..engine import Preparation, cfg_parallel_active
 from . import fp8_checkpoint
 from .base import Adapter, Output, Variant
 
@@ -141,3 +141,24 @@ class DiffusersPipelineAdapter(Adapter):
 
     def check_shape(self, pipe, call: dict[str, Any]) -> None:
         """Raise a clear error for a resolution the pipeline cannot make (before any work)."""
+
+
+
+def same_layout_preparation(blocks: nn.ModuleList, inputs: tuple[int | str, ...], what: str) -> Preparation:
+    """Hand the FIRST of a model's repeated blocks its `inputs` (positions or keyword names) as
+    fresh contiguous tensors, as every later block receives them (each block's output is a new
+    tensor). A model whose prologue ends in a view (a patch embedding's `flatten(2).transpose(1,
+    2)`) otherwise gives block 0 a strided view: a compiled block class guards on its strides
+    (with symbolic shapes, on the view's base) and compiles twice. The copy is one hidden state
+    per forward; values are unchanged bit for bit."""
+    fresh = lambda x: x.clone(memory_format=torch.contiguous_format) if torch.is_tensor(x) else x  # noqa: E731
+
+    def hook(module: nn.Module, args: tuple, kwargs: dict):
+        args = tuple(fresh(a) if i in inputs else a for i, a in enumerate(args))
+        return args, {k: fresh(v) if k in inputs else v for k, v in kwargs.items()}
+
+    def install(root: nn.Module):
+        return blocks[0].register_forward_pre_hook(hook, with_kwargs=True).remove if len(blocks) else (lambda: None)
+
+    return Preparation("same block layout", f"{what} block 0 gets its inputs {list(inputs)} as fresh contiguous "
+                       "tensors, like blocks 1..N-1 (one compile per block class instead of two)", install)

@@ -11,16 +11,20 @@ from pathlib import Path
 
 import numpy as np
 
+from ..adapters.base import AV_HINT, can_mux_audio
 from ..io import atomic_write, atomic_write_text
 
 
 def write_wav(path: str | Path, audio, sample_rate: int) -> Path:
-    """16-bit PCM mono WAV with the standard library's `wave`, written atomically."""
-    pcm = (np.clip(np.nan_to_num(np.asarray(audio, dtype=np.float32)), -1.0, 1.0) * 32767.0).astype("<i2")
+    """16-bit PCM WAV with the standard library's `wave`, written atomically: a 1-D waveform as
+    mono, a (channels, samples) one (LTX-2's stereo track) with its channels interleaved."""
+    wave_ = np.nan_to_num(np.asarray(audio, dtype=np.float32))
+    channels = 1 if wave_.ndim == 1 else wave_.shape[0]
+    pcm = (np.clip(wave_.reshape(channels, -1).T, -1.0, 1.0) * 32767.0).astype("<i2")  # (samples, channels)
 
     def write(tmp: Path) -> None:
         with wave.open(str(tmp), "wb") as w:
-            w.setnchannels(1)
+            w.setnchannels(channels)
             w.setsampwidth(2)
             w.setframerate(sample_rate)
             w.writeframes(pcm.tobytes())
@@ -39,12 +43,31 @@ def write_gif(frames, path: str | Path, fps: int) -> None:
     export_to_gif(numpy_to_pil(np.clip(np.stack([np.asarray(f) for f in frames]), 0.0, 1.0)), str(path), fps=fps)
 
 
+def write_video_with_audio(frames, path: str | Path, fps: int, audio, sample_rate: int) -> None:
+    """An .mp4 with its sound track (H.264 video, AAC audio), through diffusers' `encode_video`
+    (PyAV; the `av` extra): the writer diffusers documents for LTX-2's video + audio output."""
+    if not can_mux_audio():
+        raise RuntimeError(f"writing {Path(path).name} with its sound track needs PyAV: {AV_HINT}")
+    import torch  # lazy: torch and diffusers take seconds to import; only this writer needs them
+    from diffusers.utils import encode_video  # lazy: as torch
+
+    video = np.clip(np.nan_to_num(np.stack([np.asarray(f, dtype=np.float32) for f in frames])), 0.0, 1.0)
+    pixels = torch.from_numpy((video * 255.0).round().astype(np.uint8))  # (F, H, W, 3), as encode_video takes it
+    encode_video(pixels, fps=fps, output_path=str(path), audio_sample_rate=sample_rate,
+                 audio=torch.as_tensor(np.nan_to_num(np.asarray(audio, dtype=np.float32))))
+
+
 def write_output(output, out: str | Path, audio_out: str | Path | None = None) -> list[Path]:
-    """Write an adapter's `Output` to `out` (and its speech to `audio_out`); returns the paths."""
+    """Write an adapter's `Output` to `out` (and its audio to `audio_out`); returns the paths.
+    A video with `audio` (LTX-2) written as .mp4 carries it as its sound track; a .gif cannot,
+    so there the sound is only in `audio_out`."""
     out = Path(out)
     if audio_out is not None and output.audio is None:
         raise ValueError("--audio-out given but the model returned no speech")
-    if output.kind == "video" and out.suffix.lower() == ".gif":
+    if output.kind == "video" and output.audio is not None and out.suffix.lower() == ".mp4":
+        atomic_write(out, lambda tmp: write_video_with_audio(list(output.value), tmp, output.fps or 24,
+                                                             output.audio, output.sample_rate))
+    elif output.kind == "video" and out.suffix.lower() == ".gif":
         atomic_write(out, lambda tmp: write_gif(list(output.value), tmp, fps=output.fps or 16))
     elif output.kind == "video":
         from diffusers.utils import export_to_video  # lazy: diffusers takes seconds to import

@@ -62,7 +62,8 @@ def test_wan_tiny_i2v_text_is_the_published_512_tokens():
 # -- every registered tiny variant against its published variant -------------------------------
 PUBLISHED_OF = {"wan2.1-tiny": "wan2.1-t2v-1.3b", "wan2.2-tiny": "wan2.2-t2v-a14b", "wan2.2-ti2v-tiny": "wan2.2-ti2v-5b",
                 "self-forcing-tiny": "self-forcing-wan2.1-1.3b", "flux-tiny": "flux.1-dev", "bagel-tiny": "bagel-7b-mot",
-                "qwen-image-tiny": "qwen-image", "flux.2-tiny": "flux.2-dev"}
+                "qwen-image-tiny": "qwen-image", "flux.2-tiny": "flux.2-dev",
+                "hunyuanvideo-1.5-tiny": "hunyuanvideo-1.5-480p-t2v", "ltx-2-tiny": "ltx-2"}
 # Leaf field names that are widths, depths or table sizes in every family's configs.
 SIZES = {
     # widths
@@ -78,6 +79,16 @@ SIZES = {
     # vocabularies and tables (each row / id is used as published)
     "vocab_size", "tokenizer_vocab", "clip_vocab", "t5_vocab", "relative_attention_num_buckets", "rope_max_seq_len",
     "max_position_embeddings", "max_latent_size", "vit_max_num_patch_per_side", "image_size", "sample_size",
+    # HunyuanVideo-1.5 and LTX-2: widths (a RoPE split of the head dim; Gemma's attention scale is
+    # its head dim; the DiT's text / image inputs are the encoders' widths), depths (LTX-2's
+    # connector input is Gemma's depth + 1 stacked hidden states) and sizes (the default
+    # resolution, the vision tower's tokens per image)
+    "rope_axes_dim", "query_pre_attn_scalar", "text_embed_dim", "text_embed_2_dim", "image_embed_dim",
+    "caption_channels", "cross_attention_dim", "audio_cross_attention_dim", "audio_num_attention_heads",
+    "audio_attention_head_dim", "video_connector_num_attention_heads", "video_connector_attention_head_dim",
+    "audio_connector_num_attention_heads", "audio_connector_attention_head_dim", "decoder_block_out_channels",
+    "hidden_channels", "num_refiner_layers", "video_connector_num_layers", "audio_connector_num_layers",
+    "decoder_layers_per_block", "text_proj_in_factor", "target_size", "mm_tokens_per_image",
 }
 # Structural differences not fixed yet, each with why; a fix removes its line (the test then
 # demands it), a new difference fails.
