@@ -8,6 +8,7 @@ import argparse
 
 from .. import __version__
 from ..specs.gpu_profiles import GPU_CHOICES
+from .serve_parser import add_serve
 
 DESCRIPTION = "`magi-zoo`: list models, show a resolved spec, run the demo, generate."
 
@@ -105,5 +106,6 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--lora", action="append", default=None, metavar="[COMPONENT=]PATH[:SCALE]",
                    help="a LoRA to merge (repeatable): a .safetensors file or hub id, :SCALE its strength (default 1), "
                         "transformer_2= the low-noise expert of Wan2.2 A14B; e.g. --lora distill.safetensors:1.0")
+    add_serve(sub, common)
     return p
 

@@ -1,0 +1,241 @@
+"""The server's side of the workers: a bounded queue per model and one dispatcher per worker.
+
+Each dispatcher owns one worker process (`worker.main`, started with `spawn`): it waits for
+the worker to load, takes the next job off its model's queue, sends it, relays progress,
+and ends the job with the worker's answer. A worker that dies mid-job (killed, out of
+memory, a crash in a kernel) ends that job as failed with a message saying so, and the
+dispatcher starts a fresh worker while the server keeps answering. A worker that cannot
+load is not restarted: its model reports the error on `/health` and refuses jobs.
+
+The queue is bounded: `submit` raises `QueueFull` at `max_queue` waiting jobs, which the app
+answers with 429. `shutdown` fails every waiting job, lets the running ones finish within a
+grace period, then stops the workers and fails what is still running -- explicitly, so no
+client waits on a job that will never end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from .jobs import Job
+from .metrics import Metrics
+from .worker import WorkerSpec, main as worker_main
+
+
+class QueueFull(Exception):
+    """The model's queue holds `max_queue` jobs already."""
+
+
+def death_message(exitcode: int | None) -> str:
+    """Why a worker ended, in words (a negative exit code is the signal that killed it)."""
+    if exitcode is not None and exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"killed by {name}"
+    return f"exited with status {exitcode}"
+
+
+class Worker:
+    """One worker process and the pipe to it."""
+
+    def __init__(self, spec: WorkerSpec):
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=worker_main, args=(child, spec), daemon=True,
+                                   name=f"magi-zoo-serve-worker[{spec.model}]")
+        self.process.start()
+        child.close()  # only the worker holds its end: its death closes the pipe (EOFError here)
+
+    async def recv(self) -> tuple:
+        """The worker's next message; EOFError once it is gone."""
+        return await asyncio.get_running_loop().run_in_executor(None, self.conn.recv)
+
+    def ask_stop(self) -> None:
+        try:
+            self.conn.send(("stop",))
+        except (OSError, ValueError):
+            pass
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Ask it to stop, then make sure: terminate, then kill."""
+        self.ask_stop()
+        self.process.join(timeout)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(timeout)
+        if self.process.is_alive():  # pragma: no cover - a worker stuck in a kernel
+            self.process.kill()
+            self.process.join(timeout)
+        self.conn.close()
+
+
+class ModelPool:
+    """A model's queue and its workers (one per device in `devices`; None: the CPU)."""
+
+    def __init__(self, model: str, load: dict[str, Any], devices: list[int | None], *, out_dir: Path,
+                 max_queue: int, metrics: Metrics, warmup: bool = False):
+        self.model, self.load, self.devices, self.out_dir = model, load, devices, out_dir
+        self.queue: asyncio.Queue[Job] = asyncio.Queue(maxsize=max_queue)
+        self.metrics = metrics
+        self.warmup = warmup
+        self.workers: dict[int, Worker] = {}
+        self.running: dict[int, Job] = {}
+        self.ready: set[int] = set()
+        self.pids: dict[int, int] = {}  # slot -> the ready worker's pid
+        self.load_error: str | None = None
+        self.restarts = 0
+        self.stopping = False
+        self.tasks: list[asyncio.Task] = []
+
+    # -- what the app calls ---------------------------------------------------------------
+    def start(self) -> None:
+        self.tasks = [asyncio.create_task(self.dispatch(slot)) for slot in range(len(self.devices))]
+
+    def submit(self, job: Job) -> Job:
+        if self.load_error is not None:
+            raise RuntimeError(f"{self.model} could not be loaded: {self.load_error}")
+        if self.stopping:
+            raise RuntimeError("the server is shutting down")
+        try:
+            self.queue.put_nowait(job)
+        except asyncio.QueueFull:
+            raise QueueFull(f"{self.model}: {self.queue.maxsize} jobs are waiting already; retry later") from None
+        self.metrics.queued(self.model, self.queue.qsize())
+        return job
+
+    def cancel(self, job: Job) -> None:
+        """A waiting job ends now; a running one at its next step (the worker raises there)."""
+        job.cancel_requested = True
+        if job.status == "queued":
+            self.end(job, "cancelled", error="cancelled before it started", code="cancelled")
+            return
+        for slot, running in self.running.items():
+            if running is job and slot in self.workers:
+                try:
+                    self.workers[slot].conn.send(("cancel", job.id))
+                except OSError:  # the worker is gone: its dispatcher ends the job
+                    pass
+
+    def health(self) -> dict[str, Any]:
+        return {"model": self.model, "workers": len(self.devices), "ready": len(self.ready),
+                "queued": self.queue.qsize(), "in_flight": len(self.running), "restarts": self.restarts,
+                "pids": [self.pids[s] for s in sorted(self.pids)], "error": self.load_error}
+
+    # -- one dispatcher per worker ----------------------------------------------------------
+    async def dispatch(self, slot: int) -> None:
+        while not self.stopping:
+            if slot not in self.workers:
+                if not await self.start_worker(slot):
+                    return
+            job = await self.queue.get()
+            self.metrics.queued(self.model, self.queue.qsize())
+            if job.ended or self.stopping:  # cancelled while it waited, or the server is stopping
+                if not job.ended:
+                    self.end(job, "failed", error="the server shut down before the job started", code="shutdown")
+                continue
+            await self.run(slot, job)
+
+    async def start_worker(self, slot: int) -> bool:
+        spec = WorkerSpec(self.model, self.load, self.devices[slot], warmup=self.warmup)
+        worker = self.workers[slot] = Worker(spec)
+        try:
+            msg = await worker.recv()
+        except (EOFError, OSError):
+            worker.process.join(5)
+            msg = ("load_failed", f"the worker {death_message(worker.process.exitcode)} while loading")
+        if msg[0] != "ready":
+            self.load_error = msg[1]
+            worker.stop()
+            del self.workers[slot]
+            self.fail_waiting(f"{self.model} could not be loaded: {msg[1]}", code="load_failed")
+            return False
+        self.ready.add(slot)
+        self.pids[slot] = msg[1]["pid"]
+        self.metrics.loaded(self.model, slot, msg[1])
+        return True
+
+    async def run(self, slot: int, job: Job) -> None:
+        worker = self.workers[slot]
+        self.running[slot] = job
+        self.metrics.in_flight(self.model, len(self.running))
+        job.start()
+        self.metrics.phase(self.model, "queue", job.started - job.created)
+        files = {"content": self.out_dir / f"{job.id}{SUFFIX[job.kind]}"}
+        if job.audio:
+            files["audio"] = self.out_dir / f"{job.id}.wav"
+        try:
+            worker.conn.send(("job", job.id, job.prompt, job.options, str(files["content"]),
+                              str(files["audio"]) if job.audio else None))
+            while True:
+                msg = await worker.recv()
+                if msg[0] == "progress":
+                    job.done_steps, job.total_steps = msg[2], msg[3]
+                elif msg[0] == "done":
+                    self.metrics.phase(self.model, "run", msg[2]["run_s"])
+                    self.metrics.compile(self.model, slot, msg[2]["compile"])
+                    self.end(job, "completed", files=files)
+                    break
+                elif msg[0] == "failed":
+                    cancelled = msg[3]
+                    self.end(job, "cancelled" if cancelled else "failed", error=msg[2],
+                             code="cancelled" if cancelled else "generation_failed")
+                    break
+        except (EOFError, OSError, BrokenPipeError):
+            worker.process.join(5)
+            why = death_message(worker.process.exitcode)
+            self.end(job, "failed", code="worker_died",
+                     error=f"the worker process {why} while running this job; it is being restarted, "
+                           "submit the job again")
+            worker.stop(timeout=1)
+            self.workers.pop(slot, None)
+            self.ready.discard(slot)
+            self.pids.pop(slot, None)
+            if not self.stopping:
+                self.restarts += 1
+                self.metrics.restarted(self.model)
+        finally:
+            self.running.pop(slot, None)
+            self.metrics.in_flight(self.model, len(self.running))
+
+    def end(self, job: Job, status: str, **kw) -> None:
+        if job.finish(status, **kw):
+            self.metrics.ended(self.model, status)
+            if status != "completed":  # nothing half-made is left behind (writes are atomic, but be sure)
+                for suffix in (SUFFIX[job.kind], ".wav"):
+                    (self.out_dir / f"{job.id}{suffix}").unlink(missing_ok=True)
+
+    def fail_waiting(self, message: str, *, code: str) -> None:
+        while not self.queue.empty():
+            self.end(self.queue.get_nowait(), "failed", error=message, code=code)
+        self.metrics.queued(self.model, 0)
+
+    async def shutdown(self, grace: float) -> None:
+        """Fail what waits, give what runs `grace` seconds, then stop the workers and fail the rest."""
+        self.stopping = True
+        self.fail_waiting("the server shut down before the job started", code="shutdown")
+        deadline = time.monotonic() + grace
+        while self.running and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        busy = set(self.running)
+        for job in list(self.running.values()):
+            self.end(job, "failed", error="the server shut down while the job ran", code="shutdown")
+        for task in self.tasks:
+            task.cancel()
+        workers, self.workers = dict(self.workers), {}
+        for slot, w in workers.items():  # all told first, so they wind down together
+            if slot in busy:  # mid-job past the grace period: its job has failed, its work is not wanted
+                w.process.terminate()
+            else:
+                w.ask_stop()
+        workers = list(workers.values())
+        await asyncio.get_running_loop().run_in_executor(None, lambda: [w.stop() for w in workers])
+
+
+SUFFIX = {"image": ".png", "video": ".mp4", "text": ".txt"}

@@ -1,0 +1,81 @@
+"""A `magi-zoo serve` process for a test module: started on a free loopback port, waited on
+until every model's worker is ready, stopped (SIGTERM, then SIGKILL) at the end."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """One `python -m magi_zoo.cli serve ...` process and its base URL."""
+
+    def __init__(self, *args: str, key: str | None = None, timeout: float = 120.0, cwd=None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.key = key
+        cmd = [sys.executable, "-m", "magi_zoo.cli", "serve", *args, "--gpu", "cpu", "--no-compile",
+               "--port", str(self.port), "--log-level", "warning"]
+        if key:
+            cmd += ["--api-key", key]
+        env = {**os.environ, "MAGI_ZOO_API_KEY": ""}
+        # the log goes to a file: a pipe nobody reads would block the server once full
+        self.log = tempfile.TemporaryFile("w+")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+        self.wait_ready(timeout)
+
+    def headers(self) -> dict:
+        return {"Authorization": f"Bearer {self.key}"} if self.key else {}
+
+    def health(self) -> dict:
+        import json
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return json.loads(e.read())
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited ({self.proc.returncode}):\n{self.output()}")
+            try:
+                h = self.health()
+                if all(m["ready"] == m["workers"] for m in h["models"]):
+                    return
+                if h["status"] != "ok":
+                    raise RuntimeError(f"a model failed to load: {h}")
+            except OSError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"the server was not ready in {timeout} s:\n{self.output()}")
+
+    def output(self) -> str:
+        """What the server (and its workers) printed so far."""
+        self.log.seek(0)
+        return self.log.read()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
