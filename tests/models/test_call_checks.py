@@ -36,7 +36,7 @@ def _cli_error(capsys, argv) -> str:
     ("wan2.1-tiny", "v.mp4", ["--height", "17"], "divisible by 16"),
     ("wan2.1-tiny", "v.mp4", ["--frames", "10"], "1 \\+ 4 k"),
     ("wan2.1-tiny", "v.mp4", ["--height", "100000", "--width", "100000", "--frames", "100000"], "at most"),
-    ("flux-tiny", "i.png", ["--height", "17"], "divisible by 4"),
+    ("flux-tiny", "i.png", ["--height", "17"], "divisible by 16"),
     ("flux-tiny", "i.png", ["--height", "100000", "--width", "100000"], "GiB"),
     ("bagel-tiny", "i.png", ["--height", "4096", "--width", "4096"], "at most 128"),
     ("bagel-tiny", "i.png", ["--height", "40"], "divisible by 16"),

@@ -50,22 +50,24 @@ _SCHED_DEV = dict(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=True
 _SCHED_SCHNELL = dict(_SCHED_DEV, shift=1.0, use_dynamic_shifting=False)
 
 # Tiny (CPU tests, demo): 2 double + 2 single blocks, inner dim 32 (2 heads x 16), RoPE
-# axes (4, 4, 8) summing to the head dim -- diffusers' own tiny Flux test sizes. A 2-level
-# VAE (8x fewer pixels per latent than 3 levels would give) with 4 latent channels, so
-# transformer in_channels = 4 x 2x2 packing = 16. 32x32 images -> 16x16 latents -> 64 tokens.
+# axes (4, 4, 8) summing to the head dim -- diffusers' own tiny Flux test sizes. Every
+# structural constant is the published one (tests/conformance/test_tiny_configs.py): the T5's
+# relative-attention distance 128, the VAE's 4 levels (x8 down) and 16 latent channels, so
+# transformer in_channels = 16 x 2x2 packing = 64. 32x32 images -> 4x4 latents -> 4 tokens.
 _TINY = dict(
-    transformer=dict(patch_size=1, in_channels=16, num_layers=2, num_single_layers=2, attention_head_dim=16,
+    transformer=dict(patch_size=1, in_channels=64, num_layers=2, num_single_layers=2, attention_head_dim=16,
                      num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32,
                      guidance_embeds=True, axes_dims_rope=(4, 4, 8)),
     clip=dict(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
               max_position_embeddings=77, hidden_act="quick_gelu", projection_dim=32, layer_norm_eps=1e-5),
     t5=dict(vocab_size=512, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
-            relative_attention_num_buckets=8, relative_attention_max_distance=16,
+            relative_attention_num_buckets=8, relative_attention_max_distance=128,
             feed_forward_proj="gated-gelu", layer_norm_epsilon=1e-6, tie_word_embeddings=False),
-    vae=dict(in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(16, 32),
-             down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
+    vae=dict(in_channels=3, out_channels=3, latent_channels=16, block_out_channels=(8, 16, 16, 16),
+             down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
              layers_per_block=1, norm_num_groups=8, act_fn="silu", sample_size=32,
-             scaling_factor=0.3611, shift_factor=0.1159, use_quant_conv=False, use_post_quant_conv=False),
+             scaling_factor=0.3611, shift_factor=0.1159, use_quant_conv=False, use_post_quant_conv=False,
+             force_upcast=True),
     scheduler=_SCHED_DEV, clip_vocab=512, t5_vocab=512,
 )
 

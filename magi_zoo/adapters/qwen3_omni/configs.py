@@ -105,6 +105,10 @@ _PUB_CODE2WAV = dict(
 PUBLISHED = dict(thinker=_PUB_THINKER, talker=_PUB_TALKER, code2wav=_PUB_CODE2WAV, enable_audio_output=True)
 
 # -- tiny: thinker H=64 (2 layers, 4 experts top-2), talker H=32, 4 code groups ------------------
+# Every structural constant is the published one (tests/conformance/test_tiny_configs.py compares
+# the two built configs field by field); the published config's fields that transformers'
+# classes do not read (use_qk_norm, apply_vit_abs_pos_embed, the code2wav quantizer fields...)
+# are carried too, with the published values where they are not sizes.
 _H, _TH, _HEAD, _MROPE, _GROUPS = 64, 32, 16, [4, 2, 2], 4  # mrope [4,2,2] sums to head_dim/2 = 8
 _TINY_THINKER = dict(
     # 128 mel bins = WhisperFeatureExtractor(feature_size=128), as published.
@@ -114,14 +118,16 @@ _TINY_THINKER = dict(
     # deepstack indexes must be < depth and no more than the thinker's text layers.
     vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=16,
                        temporal_patch_size=2, spatial_merge_size=2, in_channels=3, out_hidden_size=_H,
-                       num_position_embeddings=2304, deepstack_visual_indexes=[0], hidden_act="gelu_pytorch_tanh"),
+                       num_position_embeddings=2304, deepstack_visual_indexes=[0], hidden_act="gelu_pytorch_tanh",
+                       apply_vit_abs_pos_embed=True, image_size=768, tokens_per_second=2),
     text_config=dict(vocab_size=152064, hidden_size=_H, intermediate_size=2 * _H, moe_intermediate_size=32,
                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=_HEAD,
                      num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[],
                      norm_topk_prob=True, max_position_embeddings=4096, rms_norm_eps=1e-6,
                      rope_parameters=dict(rope_type="default", rope_theta=1000000, mrope_section=_MROPE,
                                           interleaved=True, mrope_interleaved=True),
-                     shared_expert_intermediate_size=0, tie_word_embeddings=False),
+                     shared_expert_intermediate_size=0, tie_word_embeddings=False, use_qk_norm=True,
+                     use_sliding_window=False),
     position_id_per_seconds=13, seconds_per_chunk=2, tie_word_embeddings=False, **_THINKER_IDS,
 )
 _TINY_TALKER = dict(
@@ -133,12 +139,12 @@ _TINY_TALKER = dict(
                      decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True, max_position_embeddings=4096,
                      rms_norm_eps=1e-6, rope_parameters=dict(rope_type="default", rope_theta=1000000,
                                                              mrope_section=_MROPE, interleaved=True),
-                     tie_word_embeddings=False),
+                     tie_word_embeddings=False, use_sliding_window=False),
     code_predictor_config=dict(vocab_size=2048, hidden_size=_TH, intermediate_size=2 * _TH, num_hidden_layers=1,
                                num_attention_heads=2, num_key_value_heads=1, head_dim=_HEAD,
                                num_code_groups=_GROUPS, max_position_embeddings=512,
                                rope_parameters=dict(rope_type="default", rope_theta=1000000),
-                               tie_word_embeddings=False),
+                               tie_word_embeddings=False, use_sliding_window=False),
     # accept_hidden_layer indexes the thinker's hidden_states tuple (0 = embeddings): <= layers.
     num_code_groups=_GROUPS, thinker_hidden_size=_H, accept_hidden_layer=1, spatial_merge_size=2,
     position_id_per_seconds=13, seconds_per_chunk=2, speaker_id=dict(SPEAKERS), tie_word_embeddings=False,
@@ -148,7 +154,8 @@ _TINY_CODE2WAV = dict(
     codebook_size=2048, num_quantizers=_GROUPS, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
     num_attention_heads=2, num_key_value_heads=2, sliding_window=72, max_position_embeddings=8000, decoder_dim=32,
     upsample_rates=[8, 5, 4, 3], upsampling_ratios=[2, 2], rope_parameters=dict(rope_type="default", rope_theta=10000),
-    layer_scale_initial_scale=0.01, rms_norm_eps=1e-5,
+    layer_scale_initial_scale=0.01, rms_norm_eps=1e-5, codebook_dim=32, num_semantic_quantizers=1,
+    semantic_codebook_size=4096, vector_quantization_hidden_dimension=32,
 )
 TINY = dict(thinker=_TINY_THINKER, talker=_TINY_TALKER, code2wav=_TINY_CODE2WAV, enable_audio_output=True)
 

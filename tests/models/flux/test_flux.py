@@ -272,8 +272,9 @@ def test_vae_decode_benchmark_on_cpu(tmp_path):
 
     rec = vae_decode.main(["--device", "cpu", "--model", "flux-tiny", "--out", str(tmp_path)])
     (row,) = rec["results"]
-    # flux-tiny's VAE: 2 block levels -> x2 downsampling, 4 latent channels; 32x32 call default.
-    assert row["latent"] == [1, 4, 16, 16] and row["pixels"] == [32, 32]
+    # flux-tiny's VAE: the published 4 block levels -> x8 downsampling, 16 latent channels;
+    # 32x32 call default.
+    assert row["latent"] == [1, 16, 4, 4] and row["pixels"] == [32, 32]
     assert row["runs"] == 5 and len(row["times_ms"]) == 5 and row["min_ms"] <= row["median_ms"] <= row["max_ms"]
     assert {"card", "torch", "triton", "diffusers", "transformers", "commit"} <= set(rec["env"])
     assert (tmp_path / "vae_decode_flux-tiny.json").is_file() and (tmp_path / "vae_decode_flux-tiny.md").is_file()
