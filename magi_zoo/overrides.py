@@ -177,3 +177,41 @@ def name_plan_source(error: ValueError, spec_file: str | Path, profile: str, *, 
     else:
         where = f"the key comes from the spec file {str(spec_file)!r} or your overrides: {fix}"
     return type(error)(f"{error} ({where})", layer=layer, section=section)
+
+
+# The offload reserve over an activation estimate: +25%, at least +0.25 GiB (what `offload.refit`
+# adds to a measured peak: the estimate counts tensors, not the allocator's rounding and caching).
+RESERVE_MARGIN = 0.25
+RESERVE_FLOOR_GIB = 0.25
+
+
+def reserve_gib(estimate_gib: float) -> float:
+    """The reserve for an estimated activation peak: max(estimate x 1.25, estimate + 0.25 GiB)."""
+    return round(max(estimate_gib * (1 + RESERVE_MARGIN), estimate_gib + RESERVE_FLOOR_GIB), 3)
+
+
+def reserve_section(layers: Layers, estimate: Mapping[str, float] | None) -> dict[str, dict[str, float]]:
+    """The offload section that sizes the activation reserves from `estimate` ({offload key:
+    GiB}, an adapter's `activation_estimate` for the call's shape: "" the plan-wide
+    `activation_gib`, a unit key its phase's `phase_activation_gib`), each `reserve_gib(estimate)`,
+    replacing the spec's fixed numbers. Keys the spec's offload section does not name, and
+    reserves the user layer already sets (an override, or the CLI's estimate for its own
+    shape), are left out; {} when the spec has no offload section."""
+    declared = set(_declared(layers, "offload"))
+    if not estimate or not declared:
+        return {}
+    mine = {key: spec.explicit() for name, layer in layers if name == "user" for key, _, spec in layer.items("offload")}
+    section: dict[str, dict[str, float]] = {}
+    for key, gib in estimate.items():
+        field = "activation_gib" if key == "" else "phase_activation_gib"
+        if (key != "" and key not in declared) or field in mine.get(key, {}):
+            continue
+        section[key] = {field: reserve_gib(gib)}
+    return section
+
+
+def activation_reserves(layers: Layers, estimate: Mapping[str, float] | None) -> Layers:
+    """`layers` with `reserve_section(layers, estimate)` merged over their user layer (what
+    `load` does with the adapter's estimate at the call defaults' shape)."""
+    section = reserve_section(layers, estimate)
+    return _on_top(layers, PlanLayer(offload=section)) if section else layers

@@ -20,7 +20,7 @@ from .engine import PlanError, Report, apply, needs_streaming, offload
 from .engine.compile import CompileCache, resolve_cache_dir
 from .engine.observe.explain import explain_call
 from .io import check_writable
-from .overrides import has_auto_recompute, name_plan_source, spec_layers
+from .overrides import activation_reserves, has_auto_recompute, name_plan_source, spec_layers
 from .specs import PlanLayer, get_profile
 from .specs.gpu_profiles import GpuProfile
 from .train import calibrate as calibrate_handle
@@ -319,6 +319,8 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
     layers = spec_layers(adapter, profile, spec_file=spec_file, compile=compile, overrides=overrides,
                          precision=precision, parallel=parallel, train=train, recompute=recompute,
                          memory_budget_gib=memory_budget_gib)
+    # the offload reserves sized for the call defaults' shape, not the spec's fixed numbers (docs/offload.md)
+    layers = activation_reserves(layers, adapter.activation_estimate(variant, adapter.call_defaults(variant), dt.itemsize))
     # the training plan has a recompute='auto' region (from recompute= or the spec): measured below
     auto = train and compile is not False and has_auto_recompute(layers)
     if calibrate is not True and not auto:

@@ -12,6 +12,8 @@ from .compile import installed
 from .custom_ops import CustomOpInfo, custom_op_info, list_custom_ops, register_custom_op
 from .prepare import Preparation
 from .observe import counters  # the test oracle, `from magi_zoo.engine import counters`
+from .observe.progress import rename_stage as progress_rename
+from .observe.progress import stage as progress_stage
 from .observe.report import Report
 from .observe.table import format_table
 from .resolve import PlanError, ResolvedPlan, resolve
@@ -37,4 +39,4 @@ __all__ = ["apply", "remove", "preview", "needs_streaming", "STEP_ORDER", "insta
            # adapters' names
            "fa3_attention", "fa3_missing_reason", "fa3_wheel_forward", "apply_gelu_linear", "apply_norm_rope",
            "apply_norm_rope_heads", "Fp8Linear", "fp8_eligible", "offload_hold", "offload_streams", "cfg_parallel_active", "GELU_EPILOGUE_MARK",
-           "marked_norm", "instance_forwards", "swap_processors"]
+           "marked_norm", "instance_forwards", "swap_processors", "progress_stage", "progress_rename"]

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from ...engine import progress_stage
 from .._tokenizers import byte_bpe_tokenizer
 from ..base import Adapter, CallLimits, Output, Variant, init_on
 from ..diffusers_pipeline import LOAD_ERRORS, weights_error
@@ -213,9 +214,11 @@ class BagelAdapter(Adapter):
             from PIL import Image  # lazy: PIL costs ~15 ms; listing models imports this module
 
             image = Image.open(image) if isinstance(image, (str, Path)) else image
-        if task == "understand":
-            return Output("text", handle(prompt, image=image, task=task, think=think,
-                                         max_new_tokens=options.get("max_new_tokens")))
+        if task == "understand":  # no bar of its own: the heartbeat names the stage
+            with progress_stage("understanding: the prompt" + (" and image" if image is not None else "")
+                                + ", then the answer's tokens"):
+                return Output("text", handle(prompt, image=image, task=task, think=think,
+                                             max_new_tokens=options.get("max_new_tokens")))
         if options.get("max_new_tokens") is None:
             options.pop("max_new_tokens", None)  # with --think, a given value is the reasoning's budget
         result = handle(prompt, image=image, task=task, think=think, progress=progress, **options)

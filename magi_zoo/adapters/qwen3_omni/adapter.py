@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ...engine import Preparation
+from ...engine import Preparation, progress_rename
 from ...engine.compat.transformers import install_output_capturing_hooks
 from ..base import Adapter, Output, Variant, init_on
 from ..diffusers_pipeline import LOAD_ERRORS, weights_error
@@ -117,11 +117,12 @@ class _TokenProgress:
     """A `generate` streamer that advances a tqdm bar per new token: transformers calls
     `put` with the prompt first, then with each new token, then `end`."""
 
-    def __init__(self, total: int):
+    def __init__(self, total: int, then: str | None = None):
         from tqdm.auto import tqdm  # lazy: tqdm.auto costs ~50 ms; only `magi-zoo run` shows the bar
 
         self.bar = tqdm(total=total, desc="thinker tokens", unit="tok")
         self.seen_prompt = False
+        self.then = then  # the stage after the thinker's last token (the talker), for the heartbeat
 
     def put(self, value) -> None:
         if not self.seen_prompt:
@@ -131,6 +132,8 @@ class _TokenProgress:
 
     def end(self) -> None:
         self.bar.close()
+        if self.then is not None:  # the talker runs next, without a bar: the heartbeat names it
+            progress_rename(self.then)
 
 
 class Qwen3OmniAdapter(Adapter):
@@ -280,7 +283,9 @@ class Qwen3OmniAdapter(Adapter):
         d = handle.variant.call_defaults
         extra = {"talker_max_new_tokens": d["talker_max_new_tokens"]} if audio_out else {}
         if progress:  # a bar over the thinker's tokens, fed by transformers' streamer protocol
-            extra["thinker_streamer"] = _TokenProgress(max_new_tokens or d["max_new_tokens"])
+            extra["thinker_streamer"] = _TokenProgress(
+                max_new_tokens or d["max_new_tokens"],
+                then="the talker's speech codes, then Code2Wav" if audio_out else None)
         media = {k: v for k, v in dict(audio=audio, image=image, voice=voice).items() if v is not None}
         res: OmniOutput = handle(prompt, return_audio=audio_out is not None, **media,
                                  **({"max_new_tokens": max_new_tokens} if max_new_tokens else {}), **extra)

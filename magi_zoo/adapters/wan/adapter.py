@@ -16,6 +16,7 @@ from ..base import CallLimits, Variant, init_on, keep_fp32_modules
 from ..diffusers_pipeline import DiffusersPipelineAdapter, weights_error
 from . import distill, original
 from .attention import norm_rope_preparation
+from .activations import activation_gib
 from .config import CLIP_H, I2V_14B, SCHEDULER, T2V_1_3B, T2V_14B, TINY, UMT5_XXL, VAE
 
 
@@ -137,6 +138,11 @@ class WanAdapter(DiffusersPipelineAdapter):
     # Image-to-video variants take `--image` too (check_run).
     run_options = ("num_inference_steps", "height", "width", "num_frames", "seed")
     output_suffixes = (".mp4", ".gif")
+
+    def activation_estimate(self, variant: Variant, call: dict[str, Any],
+                            bytes_per_element: int) -> dict[str, float]:
+        """The transformer's and the VAE's peaks for this shape (`activations.activation_gib`)."""
+        return activation_gib(variant.config, call, bytes_per_element)
 
     def call_limits(self, variant: Variant) -> CallLimits:
         """From the config: pixels divide by the VAE's spatial factor (8; Wan2.2's VAE 16) times

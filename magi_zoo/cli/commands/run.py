@@ -3,10 +3,14 @@ the same command in N processes (torchrun), rank 0 writing."""
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 
 from ... import distributed, zoo  # `zoo.load` looked up at call time: a patch of it reaches every command
+from ...engine.observe.progress import Heartbeat
+from ...engine.observe.progress import stage as progress_stage
 from ..console import say
+from ..notices import Captured, capture
 from ..launch import launch
 from ..writers import write_output
 from .run_options import check_output_files, check_plan_keys, check_run
@@ -20,21 +24,28 @@ def cmd_run(args) -> int:
         return launch(args.nproc, args.argv)
     if distributed.init("cpu" if args.gpu == "cpu" else None):
         distributed.check_same(args.argv, "command lines")
-    with distributed.quiet_unless_rank0():
-        code = _run(args)
+    # A heartbeat line whenever the output was quiet for 2 s inside a named stage (build, the first
+    # call's compiles, a stage without a bar); library notices captured unless --debug.
+    quiet = nullcontext(Captured()) if args.debug else capture()
+    with distributed.quiet_unless_rank0(), Heartbeat(2.0), quiet as notices:
+        code = _run(args, notices)
     distributed.shutdown()
     return code
 
 
-def _run(args) -> int:
+def _run(args, notices: Captured) -> int:
     request = check_run(args)
     if request.parallel is not None:
         request.options["seed"] = distributed.broadcast_seed(args.seed)  # one initial noise for every rank
-    handle = zoo.load(args.model, gpu=args.gpu, weights=args.weights, dtype=args.dtype, compile=request.compile,
-                  overrides=request.overrides, precision="fp8" if args.fp8 else None, spec_file=args.spec_file,
-                  cache_dir=args.cache_dir, memory_budget_gib=args.memory_budget, parallel=request.parallel,
-                  lora=request.lora)
+    with progress_stage(f"building {args.model}"):
+        say(f"building {args.model} ...")
+        handle = zoo.load(args.model, gpu=args.gpu, weights=args.weights, dtype=args.dtype, compile=request.compile,
+                      overrides=request.overrides, precision="fp8" if args.fp8 else None, spec_file=args.spec_file,
+                      cache_dir=args.cache_dir, memory_budget_gib=args.memory_budget, parallel=request.parallel,
+                      lora=request.lora)
     report = handle.report()
+    if handle.cache is not None and handle.cache.status == "hit":  # one line: the first call reuses compiled code
+        say(f"warm start: compile cache entry {handle.cache.path} loaded; the first call reuses its compiled code")
     for line in handle.lora.lines() if handle.lora is not None else []:
         say(line)
     if report is not None:
@@ -47,15 +58,27 @@ def _run(args) -> int:
         if offload is not None:  # weights stream: say what stays and what the copies cost
             say(f"offload: {offload.did}")
     rank0 = distributed.rank() == 0  # rank 0 writes; the others compute their share, quietly
-    written = generate_to(handle, prompt=args.prompt, out=args.out, progress=rank0, write=rank0,
-                          overwrite=args.overwrite, **request.options)
+    first = "generating (the first call compiles)" if report is not None and report.frames == 0 else "generating"
+    with progress_stage(first):
+        written = generate_to(handle, prompt=args.prompt, out=args.out, progress=rank0, write=rank0,
+                              overwrite=args.overwrite, **request.options)
+    cut = notices.truncations()
+    if cut:  # the one notice a user can act on, as one line (diffusers echoes every dropped token)
+        say(f"prompt truncated: {len(args.prompt)} characters; the text encoders read at most "
+            + ", ".join(f"{n} tokens ({enc})" for enc, n in cut.items()))
     for path in written:
         say(f"wrote {path}")
     if report is not None:  # after the output is written: a report problem never costs it
         say(report.table())
-        details = report.details()  # graph-break and recompile reasons, one per line
-        if details:
+        details = report.details()  # graph-break and recompile reasons, with torch's user stack traces
+        if details and args.debug:
             say(details)
+        elif details:  # a normal run: how many, not torch's ~20-line stack traces
+            say(f"compile notes: {report.graph_breaks} graph break(s), {report.recompiles} recompile(s) "
+                "(expected where a shape or cache state changes); magi-zoo run ... --debug prints the reasons")
+    summary = notices.summary()  # --debug captured nothing: the notices printed as they came
+    if summary:
+        say(summary)
     return 0
 
 

@@ -12,7 +12,7 @@ from ... import adapters, distributed
 from ...adapters import lora
 from ...engine.compile import resolve_cache_dir
 from ...io import check_writable
-from ...overrides import eager_compile
+from ...overrides import eager_compile, reserve_section
 from ...specs import SpecFile, get_profile
 from ...specs.compile_spec import TorchCompileSpec
 from ...specs.parallel_spec import ParallelSpec, default_parallel
@@ -68,7 +68,8 @@ def check_run(args) -> RunRequest:
         compile_arg = eager_compile(SpecFile.from_toml(args.spec_file or adapter.spec_path()))
     else:
         compile_arg = False
-    return RunRequest(adapter, opts, compile_arg, step_cache or None, par, loras)
+    overrides = {**step_cache, **activation_override(args, adapter, variant, opts)}
+    return RunRequest(adapter, opts, compile_arg, overrides or None, par, loras)
 
 
 def parse_loras(items: list[str] | None) -> list[lora.LoraSpec] | None:
@@ -81,6 +82,21 @@ def parse_loras(items: list[str] | None) -> list[lora.LoraSpec] | None:
     for spec in specs:
         lora.check_source(spec)
     return specs
+
+
+def activation_override(args, adapter: adapters.Adapter, variant: adapters.Variant, options: dict[str, Any]) -> dict:
+    """The offload reserves for this run's shape (`--height` / `--width` / `--frames` over the
+    call defaults), from the adapter's activation estimate: `{"offload": {...}}`, or {} where
+    the adapter estimates nothing or the spec has no offload section. `load` would size them
+    for the call defaults; the flags may ask for more, or less."""
+    profile = get_profile(args.gpu)
+    call = {**adapter.call_defaults(variant), **{k: v for k, v in options.items() if v is not None}}
+    dtype = (args.dtype or profile.default_dtype).lower()
+    per_element = 4 if dtype in ("float32", "fp32", "float") else 2  # bf16 / fp16 (fp8 matmuls keep bf16 activations)
+    estimate = adapter.activation_estimate(variant, call, per_element)
+    layers = SpecFile.from_toml(args.spec_file or adapter.spec_path()).layers_for(profile.name)
+    section = reserve_section(layers, estimate)
+    return {"offload": section} if section else {}
 
 
 def check_plan_keys(args, request: RunRequest) -> None:

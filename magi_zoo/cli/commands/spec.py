@@ -14,7 +14,7 @@ from ...adapters import lora
 from ...engine import STEP_ORDER, PlanError, format_table, list_custom_ops, preview
 from ...engine.compat import torch as compat
 from ...engine.offload import describe_plan
-from ...overrides import name_plan_source, spec_layers
+from ...overrides import activation_reserves, name_plan_source, spec_layers
 from ...specs import SECTIONS, get_profile
 from ..console import say
 from .run_options import parse_loras
@@ -27,6 +27,9 @@ def cmd_spec(args) -> int:
     # with --recompute: the plan a training load applies
     layers = spec_layers(adapter, profile, spec_file=args.spec_file, memory_budget_gib=args.memory_budget,
                          train=recompute is not None, recompute=recompute)
+    per_element = 4 if profile.default_dtype == "float32" else 2  # what load's default dtype gives
+    # the offload reserves for the call defaults' shape, as load sizes them (docs/offload.md)
+    layers = activation_reserves(layers, adapter.activation_estimate(variant, adapter.call_defaults(variant), per_element))
     # The meta device gives the real module tree at published sizes without allocating.
     native = adapter.build(variant, weights="random", dtype=torch.bfloat16, device=torch.device("meta"))
     modules = nn.ModuleDict(adapter.components(native))
