@@ -47,6 +47,22 @@ def warped_schedule(step_list=DENOISING_STEP_LIST, shift: float = TIMESTEP_SHIFT
     return [float(sigmas[i] * num_train_timesteps) for i in idx], [float(sigmas[i]) for i in idx]
 
 
+def flow_to_x0(x: torch.Tensor, flow: torch.Tensor, sigma: float) -> torch.Tensor:
+    """x0 = x_t - sigma_t * flow, computed in float64 and returned in the flow's dtype, as the
+    reference's `WanDiffusionWrapper._convert_flow_pred_to_x0` does
+    (tests/data/self_forcing_sampler_oracle.json, from the official source)."""
+    return (x.double() - sigma * flow.double()).to(flow.dtype)
+
+
+def renoise(x0: torch.Tensor, noise: torch.Tensor, sigma: float) -> torch.Tensor:
+    """(1 - sigma) x0 + sigma noise, the next step's input: the reference's
+    `FlowMatchScheduler.add_noise`, whose sigma is a float32 tensor of the latents' rank (not
+    0-d), so bf16 latents are promoted and the sum is taken in float32, then cast to the
+    noise's dtype."""
+    s = torch.full((1,) * x0.dim(), sigma, dtype=torch.float32, device=x0.device)
+    return ((1 - s) * x0 + s * noise).type_as(noise)
+
+
 def warped_timesteps(**kw) -> list[float]:
     """The timesteps of `warped_schedule`."""
     return warped_schedule(**kw)[0]

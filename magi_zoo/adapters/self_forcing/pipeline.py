@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from . import naive
-from .config import CONTEXT_NOISE, BlockSchedule, latent_frames_for, valid_frame_counts, warped_schedule
+from .config import (CONTEXT_NOISE, BlockSchedule, flow_to_x0, latent_frames_for, renoise, valid_frame_counts,
+                     warped_schedule)
 from .kv_cache import StaticKVCache
 from .vae_stream import StreamingDecoder, frames_tensor, to_frames
 
@@ -169,10 +170,9 @@ class SelfForcingPipeline:
             x = noise()
             for i, t in enumerate(t_steps):
                 flow = step(b, x, t)
-                x0 = (x.float() - self.sigmas[i] * flow.float()).to(dt)
+                x0 = flow_to_x0(x, flow, self.sigmas[i])
                 if i + 1 < len(t_steps):
-                    s = self.sigmas[i + 1]
-                    x = ((1 - s) * x0.float() + s * noise().float()).to(dt)
+                    x = renoise(x0, noise(), self.sigmas[i + 1])
             return x0
 
         def ready(p) -> BlockResult:
