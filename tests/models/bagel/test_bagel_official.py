@@ -1,8 +1,9 @@
 """BAGEL against the official release's behaviour: preprocessing (resize rule, transparency),
 output pixels, image editing and think mode, with compile counters for the new paths.
 
-Expected preprocessing values come from the official code itself (see the note in
-tests/data/bagel_official_preprocessing.json); editing and think mode follow the official
+Expected preprocessing values come from the official code itself:
+tests/data/bagel_official_preprocessing.json is written by benchmarks/oracles/bagel_preprocessing.py
+from a checkout of the official repository (its resize rule and pil_img2rgb); editing and think mode follow the official
 `InterleaveInferencer.interleave_inference` flow, checked here through the contexts it builds.
 """
 
@@ -22,9 +23,9 @@ from magi_zoo.specs import with_backend
 from magi_zoo.overrides import spec_layers
 
 DATA = json.loads((DATA_DIR / "bagel_official_preprocessing.json").read_text())
-# app.py: vae_transform = ImageTransform(1024, 512, 16); vit_transform = ImageTransform(980, 224, 14);
-# ImageTransform's max_pixels default is 14 * 14 * 9 * 1024 for both.
-RULES_7B = {"vae": dict(max_size=1024, min_size=512, stride=16), "vit": dict(max_size=980, min_size=224, stride=14)}
+# app.py: vae_transform = ImageTransform(1024, 512, 16); vit_transform = ImageTransform(980, 224, 14)
+# (recorded by the oracle from app.py); ImageTransform's max_pixels default is 14 * 14 * 9 * 1024 for both.
+RULES_7B = {side: dict(zip(("max_size", "min_size", "stride"), DATA["rules"]["7b"][side])) for side in ("vae", "vit")}
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +72,9 @@ def test_resize_rule_equals_official_on_the_issue_example_and_a_sweep(tiny):
             for side in ("vae", "vit"):
                 got = list(resize_shape(*row["size"], **cfg[f"{side}_image"]))
                 assert got == row[side], f"{table} {side} {row['size']}: {got} != official {row[side]}"
-    assert len(DATA["resize_7b"]) == 714
+    assert len(DATA["resize_7b"]) == len(DATA["resize_tiny"]) >= 600
+    # the tiny table was written with the shipped tiny rule
+    assert {s: list(TINY[f"{s}_image"].values()) for s in ("vae", "vit")} == DATA["rules"]["tiny"]
 
 
 def test_transparency_pasted_on_white_as_official():
