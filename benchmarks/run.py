@@ -171,12 +171,18 @@ ENCODER_KEYS: dict[str, tuple[tuple[str, str], ...]] = {
 }
 
 
-def _denoiser_layers(variant, n: int):
+def _denoiser_layers(variant, n: int | None):
     """The variant's published config with `n` repeated layers in each of the denoiser's block
-    stacks (widths, heads and every other constant unchanged) and one-layer text encoders:
-    the real per-layer code path and shapes at a fraction of the build."""
+    stacks (None: the published depth; widths, heads and every other constant unchanged) and
+    one-layer text encoders: the real per-layer code path and shapes at a fraction of the build."""
     family = variant.family
     config = {k: dict(v) if isinstance(v, dict) else v for k, v in variant.config.items()}
+    if n is None:
+        for component, key in ENCODER_KEYS.get(family, ()):
+            config[component][key] = 1
+        derived = dataclasses.replace(variant, name=f"{variant.name}-1Lenc", config=config)
+        return derived, (f"{variant.name} published config with one-layer encoders (the timed denoiser entry "
+                         "never runs them), random weights")
     totals = []
     for component, key in DEPTH_KEYS[family]:
         total = config[component][key]
@@ -202,6 +208,11 @@ def _variant(args):
     from magi_zoo import adapters
 
     adapter, variant = adapters.lookup(args.model)
+    if args.one_layer_encoders:
+        if args.layers is not None or adapter.family not in DEPTH_KEYS:
+            raise SystemExit(f"--one-layer-encoders: families {', '.join(DEPTH_KEYS)}, without --layers "
+                             "(--layers already cuts the encoders)")
+        return (adapter, *_denoiser_layers(variant, None))
     if args.layers is None:
         return adapter, variant, None
     derive = LAYER_VARIANTS.get(adapter.family)
@@ -325,14 +336,14 @@ def _build(args, strategy: str):
     cache_dir = args.zoo_cache if compiled else None
     dropped: list[str] = []
     extra = _zoo_kwargs(strategy, adapter, gpu) if compiled else {}
-    if args.layers is None and not (compiled and args.backend):
+    if args.layers is None and not args.one_layer_encoders and not (compiled and args.backend):
         handle = magi_zoo.load(args.model, gpu=gpu, weights="random", dtype=dtype, device=device,
                                compile=None if compiled else False, cache_dir=cache_dir, **extra)
     else:
         if set(extra) - {"overrides", "precision"}:
             raise TypeError(f"{strategy} does not combine with --layers / --backend")
         handle, dropped = _assemble(adapter, variant, gpu=gpu, dtype=dtype, device=device, compiled=compiled,
-                                    backend=args.backend, cache_dir=cache_dir, derived=args.layers is not None,
+                                    backend=args.backend, cache_dir=cache_dir, derived=args.layers is not None or args.one_layer_encoders,
                                     overrides=extra.get("overrides"), precision=extra.get("precision"))
     module, method = adapter.entry(handle.pipe, args.entry)
     if not compiled and not callable(getattr(module, method, None)):
@@ -488,6 +499,8 @@ def _worker_args(args, strategy: str, phase: str, tmp: Path, result: Path) -> li
         out += ["--shape", pair]
     if args.fp32_reference:
         out.append("--fp32-reference")
+    if args.one_layer_encoders:
+        out.append("--one-layer-encoders")
     return out
 
 
@@ -741,6 +754,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a family-specific example_inputs argument, repeatable (e.g. text_len=32, ctx_len=256)")
     p.add_argument("--layers", type=int, default=None,
                    help="build the variant with N layers (families in LAYER_VARIANTS: qwen3_omni thinker layers)")
+    p.add_argument("--one-layer-encoders", action="store_true",
+                   help="the published denoiser depth with one-layer text / image encoders (a faster build; the "
+                        "timed denoiser entry never runs the encoders)")
     p.add_argument("--backend", default=None,
                    help="every compiled region's backend (e.g. eager / aot_eager for CPU smoke runs)")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
