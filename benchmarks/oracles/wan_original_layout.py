@@ -11,11 +11,14 @@ What it does, with the official code on the CPU in float32:
 - builds each official module at the tiny configs below (`wan/modules/model.py` WanModel t2v
   and i2v, `vae.py` WanVAE_, `t5.py` T5Encoder, `clip.py` VisionTransformer: the I2V image
   encoder's vision tower, keys under `visual.`) and records every state-dict key and shape;
-- for the UMT5 and CLIP maps (the two no library ships): fills the official T5Encoder and
-  VisionTransformer with `seeded_state` (deterministic weights from the recorded names and
+- for the UMT5 and CLIP maps (the two no library ships) and the DiT / VAE (diffusers'
+  converters): fills the official T5Encoder, VisionTransformer, WanModel (t2v) and WanVAE_
+  with `seeded_state` (deterministic weights from the recorded names and
   shapes; the value test rebuilds the same tensors without the official code), runs their
   forwards on seeded inputs (T5: token ids with a padding mask; CLIP: one image through the
-  first blocks, `use_31_block=True`, what the I2V pipeline reads) and records the outputs.
+  first blocks, `use_31_block=True`, what the I2V pipeline reads; DiT: one latent, timestep and
+  text; VAE: a 5-frame clip encoded to its latent mean and decoded, clamped as WanVAE.decode
+  clamps) and records the outputs.
   The value test loads the same weights through our key maps into transformers' modules and
   compares: a swap of two same-shape tensors (q/k/v/o, wi_0/wi_1) changes the output.
 
@@ -85,7 +88,11 @@ def seeded_inputs(seed: int = SEED) -> dict[str, torch.Tensor]:
     ids = torch.randint(0, CONFIGS["t5"][2]["vocab"], (T5_BATCH, T5_LEN), generator=g)
     mask = torch.stack([torch.arange(T5_LEN) < n for n in T5_VALID]).long()
     image = torch.randn(1, 3, 224, 224, generator=g)
-    return dict(t5_ids=ids, t5_mask=mask, clip_image=image)
+    # the T2V DiT: a 2 x 4 x 4 latent (8 tokens after 1 x 2 x 2 patches), 16 text tokens (its text_len)
+    dit = dict(dit_x=torch.randn(16, 2, 4, 4, generator=g), dit_t=torch.tensor([731.0]),
+               dit_context=torch.randn(16, 32, generator=g))
+    # the VAE: 5 frames (1 + 4k) of 16 x 16 pixels -> a 2 x 2 x 2 latent
+    return dict(t5_ids=ids, t5_mask=mask, clip_image=image, vae_video=torch.randn(1, 3, 5, 16, 16, generator=g), **dit)
 
 
 def checksum(tensors: dict[str, torch.Tensor]) -> float:
@@ -150,11 +157,27 @@ def run(repo: Path, commit: str = "unknown") -> dict:
             weights_checksum=checksum(w), inputs_checksum=checksum({"i": x["clip_image"]}), use_31_block=True,
             shape=list(y.shape), stride=list(CLIP_STRIDE), norm=float(y.double().norm()),
             output=y[0, ::CLIP_STRIDE[0], ::CLIP_STRIDE[1]].tolist())
+        dit = getattr(mods["model"], "WanModel")(**CONFIGS["transformer"][2]).eval()
+        w = seeded_state(out["transformer"]["keys"])
+        dit.load_state_dict(w, strict=True)
+        y = dit([x["dit_x"]], x["dit_t"], [x["dit_context"]], seq_len=8)[0]
+        out["transformer"]["values"] = dict(
+            weights_checksum=checksum(w), inputs_checksum=checksum({k: x[k] for k in ("dit_x", "dit_context")}),
+            t=x["dit_t"].tolist(), seq_len=8, output=y.flatten().tolist(), shape=list(y.shape))
+        vae = getattr(mods["vae"], "WanVAE_")(**CONFIGS["vae"][2]).eval()
+        w = seeded_state(out["vae"]["keys"])
+        vae.load_state_dict(w, strict=True)
+        mu = vae.encode(x["vae_video"], [0.0, 1.0])  # scale (0, 1): the raw latent mean
+        # WanVAE.decode (the wrapper the pipelines call) clamps WanVAE_.decode's output to [-1, 1]
+        video = vae.decode(mu, [0.0, 1.0]).clamp_(-1, 1)
+        out["vae"]["values"] = dict(weights_checksum=checksum(w), inputs_checksum=checksum({"v": x["vae_video"]}),
+                                    latent=mu.flatten().tolist(), latent_shape=list(mu.shape),
+                                    decoded=video.flatten().tolist(), decoded_shape=list(video.shape))
     # state-dict names of the CLIP part carry the `visual.` prefix of the full open-clip model
     out["clip_visual"]["keys"] = {"visual." + k: v for k, v in out["clip_visual"]["keys"].items()}
     note = (f"Written by benchmarks/oracles/wan_original_layout.py from github.com/Wan-Video/Wan2.1 at {commit}: "
-            "the official modules' state-dict names and shapes at these tiny configs, and the T5 / CLIP "
-            f"forwards on seeded weights and inputs (fp32, CPU, torch {torch.__version__}).")
+            "the official modules' state-dict names and shapes at these tiny configs, and the T5 / CLIP / "
+            f"T2V DiT / VAE forwards on seeded weights and inputs (fp32, CPU, torch {torch.__version__}).")
     return {"_note": note, "_commit": commit, **out}
 
 

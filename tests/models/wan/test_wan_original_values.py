@@ -1,8 +1,9 @@
-"""Wan's original-layout T5 and CLIP files load to the official modules' outputs, value for value.
+"""Wan's original-layout files load to the official modules' outputs, value for value.
 
 tests/data/wan21_original_keys.json holds, besides the official modules' key names and shapes,
 the forwards of the official `T5Encoder` and CLIP `VisionTransformer` (github.com/Wan-Video/Wan2.1,
-the commit in the file) at tiny configs on seeded weights and inputs, written by
+the commit in the file) at tiny configs on seeded weights and inputs, and those of its T2V
+`WanModel` and `WanVAE_` (loaded here through diffusers' single-file converters), written by
 benchmarks/oracles/wan_original_layout.py. Here the same weights (`seeded_state`, rebuilt from
 the recorded names and shapes, no official code needed) are saved as the original-layout `.pth`
 files and loaded through our key maps (`original_keys.t5_key`, `clip_vision_key_names`) into
@@ -21,7 +22,7 @@ from helpers.wan_original_layout import OFFICIAL
 from magi_zoo.adapters.wan import config as wan
 from magi_zoo.adapters.wan import original, original_keys
 
-T5, CLIP = OFFICIAL["t5"], OFFICIAL["clip_visual"]
+T5, CLIP, DIT, VAE = OFFICIAL["t5"], OFFICIAL["clip_visual"], OFFICIAL["transformer"], OFFICIAL["vae"]
 RTOL = 1e-5  # fp32, CPU, the same operations in another order
 
 
@@ -115,3 +116,27 @@ def test_a_clip_map_with_q_k_v_swapped_fails(clip_file, monkeypatch, a, b):
 
     monkeypatch.setattr(original, "clip_vision_key_names", swapped)
     assert _clip_error(clip_file) > 1e-2
+
+
+def test_dit_loads_to_the_official_output():
+    w = _weights(DIT["keys"], DIT["values"]["weights_checksum"])
+    model = original.transformer_from_state_dict(w, DIT["config"], dtype=torch.float32)
+    x = seeded_inputs()
+    with torch.no_grad():
+        got = model(hidden_states=x["dit_x"][None], timestep=torch.tensor(DIT["values"]["t"]),
+                    encoder_hidden_states=x["dit_context"][None], return_dict=False)[0][0]
+    want = torch.tensor(DIT["values"]["output"]).reshape(DIT["values"]["shape"])
+    assert float((got - want).norm() / want.norm()) < RTOL
+
+
+def test_vae_loads_to_the_official_output(tmp_path):
+    f = tmp_path / "Wan2.1_VAE.pth"
+    torch.save(_weights(VAE["keys"], VAE["values"]["weights_checksum"]), f)
+    vae = original.load_vae(f)
+    v = VAE["values"]
+    with torch.no_grad():
+        mu = vae.encode(seeded_inputs()["vae_video"]).latent_dist.mean
+        video = vae.decode(mu).sample
+    for got, name in ((mu, "latent"), (video, "decoded")):
+        want = torch.tensor(v[name]).reshape(v[f"{name}_shape"])
+        assert float((got - want).norm() / want.norm()) < RTOL, name
