@@ -401,3 +401,22 @@ def test_per_tensor_fp8_baseline_quantizes_with_one_scale_per_tensor():
     # (100x below the amax) loses more, which is what per-head scales fix
     big = x[:, :, 2]
     assert float((back[:, :, 2] - big).abs().max() / big.abs().max()) < 2 ** -4
+
+
+def test_whole_generation_smoke(tmp_path):
+    """benchmarks.whole_generation's CPU smoke run: every phase timed, the cached row's
+    distance to the uncached one, the diffusers baseline refused with its reason where FA3
+    cannot run (the distilled row's sampler: tests/models/wan/test_distill.py)."""
+    from benchmarks.whole_generation import main
+
+    assert main(["--smoke", "--rows", "fp8,fp8_cache,diffusers", "--frames", "5", "--out", str(tmp_path)]) == 0
+    rec = json.loads(next(tmp_path.glob("whole_generation_wan2.1-tiny_*_cpu.json")).read_text())
+    rows = {r["row"]: r for r in rec["rows"]}
+    for name in ("fp8", "fp8_cache"):
+        r = rows[name]
+        assert r["status"] == "ok", r
+        assert r["whole_s"] >= r["denoise_s"] + r["vae_decode_s"] + r["write_frames_s"] > 0
+        assert len(r["steps_s"]) == r["steps"] and r["text_encoder_s"] > 0 and r["recompiles"] == 0
+    assert rows["fp8"]["steps"] == 2 and rows["fp8"]["guidance"] == 5.0  # the tiny variant's own call
+    assert rows["fp8_cache"]["psnr_vs_fp8_db"] is not None and 0 < rows["fp8_cache"]["ssim_vs_fp8"] <= 1
+    assert rows["diffusers"]["status"] == "refused" and "needs a CUDA device" in rows["diffusers"]["error"]
