@@ -19,12 +19,13 @@ need), `writers` (output files), `launch` (re-running a command under torchrun),
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import importlib
 import sys
 from typing import TYPE_CHECKING, Callable
 
-from .console import CLOSED_PIPE_STATUS, plain_progress_bars, print_error, quiet_closed_output, reader_gone
+from .console import CLOSED_PIPE_STATUS, plain_progress_bars, print_error, quiet_closed_output, reader_gone, ticking
 from .parser import build_parser
 
 if TYPE_CHECKING:  # the lazy names below, for readers and type checkers
@@ -45,6 +46,10 @@ def __getattr__(name: str):
     value = getattr(importlib.import_module(_LAZY[name], __name__), name)
     globals()[name] = value
     return value
+
+
+# Commands whose modules import torch and the model libraries (seconds): a ticker while they load.
+LONG_IMPORTS = ("run", "demo", "explain")
 
 
 def command(name: str) -> Callable:
@@ -77,7 +82,9 @@ def _main(argv: list[str] | None) -> int:
     args.argv = list(argv) if argv is not None else sys.argv[1:]  # what --nproc re-runs under torchrun
     plain_progress_bars()  # before the command imports the libraries (and tqdm)
     try:
-        return command(args.cmd)(args)
+        with ticking("loading torch and the model libraries") if args.cmd in LONG_IMPORTS else contextlib.nullcontext():
+            fn = command(args.cmd)
+        return fn(args)
     except KeyboardInterrupt:
         print("magi-zoo: interrupted", file=sys.stderr)
         return 130

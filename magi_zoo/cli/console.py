@@ -8,9 +8,12 @@ drawn into a file or a pipe never move the cursor (`plain_progress_bars`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import sys
+import threading
+import time
 
 # The exit status when the reader closed our output: what a shell reports for a tool that
 # SIGPIPE ended (128 + 13), so `set -o pipefail` scripts see a truncated listing as one.
@@ -97,3 +100,34 @@ def plain_progress_bars() -> None:
         terminal = False
     if not terminal:
         os.environ.setdefault("TQDM_POSITION", "0")
+
+
+# When `ticking` last printed (or started): the heartbeat that follows it counts its first
+# quiet interval from here, so the hand-over adds no silence.
+LAST_TICK = [0.0]
+
+
+@contextlib.contextmanager
+def ticking(what: str, interval: float = 2.0):
+    """While the block runs (importing a command's modules: torch, diffusers, transformers take
+    seconds, more on a busy machine), print `  ... <what>: N s` to stderr every `interval`
+    seconds, so the first seconds of a run are not silent. Stdlib only: the heartbeat of
+    `magi_zoo.engine.observe.progress` takes over once torch is loaded."""
+    done = threading.Event()
+    t0 = LAST_TICK[0] = time.monotonic()
+
+    def beat() -> None:
+        while not done.wait(interval):
+            try:
+                print(f"  ... {what}: {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
+            except (OSError, ValueError):  # the reader went away: stop quietly
+                return
+            LAST_TICK[0] = time.monotonic()
+
+    thread = threading.Thread(target=beat, name="magi-zoo-import-ticker", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()

@@ -48,6 +48,25 @@ def test_heartbeat_prints_after_each_quiet_interval_inside_a_stage():
     assert current_stage() is None and beat.beats == 3
 
 
+def test_heartbeat_goes_on_from_the_last_output_before_it():
+    """The import ticker's last line is where the run's heartbeat starts counting: no extra
+    quiet interval at the hand-over."""
+    clock, out = FakeClock(), io.StringIO()
+    beat = Heartbeat(2.0, clock=clock, out=out, quiet_since=clock.t - 1.5)
+    with stage("loading", clock=clock):
+        clock.t += 0.5
+        assert beat.tick()  # 2 s after the ticker's line, not 2 s after the heartbeat began
+
+
+def test_import_ticker_prints_while_the_libraries_load(capsys):
+    from magi_zoo.cli.console import ticking
+
+    with ticking("loading torch", interval=0.1):
+        time.sleep(0.35)
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) >= 2 and lines[0] == "  ... loading torch: 0 s", lines
+
+
 def test_heartbeat_thread_keeps_a_silent_stage_talking(capsys):
     """With the real clock: a 0.6 s silent stage under a 0.1 s heartbeat prints lines spaced
     about 0.1 s apart (at least 3), and the streams are restored afterwards."""

@@ -3,12 +3,14 @@ the same command in N processes (torchrun), rank 0 writing."""
 
 from __future__ import annotations
 
+import contextlib
 from contextlib import nullcontext
 from pathlib import Path
 
 from ... import distributed, zoo  # `zoo.load` looked up at call time: a patch of it reaches every command
 from ...engine.observe.progress import Heartbeat
 from ...engine.observe.progress import stage as progress_stage
+from .. import console
 from ..console import say
 from ..notices import Captured, capture
 from ..launch import launch
@@ -26,15 +28,18 @@ def cmd_run(args) -> int:
         distributed.check_same(args.argv, "command lines")
     # A heartbeat line whenever the output was quiet for 2 s inside a named stage (build, the first
     # call's compiles, a stage without a bar); library notices captured unless --debug.
-    quiet = nullcontext(Captured()) if args.debug else capture()
-    with distributed.quiet_unless_rank0(), Heartbeat(2.0), quiet as notices:
+    beat = Heartbeat(2.0, quiet_since=console.LAST_TICK[0] or None)  # goes on from the import ticker
+    with distributed.quiet_unless_rank0(), beat, contextlib.ExitStack() as stack:
+        with progress_stage("loading the model libraries"):  # capture() imports transformers / diffusers
+            notices = stack.enter_context(nullcontext(Captured()) if args.debug else capture())
         code = _run(args, notices)
     distributed.shutdown()
     return code
 
 
 def _run(args, notices: Captured) -> int:
-    request = check_run(args)
+    with progress_stage("checking the options"):
+        request = check_run(args)
     if request.parallel is not None:
         request.options["seed"] = distributed.broadcast_seed(args.seed)  # one initial noise for every rank
     with progress_stage(f"building {args.model}"):

@@ -74,12 +74,13 @@ class Heartbeat:
     sys.stdout / sys.stderr and runs its thread while inside."""
 
     def __init__(self, interval: float = 2.0, *, clock: Callable[[], float] = time.monotonic,
-                 out=None, poll: float | None = None):
+                 out=None, poll: float | None = None, quiet_since: float | None = None):
         self.interval = interval
+        self.quiet_since = quiet_since  # the clock's time of the last output before this heartbeat (None: now)
         self.clock = clock
         self.poll = poll if poll is not None else min(0.25, interval / 4)
         self._out = out
-        self._last = clock()
+        self._last = clock() if quiet_since is None else min(clock(), quiet_since)
         self._line_open = False  # the last write left a line unfinished (a bar's '\r' redraw)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -113,7 +114,8 @@ class Heartbeat:
     def __enter__(self) -> Heartbeat:
         self._saved = (sys.stdout, sys.stderr)
         sys.stdout, sys.stderr = _Watched(sys.stdout, self), _Watched(sys.stderr, self)
-        self._last = self.clock()
+        now = self.clock()
+        self._last = now if self.quiet_since is None else min(now, self.quiet_since)
         self._thread = threading.Thread(target=self._loop, name="magi-zoo-heartbeat", daemon=True)
         self._thread.start()
         return self
