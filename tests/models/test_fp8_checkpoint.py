@@ -90,3 +90,20 @@ def test_fp8_weights_are_what_offload_streams(saved):
     dtypes = {t.dtype for m in block.modules() if isinstance(m, Fp8Linear) for t in m.buffers()}
     assert dtypes == {torch.float8_e4m3fn, torch.float32}
     assert not any(type(m) is nn.Linear for m in block.modules())
+
+
+def test_precision_step_adopts_the_loaded_fp8_linears(saved):
+    """With precision fp8 in the plan (a card with fp8), the checkpoint's Fp8Linears take the
+    spec's fast accumulation and GELU fusion as swapped ones would; remove() puts them back."""
+    from magi_zoo.specs import get_profile
+
+    _, path = saved
+    back = magi_zoo.load("wan2.1-tiny", gpu="cpu", dtype="bfloat16", weights=str(path), compile=False)
+    t = back.pipe.transformer
+    plan = {"precision": {"WanTransformerBlock": {"matmul": "fp8", "fast_accum": True, "fuse_gelu": True}}}
+    rep = magi_zoo.apply(t, plan, gpu=get_profile("h100"))  # the precision step only: no kernel runs here
+    assert "(0 linears, 40 already fp8 from the checkpoint, fast accumulation, 4 FeedForward GELU(s)" \
+        in rep.step("precision").did
+    assert t.blocks[0].attn1.to_q.fast_accum and t.blocks[0].ffn.net[2].input_gelu
+    magi_zoo.remove(t)
+    assert not t.blocks[0].attn1.to_q.fast_accum and isinstance(t.blocks[0].attn1.to_q, Fp8Linear)

@@ -26,12 +26,15 @@ from .fusions import gelu_epilogues, mark_norm_rope, undo_fusions
 def precision_step(ctx: StepContext) -> StepRecord:
     section = ctx.plan.section("precision")
     swaps: list[tuple[nn.Module, str, nn.Module]] = []  # (parent, attribute, original on the host)
+    adopted: list[tuple[Fp8Linear, bool, bool]] = []  # (an Fp8Linear as loaded, its fast_accum, its fuse_gelu)
     backends: list[tuple[object, object]] = []  # (attention processor, its backend before)
     fusions: list[tuple[nn.ModuleList, nn.Module, Fp8Linear]] = []  # (FeedForward.net, its GELU, down proj)
     epilogues: list[tuple[nn.Module, str, nn.Module | None]] = []  # (parent, name, GELU module or None: a mark)
     done, skipped = [], 0
 
     def undo() -> None:
+        for lin, fast, fuse in reversed(adopted):
+            lin.fast_accum, lin.fuse_gelu = fast, fuse
         undo_fusions(epilogues)
         unfuse_feedforward_gelu(fusions)
         undo_fp8(backends)
@@ -49,7 +52,7 @@ def precision_step(ctx: StepContext) -> StepRecord:
             if spec.attention == "fp8":
                 done.append(switch_to_fp8(key, targets, ctx.profile, backends))
             if spec.matmul == "fp8":
-                skipped += _fp8_matmuls(key, spec, targets, swaps, fusions, done)
+                skipped += _fp8_matmuls(key, spec, targets, swaps, fusions, done, adopted)
             if spec.gelu_epilogue:
                 counts = [gelu_epilogues(t.module, epilogues) for t in targets]
                 swapped, marked = sum(c[0] for c in counts), sum(c[1] for c in counts)
@@ -74,17 +77,25 @@ def precision_step(ctx: StepContext) -> StepRecord:
                                                "gelu_epilogues": sum(a is not None for _, _, a in epilogues)})
 
 
-def _fp8_matmuls(key: str, spec, targets, swaps: list, fusions: list, done: list) -> int:
+def _fp8_matmuls(key: str, spec, targets, swaps: list, fusions: list, done: list, adopted: list) -> int:
     """Swap the region's eligible linears for `Fp8Linear`s (keep_bf16 honoured) and fuse the
-    FeedForward GELUs (fuse_gelu). Appends to `swaps`/`fusions` (the caller's undo) and the
-    report line to `done`; returns how many linears were kept for their dims."""
+    FeedForward GELUs (fuse_gelu). Linears already fp8 (an fp8 checkpoint's, loaded as
+    `Fp8Linear`) take the spec's fast_accum and fuse_gelu, as a swapped one would. Appends to
+    `swaps`/`fusions`/`adopted` (the caller's undo) and the report line to `done`; returns how
+    many linears were kept for their dims."""
     skipped = 0  # (the caller refused fp8 on a profile without it)
+    adopted_before = len(adopted)
     n, kept = 0, 0
     seen: set[int] = set()
     used = {pat: False for pat in spec.keep_bf16}
     for t in targets:
         for parent_path, parent in list(t.module.named_modules()):
             for name, child in list(parent.named_children()):
+                if isinstance(child, Fp8Linear) and id(child) not in seen:
+                    seen.add(id(child))
+                    adopted.append((child, child.fast_accum, child.fuse_gelu))
+                    child.fast_accum, child.fuse_gelu = spec.fast_accum, spec.fuse_gelu
+                    continue
                 if id(child) in seen or not isinstance(child, nn.Linear):
                     continue
                 seen.add(id(child))
@@ -108,7 +119,9 @@ def _fp8_matmuls(key: str, spec, targets, swaps: list, fusions: list, done: list
         linears = sorted(p for p, m in targets[0].module.named_modules() if isinstance(m, (nn.Linear, Fp8Linear)))
         raise ValueError(f"precision key {key!r}: keep_bf16 pattern(s) {unused} match no linear under "
                          f"{targets[0].cls_name}; its linears: {', '.join(linears)}")
+    loaded = len(adopted) - adopted_before
     done.append(f"fp8 matmuls on {key or '<root>'} ({n} linears"
+                + (f", {loaded} already fp8 from the checkpoint" if loaded else "")
                 + (f", {kept} kept bf16 by keep_bf16" if kept else "")
                 + (", fast accumulation" if spec.fast_accum else "")
                 + (f", {fused} FeedForward GELU(s) quantized in one pass" if fused else "") + ")")
