@@ -1,6 +1,7 @@
-"""HunyuanVideo-1.5 (text-to-video, 8.3B) over diffusers' HunyuanVideo15Pipeline.
+"""HunyuanVideo-1.5 (text- and image-to-video, 8.3B) over diffusers' HunyuanVideo15Pipeline and
+HunyuanVideo15ImageToVideoPipeline.
 
-The configs and their sources are in `config.py`. What the family brings to the contract:
+The configs, the variants table and their sources are in `config.py`. What the family brings to the contract:
 its guidance lives in a pipeline component (diffusers' `ClassifierFreeGuidance` guider), not
 in a call argument, so the variants' guidance is part of the built pipeline; and its text is
 two encoders (Qwen2.5-VL's language model through a chat template, ByT5 for quoted glyph text).
@@ -8,39 +9,20 @@ two encoders (Qwen2.5-VL's language model through a chat template, ByT5 for quot
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from .._tokenizers import byte_bpe_tokenizer
-from ..base import CallLimits, Variant, init_on, keep_fp32_modules
+from ..base import CallLimits, Variant, check_input_file, init_on, keep_fp32_modules
 from ..diffusers_pipeline import DiffusersPipelineAdapter, same_layout_preparation
 from . import config as C
+from .config import VARIANTS
 
 # Qwen2.5's chat markup (the pipeline formats every prompt as a system + user conversation).
 _CHAT = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
          "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
-
-
-def _variant(name, transformer, hub_id, desc, *, shift, height, width):
-    cfg = dict(transformer=transformer, vae=C.VAE, text_encoder=C.QWEN25_VL_7B, text_encoder_2=C.BYT5,
-               scheduler=dict(C.SCHEDULER, shift=shift), guidance_scale=6.0, tokenizer_vocab=4096, fps=24)
-    return Variant(name=name, family="hunyuanvideo15", config=cfg, hub_id=hub_id, description=desc,
-                   call_defaults=dict(C.CALL, height=height, width=width))
-
-
-VARIANTS = {
-    v.name: v
-    for v in [
-        _variant("hunyuanvideo-1.5-480p-t2v", C.T2V_480P, "hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v",
-                 "text-to-video, 8.3B, 480p", shift=5.0, height=480, width=848),
-        _variant("hunyuanvideo-1.5-720p-t2v", C.T2V_720P, "hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-720p_t2v",
-                 "text-to-video, 8.3B, 720p", shift=9.0, height=720, width=1280),
-        Variant(name="hunyuanvideo-1.5-tiny", family="hunyuanvideo15", config=C.TINY, tiny=True,
-                description="2 blocks, dim 64, both text encoders; random, offline",
-                call_defaults=C.TINY_CALL),
-    ]
-}
 
 
 def _random_pipeline(variant: Variant, dtype: torch.dtype, device: torch.device):
@@ -61,11 +43,20 @@ def _random_pipeline(variant: Variant, dtype: torch.dtype, device: torch.device)
         text_encoder = Qwen2_5_VLTextModel(Qwen2_5_VLTextConfig(**cfg["text_encoder"]))
         text_encoder_2 = T5EncoderModel(T5Config(**cfg["text_encoder_2"]))
         vae = AutoencoderKLHunyuanVideo15(**cfg["vae"])
-    return HunyuanVideo15Pipeline(
-        transformer=transformer, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
-        text_encoder_2=text_encoder_2, tokenizer_2=ByT5Tokenizer(),  # bytes: no vocabulary file to download
-        scheduler=FlowMatchEulerDiscreteScheduler(**cfg["scheduler"]),
-        guider=ClassifierFreeGuidance(guidance_scale=cfg["guidance_scale"]))
+    parts = dict(transformer=transformer, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
+                 text_encoder_2=text_encoder_2, tokenizer_2=ByT5Tokenizer(),  # bytes: no vocabulary file
+                 scheduler=FlowMatchEulerDiscreteScheduler(**cfg["scheduler"]),
+                 guider=ClassifierFreeGuidance(guidance_scale=cfg["guidance_scale"]))
+    if "image_encoder" not in cfg:
+        return HunyuanVideo15Pipeline(**parts)
+    from diffusers import HunyuanVideo15ImageToVideoPipeline  # lazy: as above
+    from transformers import SiglipImageProcessor, SiglipVisionConfig, SiglipVisionModel  # lazy: as above
+
+    with init_on(device, dtype):
+        image_encoder = SiglipVisionModel(SiglipVisionConfig(**cfg["image_encoder"]))
+    side = cfg["image_encoder"]["image_size"]
+    processor = SiglipImageProcessor(size={"height": side, "width": side}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    return HunyuanVideo15ImageToVideoPipeline(image_encoder=image_encoder, feature_extractor=processor, **parts)
 
 
 class HunyuanVideo15Adapter(DiffusersPipelineAdapter):
@@ -73,13 +64,35 @@ class HunyuanVideo15Adapter(DiffusersPipelineAdapter):
     spec_file = "hunyuan_video15.toml"
     variants = VARIANTS
     aliases = {"hunyuanvideo-1.5": "hunyuanvideo-1.5-480p-t2v", "hunyuanvideo15": "hunyuanvideo-1.5-480p-t2v"}
-    component_names = ("transformer", "text_encoder", "text_encoder_2", "vae")
+    component_names = ("transformer", "text_encoder", "text_encoder_2", "vae", "image_encoder")
     output_kind, fps = "video", 24
-    run_options = ("num_inference_steps", "height", "width", "num_frames", "seed")
+    run_options = ("num_inference_steps", "height", "width", "num_frames", "seed")  # + --image: image-to-video
     output_suffixes = (".mp4", ".gif")
 
     def build_random(self, variant: Variant, dtype: torch.dtype, device: torch.device):
         return _random_pipeline(variant, dtype, device)
+
+    def check_run(self, variant: Variant, options: dict[str, Any], out=None) -> dict[str, Any]:
+        """Image-to-video variants need `--image` (the first frame; its size sets the video's)
+        and take no --height / --width; text-to-video ones refuse `--image`."""
+        if "image_encoder" not in variant.config:
+            return super().check_run(variant, options, out)
+        if options.get("image") is None:
+            raise ValueError(f"{variant.name} is image-to-video: pass --image FILE (the first frame)")
+        bad = [f for k, f in (("height", "--height"), ("width", "--width")) if options.get(k) is not None]
+        if bad:
+            raise ValueError(f"{variant.name} takes the video's size from --image; drop {' and '.join(bad)}")
+        given = super().check_run(variant, {k: v for k, v in options.items() if k != "image"}, out)
+        check_input_file(options["image"], "--image", image=True)
+        return {**given, "image": options["image"]}
+
+    def generate(self, handle, *, prompt: str, progress: bool = True, **options):
+        if isinstance(options.get("image"), (str, Path)):
+            from PIL import Image  # lazy: PIL costs ~15 ms; only an image-to-video run needs it
+
+            with Image.open(options["image"]) as img:
+                options["image"] = img.convert("RGB")
+        return super().generate(handle, prompt=prompt, progress=progress, **options)
 
     def preparations(self, pipe) -> list:
         """Block 0's video stream is the patch embedding's transposed view; blocks 1..53 get fresh
@@ -99,8 +112,10 @@ class HunyuanVideo15Adapter(DiffusersPipelineAdapter):
         """One HunyuanVideo15Transformer3DModel forward as the pipeline makes it: noisy latents,
         condition latents and mask concatenated (B, 65, F', H/16, W/16); Qwen states over the
         pipeline's 1000 text tokens, ByT5 states over its 256, 729 zero SigLIP tokens (text-to-video)."""
-        d = variant.call_defaults
-        height, width, frames = height or d["height"], width or d["width"], frames or d["num_frames"]
+        d = variant.call_defaults  # image-to-video: the 16:9 size its pipeline makes at the target size
+        h, w = (d["height"], d["width"]) if "height" in d else \
+            pipe.video_processor.calculate_default_height_width(9, 16, pipe.target_size)
+        height, width, frames = height or h, width or w, frames or d["num_frames"]
         t = pipe.transformer
         cfg, p = t.config, next(t.parameters())
         g = torch.Generator(device="cpu").manual_seed(seed)
@@ -116,5 +131,8 @@ class HunyuanVideo15Adapter(DiffusersPipelineAdapter):
                     encoder_hidden_states=rnd(batch, n_text, cfg.text_embed_dim), encoder_attention_mask=mask,
                     encoder_hidden_states_2=rnd(batch, n_glyph, cfg.text_embed_2_dim),
                     encoder_attention_mask_2=torch.zeros(batch, n_glyph, device=p.device, dtype=p.dtype),
-                    image_embeds=torch.zeros(batch, pipe.vision_num_semantic_tokens, cfg.image_embed_dim,
-                                             device=p.device, dtype=p.dtype), return_dict=False)
+                    # text-to-video: all-zero SigLIP tokens (the forward masks them out); image-to-video: the image's
+                    image_embeds=rnd(batch, pipe.vision_num_semantic_tokens, cfg.image_embed_dim)
+                    if "image_encoder" in variant.config else
+                    torch.zeros(batch, pipe.vision_num_semantic_tokens, cfg.image_embed_dim, device=p.device,
+                                dtype=p.dtype), return_dict=False)

@@ -44,3 +44,49 @@ def test_first_block_gets_fresh_contiguous_inputs_and_remove_undoes_it():
     rec.undo()
     blocks[0](x)
     assert blocks[0].got[1][0] is x
+
+
+def test_image_to_video_needs_an_image_and_takes_its_size_from_it(tmp_path):
+    adapter, variant = lookup("hunyuanvideo-1.5-480p-i2v")
+    with pytest.raises(ValueError, match="image-to-video: pass --image"):
+        adapter.check_run(variant, {}, tmp_path / "v.mp4")
+    img = tmp_path / "in.png"
+    from PIL import Image
+
+    Image.new("RGB", (80, 48)).save(img)
+    with pytest.raises(ValueError, match="drop --height"):
+        adapter.check_run(variant, {"image": str(img), "height": 480}, tmp_path / "v.mp4")
+    assert adapter.check_run(variant, {"image": str(img), "num_frames": 9}, tmp_path / "v.mp4")["image"] == str(img)
+    t2v, v = lookup("hunyuanvideo-1.5-480p-t2v")
+    with pytest.raises(ValueError, match="--image"):
+        t2v.check_run(v, {"image": str(img)}, tmp_path / "v.mp4")
+
+
+def test_image_to_video_runs_at_the_images_aspect(tmp_path):
+    """The image-to-video pipeline (SigLIP tokens, the image's VAE latents as the condition) in
+    small: the tiny config with the tiny SigLIP; the video takes the image's 5:3 aspect."""
+    import dataclasses
+
+    from PIL import Image
+
+    from magi_zoo.adapters.hunyuan_video15 import config as C
+
+    adapter, tiny = lookup("hunyuanvideo-1.5-tiny")
+    variant = dataclasses.replace(tiny, name="hunyuanvideo-1.5-i2v-tiny", config=dict(tiny.config,
+                                  image_encoder=C.TINY_SIGLIP), call_defaults=dict(num_frames=5, num_inference_steps=1))
+    pipe = adapter.build(variant, weights=None, dtype=torch.float32, device=torch.device("cpu"))
+    img = tmp_path / "in.png"
+    Image.new("RGB", (80, 48), (200, 40, 40)).save(img)
+
+    class Handle:
+        def __init__(self):
+            self.pipe, self.variant, self.plan = pipe, variant, None  # nothing applied: eager
+
+        def __call__(self, **kw):
+            return pipe(**{**variant.call_defaults, **kw})
+
+        def call_defaults(self):
+            return dict(variant.call_defaults)
+
+    out = adapter.generate(Handle(), prompt="a red square", progress=False, image=str(img))
+    assert out.kind == "video" and len(out.value) == 5 and out.value[0].shape == (48, 80, 3)
