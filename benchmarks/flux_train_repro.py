@@ -27,7 +27,7 @@ Reading the result: a failing `sdpa` case is upstream (torch / cuDNN), with this
 as the minimal reproduction; `sdpa` clean but `block` failing points at diffusers' block in
 eager mode (or an op of ours in `model` only: the plan's rewrites); a case that passes with
 cuDNN off and fails with it on names cuDNN's attention kernel. Writes
-benchmarks/results/train/flux_train_repro_<card>.json/.md.
+benchmarks/results/train/flux_train_repro_<stages>_<card>.json/.md.
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def _model_case(variant: str) -> dict[str, Any]:
 
     if variant == "no-cudnn":
         torch.backends.cuda.enable_cudnn_sdp(False)
-    h = train.build("flux.1-dev", "eager_full", gpu="h100", device="cuda", backend=None, optimizer="none")
+    h = train.build("flux.1-dev", "eager_full", gpu="auto", device="cuda", backend=None, optimizer="none")
     inputs = h.adapter.example_inputs(h.pipe, h.variant, "denoise")
     loss = train.make_step(h, inputs, "none")()
     torch.cuda.synchronize()
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     md = ["# Flux.1-dev eager + full checkpointing: the illegal memory access, case by case", "",
           common.env_line(env), "", "Each case in a fresh process with CUDA_LAUNCH_BLOCKING=1.", "",
           common.results_table(rows, ["stage", "variant", "status", "error", "grad_finite", "peak_gib"])]
-    common.publish(Path(args.out), f"flux_train_repro_{common.card_tag(env)}", rec, "\n".join(md))
+    common.publish(Path(args.out), f"flux_train_repro_{'_'.join(stages)}_{common.card_tag(env)}", rec, "\n".join(md))
     return 0
 
 

@@ -43,8 +43,14 @@ def _storage_key(t: torch.Tensor) -> tuple[int, int]:
 
 
 def _input_keys(args: tuple, kwargs: dict | None) -> set:
-    return {_storage_key(t) for t in tree_leaves((args, kwargs or {})) if isinstance(t, torch.Tensor)
-            and t.device.type != "meta"}
+    keys = set()
+    for t in tree_leaves((args, kwargs or {})):
+        if isinstance(t, torch.Tensor) and t.device.type != "meta":
+            try:
+                keys.add(_storage_key(t))
+            except (RuntimeError, NotImplementedError):  # a wrapper subclass without a storage of its own
+                pass
+    return keys
 
 
 def _new_outputs(out: Any, args: tuple, kwargs: dict | None) -> dict:
@@ -260,7 +266,7 @@ def measure_options(state: Any, args: tuple, kwargs: dict, *, repeats: int = 3) 
     (guards on its state), the same variants training then reuses. The block's parameter
     gradients are left as they were. Each option's `transient` (its backward's working set):
     on CUDA the allocator's *allocated* peak over a timed forward + backward (this resets the
-    device's peak-memory statistics), elsewhere `LiveBytes` over one more, untimed run."""
+    device's peak-memory statistics), elsewhere `LiveBytes` over the last run (untimed there)."""
     module = state.module
     params = {_storage_key(p) for p in module.parameters()}
     device, cuda_ids = _call_device(args, kwargs)
@@ -273,9 +279,10 @@ def measure_options(state: Any, args: tuple, kwargs: dict, *, repeats: int = 3) 
             state.choose(save)
             state.decided = True
             nbytes, times, transient = 0, [], None
-            # the timed runs (the first warms up and compiles), then off CUDA one more, untimed,
-            # under `LiveBytes` for the working set (on CUDA the timed runs read the allocator)
-            runs = max(2, repeats) + (0 if cuda_ids else 1)
+            # the timed runs (the first warms up and compiles); off CUDA the last run is untimed,
+            # under `LiveBytes`, for the working set (on CUDA the timed runs read the allocator);
+            # at least two timed runs either way
+            runs = max(2, repeats) if cuda_ids else max(3, repeats)
             for i in range(runs):
                 live = LiveBytes() if not cuda_ids and i == runs - 1 else None
                 a, k = _training_inputs(args, kwargs)
