@@ -107,8 +107,12 @@ def plain_progress_bars() -> None:
 LAST_TICK = [0.0]
 
 
+# 1.5 s: a line comes at least every 2 s even when a busy interpreter delays the thread.
+BEAT_S = 1.5
+
+
 @contextlib.contextmanager
-def ticking(what: str, interval: float = 2.0):
+def ticking(what: str, interval: float = BEAT_S):
     """While the block runs (importing a command's modules: torch, diffusers, transformers take
     seconds, more on a busy machine), print `  ... <what>: N s` to stderr every `interval`
     seconds, so the first seconds of a run are not silent. Stdlib only: the heartbeat of

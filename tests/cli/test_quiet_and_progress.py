@@ -7,6 +7,7 @@ without a bar)."""
 from __future__ import annotations
 
 import io
+import re
 import logging
 import threading
 import time
@@ -136,7 +137,7 @@ def test_a_normal_run_prints_no_library_warning(qwen_run, capfd):
 def test_recompile_reasons_are_debugs_and_a_long_build_shows_heartbeats(tmp_path, monkeypatch, capsys):
     """A report's recompile reasons (torch's ~20-line "User stack trace" blocks) are one
     counting line in a normal run, in full with --debug. The build is a named stage: one that
-    takes 2.5 s prints a heartbeat line at 2 s (the CLI's interval) naming it."""
+    takes 2.5 s prints a heartbeat line after 1.5 s (the CLI's interval) naming it."""
     from magi_zoo import zoo
     from magi_zoo.engine.observe.report import Report
 
@@ -153,7 +154,7 @@ def test_recompile_reasons_are_debugs_and_a_long_build_shows_heartbeats(tmp_path
     assert main(argv) == 0
     captured = capsys.readouterr()
     assert "building wan2.1-tiny ..." in captured.out
-    assert "  ... building wan2.1-tiny: 2 s" in captured.err, captured.err
+    assert re.search(r"  \.\.\. building wan2\.1-tiny: [12] s", captured.err), captured.err
     assert "User stack trace" not in captured.out and "--debug prints the reasons" in captured.out, captured.out
     monkeypatch.setattr(zoo, "load", real)
     assert main([*argv, "--overwrite", "--debug"]) == 0

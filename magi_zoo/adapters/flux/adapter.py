@@ -19,6 +19,7 @@ from ...engine.compat.diffusers import flux_latent_image_ids
 from .._tokenizers import byte_bpe_tokenizer
 from ..base import CallLimits, Variant, init_on
 from ..diffusers_pipeline import DiffusersPipelineAdapter
+from .activations import activation_gib
 from .attention import norm_rope_preparation
 from .single_blocks import fused_mlp_preparation, single_stream_preparation
 
@@ -181,6 +182,11 @@ class FluxAdapter(DiffusersPipelineAdapter):
         first: 8 published) times the 2x2 packing; RoPE is computed per call, so no longest side."""
         down = 2 ** (len(variant.config["vae"]["block_out_channels"]) - 1)
         return CallLimits(pixel_multiple=down * 2, why_multiple=f"VAE {down}x down x 2x2 packing")
+
+    def activation_estimate(self, variant: Variant, call: dict[str, Any],
+                            bytes_per_element: int) -> dict[str, float]:
+        """The transformer's and the VAE decoder's peaks for this shape (`activations.activation_gib`)."""
+        return activation_gib(variant.config, call, bytes_per_element)
 
     def check_shape(self, pipe, call: dict[str, Any]) -> None:
         _latent_grid(pipe, call["height"], call["width"])
