@@ -116,7 +116,8 @@ def test_live_bytes_counts_what_is_alive_not_addresses():
 @pytest.mark.gpu
 def test_calibration_under_a_hard_cap_equals_uncapped(monkeypatch):
     """CUDA: the same calibration uncapped, then under a hard cap (the process limited to
-    what it has reserved plus 256 MiB) with the allocator's cache full of freed blocks:
+    what it has reserved plus 256 MiB) with the allocator's cache full of freed blocks of
+    odd sizes (freed: what is live counts in the budget, what is cached must not):
     the same bytes per option (exactly), working sets within the allocator's rounding (a
     block it does not split is allocated whole: < 1 MiB more per live block), the same
     choice."""
@@ -124,15 +125,16 @@ def test_calibration_under_a_hard_cap_equals_uncapped(monkeypatch):
         pytest.skip("needs CUDA")
     h, module, inputs = _load("cuda", "bfloat16")
     uncapped = _sizes(_calibrate_on_op_clock(h, module, inputs, monkeypatch))
-    junk = [torch.empty(int(2 ** 20 * (1 + i % 5) * 1.3), dtype=torch.uint8, device="cuda") for i in range(200)]
-    del junk[::2]
+    junk = [torch.empty(int(2 ** 20 * (1 + i % 5) * 1.3) + 512 * (i % 3), dtype=torch.uint8, device="cuda")
+            for i in range(200)]
+    small = [torch.empty(1000 + 37 * i, dtype=torch.uint8, device="cuda") for i in range(500)]
+    del junk, small
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.set_per_process_memory_fraction((torch.cuda.memory_reserved() + 256 * 2 ** 20) / total)
     try:
         capped = _sizes(_calibrate_on_op_clock(h, module, inputs, monkeypatch))
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
-    del junk
     assert [o[:2] for o in capped["options"]] == [o[:2] for o in uncapped["options"]]
     for a, b in zip(uncapped["options"], capped["options"]):
         assert abs(a[2] - b[2]) <= 2 ** 21, (a, b)
