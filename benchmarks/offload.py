@@ -76,6 +76,11 @@ GPU_CASES = [  # (model, shape, budgets GiB)
     # streams the encoder and keeps every block resident (`magi-zoo spec flux.2-dev`).
     ("qwen-image", {"height": 1328, "width": 1328}, [24]),
     ("flux.2-dev", {"height": 768, "width": 1360}, [24]),
+    # HunyuanVideo-1.5 (one 8.3B transformer for every variant; the 480p shape, whose L x L
+    # attention mask is 2.4 GiB) and LTX-2 (19B transformer + Gemma-3-12B) under 24 GiB
+    # (`--models hunyuanvideo-1.5-480p-t2v,ltx-2`; not yet measured).
+    ("hunyuanvideo-1.5-480p-t2v", {"height": 480, "width": 848, "frames": 121}, [24]),
+    ("ltx-2", {"height": 512, "width": 768, "frames": 121}, [24]),
 ]
 CASE_COMPILE = {"bagel-7b-mot": {"model": {"denoise_step": {"enabled": False}, "decode_step": {"enabled": False}}}}
 NO_DIFFUSERS = {"bagel-7b-mot"}
