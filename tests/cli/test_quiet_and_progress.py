@@ -137,7 +137,8 @@ def test_a_normal_run_prints_no_library_warning(qwen_run, capfd):
 def test_recompile_reasons_are_debugs_and_a_long_build_shows_heartbeats(tmp_path, monkeypatch, capsys):
     """A report's recompile reasons (torch's ~20-line "User stack trace" blocks) are one
     counting line in a normal run, in full with --debug. The build is a named stage: one that
-    takes 2.5 s prints a heartbeat line after 1.5 s (the CLI's interval) naming it."""
+    takes 2.5 s prints a heartbeat line after 1.5 s (the CLI's interval) naming it. A
+    warm-start entry of the compile cache, when used, is one line."""
     from magi_zoo import zoo
     from magi_zoo.engine.observe.report import Report
 
@@ -157,8 +158,14 @@ def test_recompile_reasons_are_debugs_and_a_long_build_shows_heartbeats(tmp_path
     assert re.search(r"  \.\.\. building wan2\.1-tiny: [12] s", captured.err), captured.err
     assert "User stack trace" not in captured.out and "--debug prints the reasons" in captured.out, captured.out
     monkeypatch.setattr(zoo, "load", real)
-    assert main([*argv, "--overwrite", "--debug"]) == 0
-    assert "User stack trace" in capsys.readouterr().out
+    # with a warm-start entry (the cache's load reports a hit): one line says it is used
+    from magi_zoo.engine.compile import CompileCache
+
+    monkeypatch.setattr(CompileCache, "load", lambda self: setattr(self, "status", "hit") or True)
+    assert main([*argv, "--overwrite", "--debug", "--cache-dir", str(tmp_path / "cache")]) == 0
+    out = capsys.readouterr().out
+    assert "User stack trace" in out
+    assert [x for x in out.splitlines() if x.startswith("warm start: compile cache entry ")] != [], out
 
 
 def test_a_long_prompt_is_one_line(tmp_path, capfd):
