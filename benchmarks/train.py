@@ -242,6 +242,7 @@ def run_one(args) -> dict[str, Any]:
 
     device = torch.device(args.device)
     row: dict[str, Any] = {"strategy": args.one}
+    setup = (0, 0)  # CUDA: peak allocated / reserved before the timed steps
     cap = row_cap(args.one)
     if cap is not None:
         # before anything touches the card: the build and the calibration are capped too
@@ -266,7 +267,8 @@ def run_one(args) -> dict[str, Any]:
 
         before = counters.snapshot()  # calibration compiles one variant per auto option: not a step's
         loss, first_s = common.first_call(step, device)
-        if device.type == "cuda":
+        if device.type == "cuda":  # build, calibration and first step: kept before the timed steps' reset
+            setup = (torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device))
             torch.cuda.reset_peak_memory_stats(device)
         t = common.time_calls(step, device, warmup=max(0, args.warmup - 1), runs=args.runs)
         peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
@@ -295,9 +297,8 @@ def run_one(args) -> dict[str, Any]:
     except Exception as e:  # recorded, not fatal: the other strategies still run
         row.update(status="error", error=f"{type(e).__name__}: {e}"[:2000])
     if device.type == "cuda":  # the whole process: build and calibration too
-        row.update(process_peak_allocated_gib=common.gib(torch.cuda.max_memory_allocated(device)),
-                   process_peak_reserved_gib=common.gib(torch.cuda.memory_stats(device).get(
-                       "reserved_bytes.all.peak", 0)))
+        row.update(process_peak_allocated_gib=common.gib(max(setup[0], torch.cuda.max_memory_allocated(device))),
+                   process_peak_reserved_gib=common.gib(max(setup[1], torch.cuda.max_memory_reserved(device))))
     return judge_cap(row)
 
 
