@@ -183,6 +183,11 @@ def read(spec: LoraSpec, pipeline_cls: type, model_name: str) -> dict[str, torch
     try:
         state = pipeline_cls.lora_state_dict(source, local_files_only=Path(source).is_file() or None, **kw)
     except (KeyError, IndexError, ValueError, RuntimeError, AttributeError, OSError) as e:
+        if not raw_keys:  # a hub id: not in the local hub cache, and not downloadable from here
+            raise ValueError(f"lora {spec.source!r}: no such local file, and as a hub id ({source}"
+                             f"{', ' + kw['weight_name'] if 'weight_name' in kw else ''}) it is not in the local hub "
+                             f"cache and cannot be fetched ({type(e).__name__}); download the .safetensors file and "
+                             "pass its path") from None
         looks = family_of(raw_keys)
         what = f"its keys look like a {looks} LoRA" if looks else "its keys are in no layout diffusers converts"
         raise ValueError(f"lora {spec.source!r} cannot be read as a LoRA for {model_name}: {what} (e.g. "

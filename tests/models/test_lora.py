@@ -124,6 +124,11 @@ def test_lora_of_another_family_or_size_is_refused_before_the_build(files, monke
 def test_bad_lora_arguments(files, monkeypatch, tmp_path):
     with pytest.raises(ValueError, match=r"missing.safetensors': no such file; pass a LoRA .safetensors file or a hub id"):
         magi_zoo.load("wan2.1-tiny", gpu="cpu", compile=False, lora=[tmp_path / "missing.safetensors"])
+    with pytest.raises(ValueError, match=r"'someorg/loras/x.safetensors': no such local file, and as a hub id "
+                                         r"\(someorg/loras, x.safetensors\) it is not in the local hub cache"):
+        magi_zoo.load("wan2.1-tiny", gpu="cpu", compile=False, lora=["someorg/loras/x.safetensors"])  # tests are offline
+    assert main(["run", "wan2.1-tiny", "--prompt", "x", "--out", str(tmp_path / "a.gif"), "--gpu", "cpu",
+                 "--lora", str(tmp_path / "nope.safetensors:0.5")]) == 2  # refused before the build
     with pytest.raises(ValueError, match="does not take LoRA"):
         lora.prepare([lora.LoraSpec(str(files["diffusers"]))], object(), {}, "bagel-tiny")
     with pytest.raises(ValueError, match="lora_hotswap=True needs lora"):
