@@ -1,0 +1,78 @@
+"""The serve package's parts without a server: progress read off real tqdm bars, a cancel
+raised at the next update, a job ending once, the job table's eviction, the request checks."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+
+import pytest
+from tqdm import tqdm
+
+from magi_zoo.serve.errors import RequestError
+from magi_zoo.serve.jobs import Job, JobTable
+from magi_zoo.serve.pool import death_message
+from magi_zoo.serve.schemas import ImageRequest, JobRequest, VideoRequest
+from magi_zoo.serve.served import ServedModel, parse_size
+from magi_zoo.serve.worker import JobCancelled, ProgressTap
+
+
+def test_progress_is_read_off_a_real_tqdm_bar_and_a_cancel_raises_at_the_next_update():
+    seen, echo = [], io.StringIO()
+    tap = ProgressTap(echo, lambda d, t: seen.append((d, t)), lambda: False)
+    for _ in tqdm(range(5), file=tap, mininterval=0, desc="denoise"):
+        pass
+    assert seen[0] == (0, 5) and seen[-1] == (5, 5) and (3, 5) in seen
+    tap.write("a log line\n")
+    assert echo.getvalue() == "a log line\n"  # other text passes through; the bar does not
+    ProgressTap(echo, lambda d, t: seen.append((d, t)), lambda: False).write("  block 2/4: 12 frames decoded\n")
+    assert seen[-1] == (2, 4)  # Self-Forcing's block lines
+    stop = {"now": False}
+    tap = ProgressTap(echo, lambda d, t: stop.update(now=d >= 2), lambda: stop["now"])
+    with pytest.raises(JobCancelled):
+        for _ in tqdm(range(10), file=tap, mininterval=0):
+            pass
+
+
+def test_a_job_ends_once_and_the_table_drops_the_oldest_ended_with_its_files(tmp_path):
+    async def run():
+        jobs = [Job("m", "image", "p", {}) for _ in range(3)]
+        assert jobs[0].finish("failed", error="first", code="x")
+        assert not jobs[0].finish("completed")  # a late answer never overwrites the first end
+        assert (jobs[0].status, jobs[0].error) == ("failed", "first")
+        table = JobTable(keep=1)
+        for j in jobs:
+            table.add(j)
+        f = tmp_path / "a.png"
+        f.write_bytes(b"x")
+        jobs[1].finish("completed", files={"content": f})
+        table.add(Job("m", "image", "p", {}))  # two ended now, one kept: the older ended one goes
+        assert table.get(jobs[0].id) is None and table.get(jobs[1].id) is jobs[1] and f.exists()
+        jobs[2].finish("cancelled")
+        table.add(Job("m", "image", "p", {}))
+        assert table.get(jobs[1].id) is None and not f.exists()  # its file deleted with it
+        await jobs[2].wait()  # already ended: returns at once
+    asyncio.run(run())
+
+
+def test_death_message_names_the_signal():
+    assert death_message(-9) == "killed by SIGKILL"
+    assert death_message(3) == "exited with status 3"
+
+
+def test_request_checks_name_the_field_before_any_work():
+    flux = ServedModel("flux-tiny")
+    job = flux.image_job(ImageRequest(model="flux-tiny", prompt="x", size="64x32", num_inference_steps=3))
+    assert job.options == {"num_inference_steps": 3, "height": 32, "width": 64}
+    with pytest.raises(RequestError) as e:
+        flux.image_job(ImageRequest(model="flux-tiny", prompt="x", size="40x40"))
+    assert e.value.param == "size" and "divisible" in e.value.message
+    with pytest.raises(RequestError) as e:
+        parse_size("9000x10")
+    assert e.value.param == "size"
+    with pytest.raises(RequestError) as e:
+        flux.any_job(JobRequest(model="flux-tiny", prompt="x", num_frames=9))
+    assert e.value.param == "num_frames" and "cannot use" in e.value.message  # an image model has no frames
+    with pytest.raises(RequestError) as e:
+        flux.video_job(VideoRequest(model="flux-tiny", prompt="x"))
+    assert e.value.param == "model" and e.value.code == "unsupported_model"
