@@ -107,4 +107,4 @@ TINY = dict(
     gemma=dict(GEMMA3, mm_tokens_per_image=4),
     tokenizer_vocab=512,
 )
-TINY_CALL = dict(CALL, height=64, width=64, num_frames=9, num_inference_steps=1, max_sequence_length=128)
+TINY_CALL = dict(CALL, height=64, width=64, num_frames=9, num_inference_steps=2, max_sequence_length=128)

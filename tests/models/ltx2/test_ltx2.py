@@ -78,3 +78,19 @@ def test_mp4_without_pyav_is_refused_before_any_work(tmp_path, monkeypatch):
     adapter.check_run(variant, {}, tmp_path / "v.gif")  # frames only: no muxer needed
     with pytest.raises(ValueError, match=r"--audio-out .*\.wav"):
         adapter.check_run(variant, {"audio_out": str(tmp_path / "a.mp3")}, tmp_path / "v.gif")
+
+
+@pytest.mark.parametrize("name", ["ltx-2-tiny", "ltx-2"])
+def test_call_defaults_give_finite_sigmas(name):
+    """LTX-2's scheduler stretches its sigmas to end at shift_terminal 0.1: one step alone
+    (sigma 1.0) divides 0 by 0, and the whole video is NaN. The call defaults avoid it."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+    from diffusers.pipelines.ltx2.pipeline_ltx2 import calculate_shift
+
+    _, variant = lookup(name)
+    d, sched = variant.call_defaults, FlowMatchEulerDiscreteScheduler(**variant.config["scheduler"])
+    steps = d["num_inference_steps"]
+    tokens = ((d["num_frames"] - 1) // 8 + 1) * (d["height"] // 32) * (d["width"] // 32)
+    mu = calculate_shift(tokens, 1024, 4096, 0.95, 2.05)
+    sched.set_timesteps(sigmas=np.linspace(1.0, 1 / steps, steps), mu=mu)
+    assert steps >= 2 and np.isfinite(sched.sigmas.numpy()).all()
