@@ -70,7 +70,8 @@ def test_image_is_required_by_i2v_and_refused_by_t2v(png, tmp_path):
     assert a.check_run(v720, {"image": str(png)}, tmp_path / "out.mp4") == {"image": str(png)}
     a, tiny = adapters.lookup("wan2.1-tiny")
     with pytest.raises(ValueError, match=r"wan2\.1-tiny cannot use --image; .*; --image is for the image-to-video "
-                                         r"variants: wan2\.1-i2v-14b-480p, wan2\.1-i2v-14b-720p$"):
+                                         r"variants: wan2\.1-i2v-14b-480p, wan2\.1-i2v-14b-720p, "
+                                         r"wan2\.1-i2v-14b-480p-distill, wan2\.1-i2v-14b-480p-distill-lora$"):
         a.check_run(tiny, {"image": str(png)}, tmp_path / "out.mp4")
     a22, tiny22 = adapters.lookup("wan2.2-tiny")  # Wan2.2 registers no image-to-video variant
     with pytest.raises(ValueError, match=r"wan2\.2-tiny cannot use --image; it takes --prompt, --out and --steps, "
