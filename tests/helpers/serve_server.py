@@ -21,12 +21,13 @@ def free_port() -> int:
 class Server:
     """One `python -m magi_zoo.cli serve ...` process and its base URL."""
 
-    def __init__(self, *args: str, key: str | None = None, timeout: float = 120.0, cwd=None):
+    def __init__(self, *args: str, key: str | None = None, timeout: float = 120.0, cwd=None, gpu: str = "cpu",
+                 compile: bool = False):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.key = key
-        cmd = [sys.executable, "-m", "magi_zoo.cli", "serve", *args, "--gpu", "cpu", "--no-compile",
-               "--port", str(self.port), "--log-level", "warning"]
+        cmd = [sys.executable, "-m", "magi_zoo.cli", "serve", *args, "--gpu", gpu, "--port", str(self.port),
+               "--log-level", "warning"] + ([] if compile else ["--no-compile"])
         if key:
             cmd += ["--api-key", key]
         env = {**os.environ, "MAGI_ZOO_API_KEY": ""}
