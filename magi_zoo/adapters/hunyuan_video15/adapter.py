@@ -1,8 +1,8 @@
 """HunyuanVideo-1.5 (text- and image-to-video, 8.3B) over diffusers' HunyuanVideo15Pipeline and
 HunyuanVideo15ImageToVideoPipeline.
 
-The configs, the variants table and their sources are in `config.py`. What the family brings to the contract:
-its guidance lives in a pipeline component (diffusers' `ClassifierFreeGuidance` guider), not
+The configs, the variants table and their sources are in `config.py`. What the family brings
+to the contract: its guidance lives in a pipeline component (diffusers' `ClassifierFreeGuidance` guider), not
 in a call argument, so the variants' guidance is part of the built pipeline; and its text is
 two encoders (Qwen2.5-VL's language model through a chat template, ByT5 for quoted glyph text).
 """
@@ -122,8 +122,9 @@ class HunyuanVideo15Adapter(DiffusersPipelineAdapter):
         rnd = lambda *shape: torch.randn(*shape, generator=g).to(device=p.device, dtype=p.dtype)  # noqa: E731
         st, ss = pipe.vae_scale_factor_temporal, pipe.vae_scale_factor_spatial
         n_text, n_glyph = pipe.tokenizer_max_length, pipe.tokenizer_2_max_length
-        # A prompt fills the first tokens of its padded text (measured prompts: ~100 of 1000
-        # Qwen tokens); a prompt without quoted text has an all-zero ByT5 mask, as here.
+        # A prompt fills the first tokens of its padded text: 100 valid of 1000 here, an assumed
+        # length that does not change the cost (every block attends over all 1000 under the mask);
+        # a prompt without quoted text has an all-zero ByT5 mask, as here.
         mask = torch.zeros(batch, n_text, device=p.device, dtype=p.dtype)
         mask[:, :min(100, n_text)] = 1
         return dict(hidden_states=rnd(batch, cfg.in_channels, (frames - 1) // st + 1, height // ss, width // ss),

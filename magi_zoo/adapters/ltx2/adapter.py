@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ...engine import cfg_parallel_active
 from .._tokenizers import byte_bpe_tokenizer
 from ..base import CallLimits, Output, Variant, init_on, keep_fp32_modules
 from ..diffusers_pipeline import DiffusersPipelineAdapter, same_layout_preparation
@@ -64,7 +65,10 @@ class LTX2Adapter(DiffusersPipelineAdapter):
     aliases = {"ltx2": "ltx-2", "ltx-2-19b": "ltx-2"}
     component_names = ("transformer", "connectors", "text_encoder", "vae", "audio_vae", "vocoder")
     output_kind, fps = "video", 24
-    cfg_option = "guidance_scale"
+    # No cfg_option: the pipeline runs guidance as one batched forward (cond and uncond in a batch
+    # of 2, cache context "cond_uncond"); CFG parallel splits separate cond / uncond calls, so it
+    # does not apply (`--nproc` takes Ulysses, from the transformer's `_cp_plan`).
+    cfg_option = None
     run_options = ("num_inference_steps", "height", "width", "num_frames", "seed", "audio_out")
     output_suffixes = (".mp4", ".gif")
     sound_track = True  # an .mp4 carries the vocoder's stereo track; a .gif only the frames
@@ -90,6 +94,9 @@ class LTX2Adapter(DiffusersPipelineAdapter):
         """A video and its sound track: the frames, and the vocoder's waveform (channels, samples)
         at its output rate, which the writers mux into the .mp4."""
         options.pop("audio_out", None)
+        if cfg_parallel_active(handle.plan):
+            raise ValueError("LTX-2 runs guidance as one batched forward: cfg parallel does not apply; "
+                             "drop it (--no-cfg-parallel) and split the sequence (Ulysses) instead")
         seed = options.pop("seed", None)
         if seed is not None:
             options["generator"] = torch.Generator(device="cpu").manual_seed(int(seed))

@@ -61,7 +61,7 @@ def test_generate_returns_frames_and_the_vocoders_track():
 
 class _Handle:
     def __init__(self, call, pipe, variant):
-        self._call, self.pipe, self.variant = call, pipe, variant
+        self._call, self.pipe, self.variant, self.plan = call, pipe, variant, None
 
     def __call__(self, **kw):
         return self._call(**kw)
