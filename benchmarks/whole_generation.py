@@ -287,7 +287,9 @@ def main(argv=None) -> int:
             "s_per_step_median", "steps", "vae_decode_s", "write_frames_s", "psnr_vs_fp8_db", "ssim_vs_fp8",
             "psnr_vs_bf16_db", "recompiles", "peak_gib"]
     tag = common.card_tag(env, cuda)
-    steps = next((r.get("steps") for r in ordered if r.get("row") == "bf16" and r.get("steps")), args.steps)
+    # named by the undistilled rows' step count (the distilled row runs its own 4)
+    steps = next((r["steps"] for r in ordered if r.get("row") != "distill" and r.get("steps")), None) \
+        or args.steps or "default"
     stem = f"whole_generation_{args.model}_{steps}steps_{tag}"
     md = (f"# Whole generation: {args.model}, LightX2V's workload\n\n{common.env_line(env)}\n\n"
           f"command: `python -m benchmarks.whole_generation {' '.join(argv if argv is not None else sys.argv[1:])}`"
