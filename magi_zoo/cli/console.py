@@ -107,8 +107,9 @@ def plain_progress_bars() -> None:
 LAST_TICK = [0.0]
 
 
-# 1.5 s: a line comes at least every 2 s even when a busy interpreter delays the thread.
-BEAT_S = 1.5
+# 1.25 s: a line comes at least every 2 s even when a busy interpreter delays the thread (a
+# compile holding the GIL delayed lines by up to ~0.5 s on a loaded 2-core machine).
+BEAT_S = 1.25
 
 
 @contextlib.contextmanager

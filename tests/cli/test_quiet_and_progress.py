@@ -137,7 +137,7 @@ def test_a_normal_run_prints_no_library_warning(qwen_run, capfd):
 def test_recompile_reasons_are_debugs_and_a_long_build_shows_heartbeats(tmp_path, monkeypatch, capsys):
     """A report's recompile reasons (torch's ~20-line "User stack trace" blocks) are one
     counting line in a normal run, in full with --debug. The build is a named stage: one that
-    takes 2.5 s prints a heartbeat line after 1.5 s (the CLI's interval) naming it. A
+    takes 2.5 s prints a heartbeat line after 1.25 s (the CLI's interval) naming it. A
     warm-start entry of the compile cache, when used, is one line."""
     from magi_zoo import zoo
     from magi_zoo.engine.observe.report import Report

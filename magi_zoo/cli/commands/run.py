@@ -26,7 +26,7 @@ def cmd_run(args) -> int:
         return launch(args.nproc, args.argv)
     if distributed.init("cpu" if args.gpu == "cpu" else None):
         distributed.check_same(args.argv, "command lines")
-    # A heartbeat line whenever the output was quiet for 1.5 s inside a named stage (build, the first
+    # A heartbeat line whenever the output was quiet for 1.25 s inside a named stage (build, the first
     # call's compiles, a stage without a bar); library notices captured unless --debug.
     beat = Heartbeat(console.BEAT_S, quiet_since=console.LAST_TICK[0] or None)  # goes on from the import ticker
     with distributed.quiet_unless_rank0(), beat, contextlib.ExitStack() as stack:

@@ -78,7 +78,7 @@ class Heartbeat:
         self.interval = interval
         self.quiet_since = quiet_since  # the clock's time of the last output before this heartbeat (None: now)
         self.clock = clock
-        self.poll = poll if poll is not None else min(0.25, interval / 4)
+        self.poll = poll if poll is not None else min(0.1, interval / 4)
         self._out = out
         self._last = clock() if quiet_since is None else min(clock(), quiet_since)
         self._line_open = False  # the last write left a line unfinished (a bar's '\r' redraw)
