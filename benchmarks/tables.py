@@ -362,6 +362,28 @@ def headline(link: Link) -> str:
     return table(head, rows)
 
 
+GPU_LOG = re.compile(r"gputests_(?P<what>.+?)(?:_(?P<commit>[0-9a-f]{7,40}))?_(?P<card>h100|h200)(?P<gpus>x\d)?\.log")
+SUMMARY = re.compile(r"^=*\s*(?P<counts>(?:\d+ (?:passed|failed|skipped|errors?|deselected|xfailed|xpassed)"
+                     r"(?:, )?)+).* in (?P<secs>[\d.]+)s", re.M)
+
+
+def gpu_tests(link: Link) -> str:
+    """Every committed GPU test log: what ran, on which commit and card, and pytest's own last
+    summary line (counts and seconds), newest summary per file; a log without a summary (cut
+    short) says so."""
+    rows = []
+    for path in sorted((RESULTS / "gpu_tests").glob("*.log")):
+        m = GPU_LOG.fullmatch(path.name)
+        if m is None:
+            continue
+        found = SUMMARY.findall(path.read_text(errors="replace"))
+        counts, secs = found[-1] if found else ("no pytest summary (cut short, or not a pytest log)", None)
+        card = m["card"].upper() + (f" ×{m['gpus'][1:]}" if m["gpus"] else "")
+        rows.append([m["what"], m["commit"] or "not recorded", card, counts.strip().rstrip(","),
+                     num(float(secs), 0) if secs else "—", link(f"gpu_tests/{path.name}")])
+    return table(["what ran", "commit", "card", "pytest summary", "seconds", "log"], rows)
+
+
 def unknown_commits(link: Link) -> str:
     """The results files whose commit is unknown: each needs re-measuring before a table uses it."""
     rows = [[link(rel), why] for rel, why in sorted(UNKNOWN_COMMITS.items())]
@@ -373,6 +395,7 @@ TABLES: dict[str, Callable[[Link], str]] = {
     "flux": flux, "flux-baselines": flux_baselines, "i2v-14b-loop": i2v_loop,
     "offload": offload, "training": training, "training-multi-gpu": training_multi_gpu,
     "self-forcing": self_forcing, "multi-gpu": multi_gpu, "unknown-commits": unknown_commits,
+    "gpu-tests": gpu_tests,
 }
 
 
