@@ -54,9 +54,22 @@ def test_every_marked_table_is_what_the_generator_writes():
 def test_the_generator_fills_the_readme_headline_and_every_table_of_docs_benchmarks():
     readme = (REPO / "README.md").read_text()
     assert "<!-- table:headline -->" in readme
+    testing = (REPO / "docs" / "testing.md").read_text()
+    assert "<!-- table:gpu-tests -->" in testing  # which commit last ran each GPU test
     page = (REPO / "docs" / "benchmarks.md").read_text()
     named = {m.group(2) for m in tables.MARKER.finditer(page)}
-    assert named == set(tables.TABLES) - {"headline"}, set(tables.TABLES) ^ named
+    assert named == set(tables.TABLES) - {"headline", "gpu-tests"}, set(tables.TABLES) ^ named
+
+
+def test_gpu_test_logs_are_summarised_from_pytest_own_line(tmp_path, monkeypatch):
+    logs = tmp_path / "gpu_tests"
+    logs.mkdir()
+    (logs / "gputests_all_0123abc_h100.log").write_text("....\n== 3 passed, 1 skipped, 9 deselected in 12.50s ==\n")
+    (logs / "gputests_multi_h100x2.log").write_text("..F\nE  assert 1 == 2\n")  # cut short: no summary
+    monkeypatch.setattr(tables, "RESULTS", tmp_path)
+    rows = tables.gpu_tests(lambda rel: rel).splitlines()[2:]
+    assert rows[0].startswith("| all | 0123abc | H100 | 3 passed, 1 skipped, 9 deselected | 12 |"), rows
+    assert rows[1].startswith("| multi | not recorded | H100 ×2 | no pytest summary"), rows
 
 
 def test_a_stale_or_unknown_table_is_found(tmp_path):
