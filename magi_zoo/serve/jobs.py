@@ -40,6 +40,7 @@ class Job:
     started: float | None = None
     finished: float | None = None
     cancel_requested: bool = False
+    retried: bool = False  # run again once because its worker was found dead before it began
     event: asyncio.Event = dataclasses.field(default_factory=asyncio.Event, repr=False)
 
     @property

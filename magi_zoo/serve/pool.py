@@ -140,7 +140,11 @@ class ModelPool:
                 if not job.ended:
                     self.end(job, "failed", error="the server shut down before the job started", code="shutdown")
                 continue
-            await self.run(slot, job)
+            while await self.run(slot, job) == "retry":  # its worker had died before it began: a fresh one
+                if not await self.start_worker(slot):
+                    self.end(job, "failed", error=f"{self.model} could not be loaded: {self.load_error}",
+                             code="load_failed")
+                    return
 
     async def start_worker(self, slot: int) -> bool:
         spec = WorkerSpec(self.model, self.load, self.devices[slot], warmup=self.warmup)
@@ -161,8 +165,11 @@ class ModelPool:
         self.metrics.loaded(self.model, slot, msg[1])
         return True
 
-    async def run(self, slot: int, job: Job) -> None:
+    async def run(self, slot: int, job: Job) -> str | None:
+        """Run `job` on the slot's worker; "retry" when the worker was found dead before the job
+        reported any progress (it died idle, or at the job's very start), once per job."""
         worker = self.workers[slot]
+        began = False
         self.running[slot] = job
         self.metrics.in_flight(self.model, len(self.running))
         job.start()
@@ -176,6 +183,7 @@ class ModelPool:
             while True:
                 msg = await worker.recv()
                 if msg[0] == "progress":
+                    began = True
                     job.done_steps, job.total_steps = msg[2], msg[3]
                 elif msg[0] == "done":
                     self.metrics.phase(self.model, "run", msg[2]["run_s"])
@@ -190,19 +198,29 @@ class ModelPool:
         except (EOFError, OSError, BrokenPipeError):
             worker.process.join(5)
             why = death_message(worker.process.exitcode)
+            self.forget(slot)
+            if self.stopping:
+                return None
+            self.restarts += 1
+            self.metrics.restarted(self.model)
+            if not began and not job.retried:
+                job.retried = True
+                return "retry"
             self.end(job, "failed", code="worker_died",
                      error=f"the worker process {why} while running this job; it is being restarted, "
                            "submit the job again")
-            worker.stop(timeout=1)
-            self.workers.pop(slot, None)
-            self.ready.discard(slot)
-            self.pids.pop(slot, None)
-            if not self.stopping:
-                self.restarts += 1
-                self.metrics.restarted(self.model)
         finally:
             self.running.pop(slot, None)
             self.metrics.in_flight(self.model, len(self.running))
+        return None
+
+    def forget(self, slot: int) -> None:
+        """The slot's worker is gone (or going): reap it and count it as restarting."""
+        worker = self.workers.pop(slot, None)
+        if worker is not None:
+            worker.stop(timeout=1)
+        self.ready.discard(slot)
+        self.pids.pop(slot, None)
 
     def end(self, job: Job, status: str, **kw) -> None:
         if job.finish(status, **kw):

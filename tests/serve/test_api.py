@@ -206,6 +206,10 @@ def test_cancel_and_kill_9_of_a_worker_mid_job(server):
     assert wait_job(server, job["id"], timeout=90)["status"] == "completed"  # on the restarted worker
     flux = next(m for m in server.health()["models"] if m["model"] == "flux-tiny")
     assert flux["restarts"] == 1 and flux["pids"] != [pid]
+    os.kill(flux["pids"][0], signal.SIGKILL)  # dead while idle: the next job starts a fresh one and runs
+    status, job = call(server, "POST", "/v1/jobs", {"model": "flux-tiny", "prompt": "idle", "num_inference_steps": 1})
+    assert wait_job(server, job["id"], timeout=90)["status"] == "completed"
+    assert next(m for m in server.health()["models"] if m["model"] == "flux-tiny")["restarts"] == 2
 
 
 CHROMIUM = os.environ.get("MAGI_ZOO_CHROMIUM", "/usr/bin/chromium")
