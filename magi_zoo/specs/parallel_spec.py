@@ -97,21 +97,32 @@ class ParallelSpec(SectionSpec):
         return " x ".join(parts) + (" (uneven shards)" if self.uneven else "") if parts else "none"
 
 
-def default_parallel(world_size: int, runs_cfg: bool) -> dict[str, Any]:
+def default_parallel(world_size: int, runs_cfg: bool, heads: int | None = None) -> dict[str, Any]:
     """The degrees `magi-zoo run --nproc N` picks when none are given.
 
     CFG first: its two branches are independent, so splitting them costs one all-gather of
     the output per step (near-perfect 2x), where a sequence split pays four all-to-alls per
     attention layer. The rest goes to Ulysses, which moves fewer bytes than ring attention
-    and keeps one attention call per layer (ring runs N smaller ones); ring is for when the
-    head count does not divide (name it explicitly).
+    and keeps one attention call per layer (ring runs N smaller ones) -- as far as the
+    denoiser's attention `heads` allow: Ulysses gives each rank heads / degree whole heads, so
+    its degree must divide the head count; what is left of the process count goes to ring.
+    E.g. Wan2.1-1.3B (12 heads) on 8 processes without CFG: Ulysses 4 x ring 2; with CFG:
+    CFG 2 x Ulysses 4; Wan2.1-14B (40 heads) on 8 without CFG: Ulysses 8.
     """
     if world_size < 1:
         raise ValueError(f"--nproc must be a positive integer, got {world_size}")
     if world_size == 1:
         return {}
+    out: dict[str, Any] = {}
+    rest = world_size
     if runs_cfg and world_size % 2 == 0:
-        rest = world_size // 2
-        return {"cfg": True, **({"ulysses_degree": rest} if rest > 1 else {})}
-    return {"ulysses_degree": world_size}
+        out["cfg"], rest = True, world_size // 2
+    if rest == 1:
+        return out
+    ulysses = rest if heads is None else max(d for d in range(1, rest + 1) if rest % d == 0 and heads % d == 0)
+    if ulysses > 1:
+        out["ulysses_degree"] = ulysses
+    if rest // ulysses > 1:
+        out["ring_degree"] = rest // ulysses
+    return out
 

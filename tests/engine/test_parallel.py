@@ -66,6 +66,26 @@ def test_default_degrees_per_process_count():
     assert default_parallel(4, False) == {"ulysses_degree": 4}
 
 
+def test_default_degrees_keep_ulysses_within_the_head_count():
+    # Ulysses hands each rank whole heads: its degree divides the head count, ring takes the rest.
+    assert default_parallel(8, False, heads=12) == {"ulysses_degree": 4, "ring_degree": 2}  # Wan2.1-1.3B
+    assert default_parallel(8, True, heads=12) == {"cfg": True, "ulysses_degree": 4}
+    assert default_parallel(8, False, heads=40) == {"ulysses_degree": 8}  # Wan2.1-14B
+    assert default_parallel(4, False, heads=7) == {"ring_degree": 4}  # nothing divides: ring alone
+    assert default_parallel(6, True, heads=24) == {"cfg": True, "ulysses_degree": 3}
+    for world, cfg, heads in [(8, False, 12), (8, True, 40), (6, False, 10), (4, True, 3)]:
+        d = default_parallel(world, cfg, heads=heads)
+        assert (2 if d.get("cfg") else 1) * d.get("ulysses_degree", 1) * d.get("ring_degree", 1) == world
+        assert heads % d.get("ulysses_degree", 1) == 0
+
+
+def test_run_picks_degrees_from_the_model_heads():
+    from magi_zoo.cli.commands.run_options import run_parallel_fields
+
+    fields = run_parallel_fields(8, ulysses=None, ring=None, cfg=None, uneven=False, runs_cfg=False, heads=12)
+    assert fields == {"ulysses_degree": 4, "ring_degree": 2}
+
+
 def test_spec_files_declare_the_denoisers():
     h = magi_zoo.load("wan2.1-tiny", gpu="cpu", compile=False)
     layers = with_parallel(list(h.layers), {"ulysses_degree": 2})

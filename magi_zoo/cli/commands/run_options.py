@@ -57,7 +57,8 @@ def check_run(args) -> RunRequest:
     runs_cfg = getattr(adapter, "runs_cfg", lambda call: False)({**adapter.call_defaults(variant), **opts})
     par = run_parallel_fields(world if distributed.is_launched() else args.nproc,
                               ulysses=args.ulysses, ring=args.ring, cfg=args.cfg_parallel,
-                              uneven=args.uneven, runs_cfg=runs_cfg)
+                              uneven=args.uneven, runs_cfg=runs_cfg,
+                              heads=variant.config.get("transformer", {}).get("num_attention_heads"))
     on_cpu = par is not None and get_profile(args.gpu).device == "cpu"  # --gpu auto without CUDA too
     if on_cpu and (par.get("ulysses_degree", 1) > 1 or par.get("ring_degree", 1) > 1):
         raise ValueError("--ulysses / --ring use diffusers' context parallelism, which runs on GPUs; on the CPU "
@@ -200,11 +201,12 @@ def step_cache_override(args, adapter) -> dict:
 
 
 def run_parallel_fields(nproc: int | None, *, ulysses: int | None, ring: int | None, cfg: bool | None,
-                        uneven: bool, runs_cfg: bool) -> dict[str, Any] | None:
+                        uneven: bool, runs_cfg: bool, heads: int | None = None) -> dict[str, Any] | None:
     """The parallel-section fields for a `run` command (None: not a parallel run).
 
     `nproc` is the process count asked for (--nproc; inside a torchrun job, WORLD_SIZE).
-    Degrees not given are chosen by `default_parallel`; the product is checked against the
+    Degrees not given are chosen by `default_parallel` (from the process count, whether the
+    call runs CFG and the denoiser's attention `heads`); the product is checked against the
     process count here, before anything is built or launched."""
     given = {k: v for k, v in dict(ulysses_degree=ulysses, ring_degree=ring, cfg=cfg).items() if v is not None}
     if uneven:
@@ -216,7 +218,7 @@ def run_parallel_fields(nproc: int | None, *, ulysses: int | None, ring: int | N
         raise ValueError("--ulysses / --ring / --cfg-parallel split the model over processes: add --nproc N "
                          "(or launch with torchrun)")
     if not {"ulysses_degree", "ring_degree", "cfg"} & set(given):
-        given = {**default_parallel(n, runs_cfg), **given}
+        given = {**default_parallel(n, runs_cfg, heads), **given}
         if given.get("cfg") and not runs_cfg:  # pragma: no cover - default_parallel never does this
             given.pop("cfg")
     if given.get("cfg") and not runs_cfg:
