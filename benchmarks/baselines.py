@@ -55,7 +55,7 @@ def missing_reason(strategy: str, device_type: str) -> str | None:
     return None
 
 
-def _fa3_member():
+def fa3_member():
     """diffusers' ``_flash_3`` member, dispatching to the FA3 forward kernel (the official
     package's where installed, else the fa3-fwd wheel's: the kernel magi_zoo uses)."""
     from magi_zoo.engine.kernels import fa3
@@ -63,7 +63,9 @@ def _fa3_member():
     return fa3.register()
 
 
-def _set_backend(module, member) -> int:
+def set_attention_backend(module, member) -> int:
+    """Point every diffusers attention processor under `module` at dispatch backend `member`;
+    returns how many."""
     from magi_zoo.engine.attention import processors
     from magi_zoo.engine.compat import diffusers as diffusers_compat
 
@@ -141,10 +143,10 @@ def prepare(strategy: str, module, compile_kwargs: dict[str, Any]) -> dict[str, 
     done: dict[str, Any] = {}
     if strategy == "diffusers_fp8":
         done["fp8_linears"] = _quantize_block_linears(module)
-        done["attention_layers"] = _set_backend(module, _fp8_attention_member())
+        done["attention_layers"] = set_attention_backend(module, _fp8_attention_member())
         done["attention"] = "FA3 fp8, one scale per tensor"
     else:
-        done["attention_layers"] = _set_backend(module, _fa3_member())
+        done["attention_layers"] = set_attention_backend(module, fa3_member())
         done["attention"] = "FA3 bf16 (diffusers _flash_3 slot)"
     module.compile_repeated_blocks(fullgraph=True, **compile_kwargs)
     return done

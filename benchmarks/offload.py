@@ -28,7 +28,10 @@ Strategies, each in its own process (so peaks and caps are honest):
               (block level, one block per group, `use_stream=True`) and
               `compile_repeated_blocks(fullgraph=False)` (fullgraph=True fails: dynamo traces
               the onload hook), under the same cap. It streams every block and holds only the
-              transformer (magi_zoo's plan also budgets the text encoder, image encoder and VAE).
+              transformer (magi_zoo's plan also budgets the text encoder, image encoder and VAE);
+- diffusers_fa3 (on request): the same with every attention processor on the FA3 kernel the
+              resident and magi_zoo rows run (benchmarks/baselines.py): the same-kernel baseline,
+              beside the SDPA one.
 
 `--phase-residency`: the magi_zoo rows with the offload root's phase_residency = true (resident
 blocks leave the card while another component needs the room; recorded per row).
@@ -91,7 +94,8 @@ SMOKE_CASES = [("wan2.1-tiny", {}, [0.00025])]  # 256 KiB: most of the tiny mode
 PIPELINE_CASE = ("wan2.1-i2v-14b-480p", {"height": 480, "width": 832, "num_frames": 81}, [24])
 SMOKE_PIPELINE_CASE = ("wan2.1-tiny", {}, [0.00025])
 STRATEGIES = ("resident", "magi_zoo", "diffusers")  # the default
-KNOWN_STRATEGIES = (*STRATEGIES, "magi_zoo_fp8", "magi_zoo_refit")
+KNOWN_STRATEGIES = (*STRATEGIES, "magi_zoo_fp8", "magi_zoo_refit", "diffusers_fa3")
+DIFFUSERS_ROWS = ("diffusers", "diffusers_fa3")
 
 
 def _cap(budget_gib: float | None) -> None:
@@ -150,6 +154,13 @@ def worker(args) -> dict[str, Any]:
         module, method = adapter.entry(pipe, "denoise")
         apply_group_offloading(module, onload_device=dev, offload_device=torch.device("cpu"),
                                offload_type="block_level", num_blocks_per_group=1, use_stream=cuda)
+        if args.strategy == "diffusers_fa3":
+            from benchmarks import baselines
+
+            why = baselines.missing_reason(args.strategy, dev.type)
+            if why:
+                raise RuntimeError(why)
+            rec["attention_layers_on_fa3"] = baselines.set_attention_backend(module, baselines.fa3_member())
         module.compile_repeated_blocks(fullgraph=False, **({} if cuda else {"backend": "eager"}))
         h, report, rt = None, None, None
     rec["build_apply_s"] = round(time.perf_counter() - t_build, 1)  # build + plan + placement (+ pinning)
@@ -469,7 +480,7 @@ def main(argv=None) -> int:
     cases = SMOKE_CASES if args.smoke else GPU_CASES
     if args.pipeline:
         cases = [SMOKE_PIPELINE_CASE if args.smoke else PIPELINE_CASE]
-        strategies = [s for s in args.strategies.split(",") if s != "diffusers"]
+        strategies = [s for s in args.strategies.split(",") if s not in DIFFUSERS_ROWS]
         args.strategies = ",".join(strategies)
     if args.budgets:
         cases = [(m, shp, [float(b) for b in args.budgets.split(",")]) for m, shp, _ in cases]
@@ -481,8 +492,8 @@ def main(argv=None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="offload-bench-"))
     for model, shape, budgets in cases:
         plan = [("resident", None)] if "resident" in strategies else []
-        plan += [(s, b) for b in budgets for s in ("magi_zoo", "magi_zoo_refit", "magi_zoo_fp8", "diffusers") if s in strategies
-                 and not (s == "diffusers" and model in NO_DIFFUSERS)]
+        plan += [(s, b) for b in budgets for s in ("magi_zoo", "magi_zoo_refit", "magi_zoo_fp8", *DIFFUSERS_ROWS)
+                 if s in strategies and not (s in DIFFUSERS_ROWS and model in NO_DIFFUSERS)]
         ref, ref_fp = None, None
         for strategy, budget in plan:
             tag = f"{model}-{strategy}-{budget}"
