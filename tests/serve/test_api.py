@@ -29,7 +29,7 @@ def out_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(out_dir):
-    s = Server("flux-tiny", "wan2.1-tiny", "qwen3-omni-tiny", "--max-queue", "3", "--output-dir", str(out_dir),
+    s = Server("flux-tiny", "wan2.1-tiny", "qwen3-omni-tiny", "bagel-tiny", "--max-queue", "3", "--output-dir", str(out_dir),
                "--grace", "1", key=KEY)
     yield s
     s.stop()
@@ -118,7 +118,23 @@ def test_openai_client_image_video_chat_models(server, client):
                                             audio={"voice": "Ethan", "format": "wav"})
     assert base64.b64decode(spoken.choices[0].message.audio.data)[:4] == b"RIFF"
 
-    assert sorted(m.id for m in client.models.list()) == ["flux-tiny", "qwen3-omni-tiny", "wan2.1-tiny"]
+    assert sorted(m.id for m in client.models.list()) == ["bagel-tiny", "flux-tiny", "qwen3-omni-tiny", "wan2.1-tiny"]
+
+
+def test_bagel_image_edit_and_understanding(client):
+    png = base64.b64decode(client.images.generate(model="bagel-tiny", prompt="a cat",
+                                                  extra_body={"num_inference_steps": 2}).data[0].b64_json)
+    edited = client.images.edit(model="bagel-tiny", image=("cat.png", png, "image/png"), prompt="make it blue",
+                                extra_body={"num_inference_steps": 2})
+    assert base64.b64decode(edited.data[0].b64_json)[:8] == b"\x89PNG\r\n\x1a\n"
+    url = "data:image/png;base64," + base64.b64encode(png).decode()
+    reply = client.chat.completions.create(model="bagel-tiny", max_tokens=4, messages=[
+        {"role": "user", "content": [{"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": url}}]}])
+    assert isinstance(reply.choices[0].message.content, str)
+    with pytest.raises(openai.BadRequestError) as e:  # a URL to fetch: refused, nothing is fetched
+        client.chat.completions.create(model="bagel-tiny", max_tokens=4, messages=[
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://example.invalid/x.png"}}]}])
+    assert e.value.body["param"] == "messages"
 
 
 @pytest.mark.parametrize("path, body, status, param", [
@@ -167,7 +183,7 @@ def test_key_body_limit_and_health_after(server):
 def test_load_each_job_answered_once_and_queue_full_is_429(server):
     """12 clients at once against one worker and a queue of 3: each gets one answer, the
     accepted jobs all complete (none lost), the rest are 429 with a JSON error."""
-    body = {"model": "flux-tiny", "prompt": "load", "num_inference_steps": 8}
+    body = {"model": "flux-tiny", "prompt": "load", "num_inference_steps": 4}
     with concurrent.futures.ThreadPoolExecutor(12) as pool:
         answers = list(pool.map(lambda _: call(server, "POST", "/v1/jobs", body), range(12)))
     accepted = [job["id"] for status, job in answers if status == 200]
@@ -231,10 +247,10 @@ def test_web_page_in_headless_chromium(server):
             page.goto(server.url + "/")
             page.fill("#key", KEY)
             page.dispatch_event("#key", "change")
-            page.wait_for_function("document.querySelectorAll('#model option').length === 3")
+            page.wait_for_function("document.querySelectorAll('#model option').length === 4")
             page.select_option("#model", "flux-tiny")
             assert page.is_hidden("[data-option=num_frames]")  # a video option, not shown for an image model
-            page.fill("#num_inference_steps", "30")
+            page.fill("#num_inference_steps", "20")
             page.evaluate("""window.seen = [];
                 new MutationObserver(() => window.seen.push(document.getElementById('status').textContent))
                     .observe(document.getElementById('status'), {childList: true, characterData: true, subtree: true});""")
@@ -243,10 +259,10 @@ def test_web_page_in_headless_chromium(server):
             page.wait_for_function("document.getElementById('result-image').complete && "
                                    "document.getElementById('result-image').naturalWidth === 32", timeout=10_000)
             seen = page.evaluate("window.seen")
-            moving = [s for s in seen if s.startswith("in_progress (") and not s.endswith("(30/30)")
+            moving = [s for s in seen if s.startswith("in_progress (") and not s.endswith("(20/20)")
                       and not s.startswith("in_progress (0/")]
             assert moving, seen  # a step count between the first and the last was shown
-            assert seen[-1] == "completed (30/30)"
+            assert seen[-1] == "completed (20/20)"
             assert page.text_content("#error") == ""
         finally:
             browser.close()
