@@ -206,8 +206,6 @@ def main(argv=None) -> int:
            "call_ms": round(call_ms, 2), "generate_to_ms": round(to_file_ms, 2), "request_ms": round(req_ms, 2),
            "overhead_vs_generate_to_pct": round(100 * (req_ms / to_file_ms - 1), 2),
            "overhead_vs_call_pct": round(100 * (req_ms / call_ms - 1), 2),
-           # the fastest of each: on a shared machine the least disturbed run of each
-           "overhead_min_vs_generate_to_pct": round(100 * (min(remote["request_ms"]) / min(times["generate_to_ms"]) - 1), 2),
            "warm_compiled_frames_delta": remote["warm_compiled_frames_delta"]}
     for k in ("clients", "throughput_per_s", "p50_ms", "p95_ms"):
         if k in remote:
@@ -217,8 +215,7 @@ def main(argv=None) -> int:
               "in_process": {k: [round(x, 3) for x in v] for k, v in times.items()}, "interleaved": not local.cuda,
               "served": remote}
     columns = [c for c in ("model", "options", "call_ms", "generate_to_ms", "request_ms",
-                           "overhead_vs_generate_to_pct", "overhead_vs_call_pct", "overhead_min_vs_generate_to_pct",
-                           "warm_compiled_frames_delta",
+                           "overhead_vs_generate_to_pct", "overhead_vs_call_pct", "warm_compiled_frames_delta",
                            "clients", "throughput_per_s", "p50_ms", "p95_ms") if c in row]
     md = f"{env_line(env)}\n\n" + results_table([row], columns)
     shape = "_".join(f"{k}{v}" for k, v in options(args).items() if k != "seed")
