@@ -76,3 +76,22 @@ def test_request_checks_name_the_field_before_any_work():
     with pytest.raises(RequestError) as e:
         flux.video_job(VideoRequest(model="flux-tiny", prompt="x"))
     assert e.value.param == "model" and e.value.code == "unsupported_model"
+
+
+def test_a_job_runs_the_cli_run_path_writes_its_file_and_a_cancel_leaves_nothing(tmp_path):
+    import magi_zoo
+    from magi_zoo.serve.worker import compile_info, run_job
+
+    handle = magi_zoo.load("flux-tiny", gpu="cpu", compile=False)
+    seen = []
+    assert run_job(handle, "warm up", {}, None, None, lambda d, t: seen.append((d, t)), lambda: False) == {}
+    assert seen[-1] == (2, 2)  # the warm-up (--warmup) at the model's defaults: 2 steps, nothing written
+    out = tmp_path / "job.png"
+    info = run_job(handle, "a cat", {"num_inference_steps": 3}, str(out), None, lambda d, t: seen.append((d, t)),
+                   lambda: False)
+    assert info == {"files": [str(out)]} and out.read_bytes()[:4] == b"\x89PNG" and seen[-1] == (3, 3)
+    with pytest.raises(JobCancelled):
+        run_job(handle, "a cat", {}, str(tmp_path / "cancelled.png"), None, lambda d, t: None, lambda: True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.png"]  # no file, no temporary half-file
+    assert compile_info(handle) == {"frames": 0, "graph_breaks": 0, "recompiles": 0, "compile_s": 0.0,
+                                    "cache": "unused"}  # eager: nothing compiled, no cache
