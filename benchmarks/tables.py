@@ -347,6 +347,23 @@ def multi_gpu(link: Link) -> str:
     return table(head, rows) + "\n\n" + sources(files, link)
 
 
+def serve(link: Link) -> str:
+    """Every `benchmarks/serve.py` result: a warm request against the same call in-process, and
+    the throughput and latency of concurrent clients where measured."""
+    files = [load(p.relative_to(RESULTS).as_posix()) for p in sorted((RESULTS / "serve").glob("*.json"))]
+    rows = []
+    for f in files:
+        x = f.data["row"]
+        rows.append([x["model"], f.card, x["options"].replace("|", "\\|"), num(x["call_ms"]), num(x["generate_to_ms"]),
+                     num(x["request_ms"]), f"{x['overhead_vs_generate_to_pct']:+.1f}%", str(x.get("clients", 1)),
+                     num(x.get("throughput_per_s"), 3) if x.get("throughput_per_s") else "—",
+                     num(x.get("p50_ms")) if x.get("p50_ms") else "—", num(x.get("p95_ms")) if x.get("p95_ms") else "—",
+                     num(x["warm_compiled_frames_delta"], 0)])
+    head = ["model", "card", "options", "in-process call, ms", "call + file, ms", "request, ms", "request vs call + file",
+            "clients", "requests / s", "p50 ms", "p95 ms", "frames compiled by warm requests"]
+    return table(head, rows) + "\n\n" + sources(files, link)
+
+
 def headline(link: Link) -> str:
     """magi_zoo against the strongest baseline measured in the same run, only where that baseline
     runs the same attention kernel (a ratio against a weaker setup is no claim); the rows still
@@ -395,7 +412,7 @@ TABLES: dict[str, Callable[[Link], str]] = {
     "flux": flux, "flux-baselines": flux_baselines, "i2v-14b-loop": i2v_loop,
     "offload": offload, "training": training, "training-multi-gpu": training_multi_gpu,
     "self-forcing": self_forcing, "multi-gpu": multi_gpu, "unknown-commits": unknown_commits,
-    "gpu-tests": gpu_tests,
+    "gpu-tests": gpu_tests, "serve": serve,
 }
 
 
