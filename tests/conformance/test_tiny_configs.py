@@ -95,8 +95,6 @@ SIZES = {
 KNOWN = {
     "wan2.2-tiny": {"fps": "the published variant's output frame rate; the tiny one has none (left for Wan2.2)"},
     "bagel-tiny": {
-        "llm.rope_theta": "10000 vs 1e6: tests/data/bagel_tiny_parity.json records the official code's outputs "
-                          "on the tiny config; changing it needs those re-recorded with the official code",
         "special_ids": "the tiny tokenizer's ids of the same special tokens",
         "vae_image.max_size": "image sizes scaled to the tiny tables", "vae_image.min_size": "as max_size",
         "vit_image.max_size": "as vae_image", "vit_image.min_size": "as vae_image", "vit_image.max_pixels": "as vae_image",

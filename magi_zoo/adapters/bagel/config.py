@@ -44,7 +44,7 @@ QWEN_SPECIAL_IDS = {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>
 
 TINY = dict(
     llm=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
-             num_key_value_heads=2, vocab_size=512, rope_theta=10_000.0, rms_norm_eps=1e-6, hidden_act="silu",
+             num_key_value_heads=2, vocab_size=512, rope_theta=1_000_000.0, rms_norm_eps=1e-6, hidden_act="silu",
              max_position_embeddings=1024, tie_word_embeddings=False),
     vit=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, patch_size=14,
              image_size=112, num_channels=3, hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6),

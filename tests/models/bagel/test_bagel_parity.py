@@ -1,71 +1,48 @@
-"""Parity of our tiny BAGEL with the official implementation, through values our own model
-produces (the official code is not a dependency, so its outputs cannot be recomputed here).
+"""Parity of our tiny BAGEL with the official implementation, on values the official code
+produced.
 
-How the expected values were checked (tests/data/bagel_tiny_parity.json, "note"): bagel-tiny
-was saved in the official layout (`save_pretrained`: llm_config.json, vit_config.json,
-ema.safetensors, ae.safetensors, tokenizer), the official repository (ByteDance-Seed/Bagel
-@056b5fd: modeling/bagel, modeling/autoencoder.py at bagel-tiny's sizes, inferencer.py
-InterleaveInferencer, data/transforms.py ImageTransform with bagel-tiny's rules) loaded it with
-strict=True in a scratch directory (transformers 4.49; flash_attn_varlen_func replaced by
-per-segment SDPA on CPU and its bf16 casts by fp32, for an fp32 comparison), and both ran the
-inputs below with the same seeds (global torch RNG there, a CPU generator here: the same
-stream). Result: every text (understanding, understanding + think, the plans of think +
-generate and think + edit) identical; PNGs identical for editing (RGB and RGBA input) and
-think mode, and for text-to-image 1 pixel value of 4,608 off by one (truncation at a
-boundary); the float images before uint8 agree to 4.5e-7 (text-to-image) and 5.2e-7 (edit)
-relative, max 1.9e-6 absolute.
-
-Regenerate the expected values (only after re-checking against the official code):
-    python tests/test_bagel_parity.py --write
+tests/data/bagel_tiny_parity.json is written by benchmarks/oracles/bagel_model.py: bagel-tiny
+(random weights, seeded at build, as `_tiny()` builds it here) saved in the official layout and
+loaded strictly by the official model code (ByteDance-Seed/Bagel, the commit in the file's
+"source"), which runs every case below through its `InterleaveInferencer` on CPU in fp32 (the
+oracle's docstring lists what stands in for flash-attn and the bf16 casts around it). The test
+runs the same cases through our pipeline: texts and token ids must be equal, the float images
+(8x8-pixel means) equal to float rounding. docs/testing.md says how to regenerate the file.
 """
 
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
-import numpy as np
 import torch
 
+from benchmarks.oracles.bagel_model import (EDIT, PROMPTS, QUESTION, SEEDS, SIZES, T2I, THINK_TOKENS,
+                                            UNDERSTAND_TOKENS, input_images, pooled)
 from helpers import DATA as DATA_DIR
 
 DATA = DATA_DIR / "bagel_tiny_parity.json"
-T2I = dict(num_inference_steps=4, timestep_shift=3.0, cfg_text_scale=4.0, cfg_img_scale=1.5, cfg_interval=(0.0, 1.0),
-           cfg_renorm_type="global", cfg_renorm_min=0.0)
-EDIT = dict(num_inference_steps=4)  # the variant's editing defaults otherwise (cfg_img 2.0, text_channel, (0, 1])
-QUESTION = "what is in the picture?"
-
-
-def _inputs():
-    from PIL import Image
-
-    rs = np.random.RandomState(0)
-    img = Image.fromarray((rs.rand(50, 70, 3) * 255).astype("uint8"))
-    rgba = Image.fromarray((rs.rand(40, 60, 4) * 255).astype("uint8"), "RGBA")
-    return img, rgba
-
-
-def _pooled(t: torch.Tensor) -> list:
-    """[3, H, W] in [0, 1] -> 8x8-pixel means, rounded (a compact fingerprint of the image)."""
-    return torch.nn.functional.avg_pool2d(t[None].float(), 8)[0].round(decimals=6).tolist()
 
 
 def produce(pipe) -> dict:
-    """Every task on the fixed inputs; what the JSON stores."""
-    img, rgba = _inputs()
-    out = {"prompt_ids": pipe.text_ids("a red fox").tolist()}
+    """Every case of the oracle, through our pipeline."""
+    img, rgba = input_images()
+    t2i = dict(T2I, cfg_interval=tuple(T2I["cfg_interval"]))
+    out = {"prompt_ids": pipe.text_ids(PROMPTS["ids"]).tolist()}
     ctx = pipe.contexts([img, QUESTION], vae=False).full
-    out["understand_tokens"] = pipe.generate_tokens(ctx, 12)
-    out["understand"] = pipe.understand(img, QUESTION, max_new_tokens=12)
-    out["understand_think"] = pipe.understand(img, QUESTION, max_new_tokens=12, think=True)
-    out["t2i"] = _pooled(pipe("a red fox", height=48, width=32, seed=3, output_type="pt", **T2I))
-    out["edit"] = _pooled(pipe("make the sky purple", image=img, seed=5, output_type="pt", **EDIT))
-    out["edit_rgba"] = _pooled(pipe("make the sky purple", image=rgba, seed=6, output_type="pt", **EDIT))
-    r = pipe("a red fox", think=True, height=32, width=32, seed=7, max_think_tokens=6, output_type="pt", **T2I)
-    out["t2i_think"] = {"text": r.text, "image": _pooled(r.image)}
-    r = pipe("make it blue", image=img, think=True, seed=8, max_think_tokens=6, output_type="pt", **EDIT)
-    out["edit_think"] = {"text": r.text, "image": _pooled(r.image)}
+    out["understand_tokens"] = pipe.generate_tokens(ctx, UNDERSTAND_TOKENS)
+    out["understand"] = pipe.understand(img, QUESTION, max_new_tokens=UNDERSTAND_TOKENS)
+    out["understand_think"] = pipe.understand(img, QUESTION, max_new_tokens=UNDERSTAND_TOKENS, think=True)
+    h, w = SIZES["t2i"]
+    out["t2i"] = pooled(pipe(PROMPTS["t2i"], height=h, width=w, seed=SEEDS["t2i"], output_type="pt", **t2i))
+    out["edit"] = pooled(pipe(PROMPTS["edit"], image=img, seed=SEEDS["edit"], output_type="pt", **EDIT))
+    out["edit_rgba"] = pooled(pipe(PROMPTS["edit"], image=rgba, seed=SEEDS["edit_rgba"], output_type="pt", **EDIT))
+    h, w = SIZES["t2i_think"]
+    r = pipe(PROMPTS["t2i"], think=True, height=h, width=w, seed=SEEDS["t2i_think"], max_think_tokens=THINK_TOKENS,
+             output_type="pt", **t2i)
+    out["t2i_think"] = {"text": r.text, "image": pooled(r.image)}
+    r = pipe(PROMPTS["edit_think"], image=img, think=True, seed=SEEDS["edit_think"], max_think_tokens=THINK_TOKENS,
+             output_type="pt", **EDIT)
+    out["edit_think"] = {"text": r.text, "image": pooled(r.image)}
     return out
 
 
@@ -75,8 +52,12 @@ def _tiny():
     return magi_zoo.load("bagel-tiny", gpu="cpu", compile=False).pipe
 
 
-def test_tiny_bagel_matches_the_values_checked_against_the_official_code():
+def test_tiny_bagel_matches_the_official_code():
     want = json.loads(DATA.read_text())
+    assert "note" not in want and len(want["source"]["commit"]) == 40, "regenerate the file with the oracle"
+    cases = want["source"]["cases"]
+    assert (cases["t2i"], cases["seeds"], cases["prompts"]) == (T2I, SEEDS, PROMPTS), \
+        "the file was written for other cases: regenerate it with benchmarks/oracles/bagel_model.py"
     got = produce(_tiny())
     for key in ("prompt_ids", "understand_tokens", "understand", "understand_think"):
         assert got[key] == want[key], key
@@ -86,11 +67,5 @@ def test_tiny_bagel_matches_the_values_checked_against_the_official_code():
                       ("edit_rgba", got["edit_rgba"], want["edit_rgba"]),
                       ("t2i_think", got["t2i_think"]["image"], want["t2i_think"]["image"]),
                       ("edit_think", got["edit_think"]["image"], want["edit_think"]["image"])):
+        # 8x8 means of fp32 images in [0, 1], rounded to 6 decimals: float rounding is ~1e-6
         torch.testing.assert_close(torch.tensor(g), torch.tensor(w), atol=2e-5, rtol=1e-4, msg=key)
-
-
-if __name__ == "__main__" and "--write" in sys.argv:
-    old = json.loads(DATA.read_text()) if DATA.is_file() else {}
-    data = {"note": old.get("note", "see tests/test_bagel_parity.py"), **produce(_tiny())}
-    DATA.write_text(json.dumps(data, ensure_ascii=False, indent=1) + "\n")
-    print(f"wrote {DATA}")
