@@ -6,6 +6,7 @@ Each configuration runs in its own `torchrun` job (fresh processes, fresh compil
     python -m benchmarks.parallel --gpus 2            # 1-GPU baselines + every 2-GPU configuration
     python -m benchmarks.parallel --gpus 4            # ... + the 4-GPU ones
     python -m benchmarks.parallel --smoke             # CPU, 2 gloo processes, wan2.1-tiny: plumbing only
+    python -m benchmarks.parallel --gpus 4 --profile  # + where each configuration's step goes (step_profile)
 
 What is timed (CUDA events, rank 0; warm-up, then >= 5 runs, median), with the shipped
 spec for the card (regional compile, its attention backend) plus the parallel section:
@@ -58,6 +59,49 @@ def configs(world: int, mode: str, which: str = "all") -> list[dict[str, Any]]:
     return out
 
 
+# -- where a step's time goes (--profile) -----------------------------------------------------------
+# Kernel names -> category, first match wins. Collectives first: NCCL's kernels (ncclDevKernel_*,
+# ncclKernel_*) and gloo's ops on CPU; then attention (FA3's and torch's flash / cuDNN / efficient
+# kernels); then matmuls (cuBLAS, CUTLASS, Hopper's sm90 / nvjet GEMMs).
+PROFILE_CATEGORIES = (
+    ("communication", ("nccl", "all_to_all", "alltoall", "all_gather", "allgather", "c10d::", "gloo")),
+    ("attention", ("flash", "fmha", "attention", "cudnn_sdpa", "sdpa", "mha")),
+    ("matmul", ("gemm", "cutlass", "sm90_xmma", "nvjet", "matmul", "aten::mm", "aten::addmm")),
+)
+
+
+def categorise(name: str) -> str:
+    """The category of a profiler event's name (`PROFILE_CATEGORIES`), else "other"."""
+    low = name.lower()
+    return next((cat for cat, keys in PROFILE_CATEGORIES if any(k in low for k in keys)), "other")
+
+
+def step_profile(step, device_type: str) -> dict[str, float]:
+    """One `step()` under torch.profiler: milliseconds of self time per category, summed over
+    kernels (device time on CUDA, CPU time on CPU). Kernels on different streams overlap (NCCL
+    runs beside compute), so the categories can add up to more than the step's wall time; the
+    sum over "communication" is what the collectives cost if nothing hid them."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device_type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        step()
+        if device_type == "cuda":
+            torch.cuda.synchronize()
+    out: dict[str, float] = {}
+    for ev in prof.key_averages():
+        if device_type == "cuda":
+            us = getattr(ev, "self_device_time_total", None) or getattr(ev, "self_cuda_time_total", 0)
+        else:
+            # CPU: the aten / c10d ops themselves (their self time), not the Python frames around them
+            us = ev.self_cpu_time_total if "::" in ev.key else 0
+        if us:
+            cat = categorise(ev.key)
+            out[cat] = out.get(cat, 0.0) + us / 1e3
+    return {k: round(v, 2) for k, v in sorted(out.items())}
+
+
 # -- one rank of one configuration -------------------------------------------------------------
 def worker(args) -> None:
     import torch
@@ -108,6 +152,7 @@ def worker(args) -> None:
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         timing = time_calls(step, dev, warmup=args.warmup, runs=args.runs)
+        profile_ms = step_profile(step, dev.type) if args.profile else None
         out = step()
     peak = torch.cuda.max_memory_allocated() if dev.type == "cuda" else None
     rec = next(s for s in h.report().steps if s.step == "parallel")
@@ -118,6 +163,8 @@ def worker(args) -> None:
            "ms": timing["median_ms"], "min_ms": timing["min_ms"], "max_ms": timing["max_ms"],
            "times_ms": timing["times_ms"], "first_call_s": round(first_s, 2), "build_s": round(build_s, 1),
            "peak_gib": gib(peak), "shape": [args.height, args.width, args.frames]}
+    if profile_ms is not None:  # rank 0's kernels of one step, by category (step_profile)
+        row["profile_ms"] = profile_ms
     if rank == 0:
         ref = Path(args.ref)
         mine = {"out": out, **branches}
@@ -154,7 +201,8 @@ def run_config(workload: str, world: int, par: dict[str, Any], args, ref: Path, 
                "-m", "benchmarks.parallel", "--worker", "--workload", workload, "--model", model, "--mode", mode,
                "--height", str(height), "--width", str(width), "--frames", str(frames),
                "--warmup", str(args.warmup), "--runs", str(args.runs), "--parallel", json.dumps(par),
-               "--ref", str(ref), "--result", str(result)] + (["--smoke"] if smoke else [])
+               "--ref", str(ref), "--result", str(result)] + (["--smoke"] if smoke else []) \
+            + (["--profile"] if args.profile else [])
         print(f"$ torchrun --standalone --nproc-per-node={world} -m benchmarks.parallel --worker --workload "
               f"{workload} --parallel '{json.dumps(par)}' ...", flush=True)
         # past the timeout the whole job goes (torchrun and its workers, which would otherwise
@@ -178,8 +226,13 @@ def _write(rows: list[dict[str, Any]], args, argv, counts: list[int], quiet: boo
             r["speedup"] = round(base[r["workload"]] / r["ms"], 2)
     env = next((r["env"] for r in rows if "env" in r), {})
     card = card_tag(env, cuda=not args.smoke)
+    for r in rows:  # the profile's categories as columns of their own
+        for cat, ms in (r.get("profile_ms") or {}).items():
+            r[f"{cat}_ms"] = ms
     cols = ["workload", "gpus", "config", "ms", "speedup", "vs_1gpu", "rel_l2_vs_1gpu", "rel_l2_cond_vs_1gpu",
             "rel_l2_uncond_vs_1gpu", "first_call_s", "peak_gib", "status", "error"]
+    if any(r.get("profile_ms") for r in rows):
+        cols += [f"{cat}_ms" for cat in (*(c for c, _ in PROFILE_CATEGORIES), "other")]
     md = "\n".join([
         "# Multi-GPU inference (benchmarks/parallel.py)", "", env_line(env) if env else "", "",
         "ms = one CFG step (cond + uncond forward + combine; = s/it) for `cfg-step`, one transformer forward for "
@@ -209,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--configs", choices=("all", "default"), default="all",
                    help="per GPU count: every configuration, or only the one `--nproc N` picks")
     p.add_argument("--smoke", action="store_true", help="CPU, 2 gloo processes, wan2.1-tiny (plumbing only)")
+    p.add_argument("--profile", action="store_true",
+                   help="also profile one step per configuration on rank 0: ms of communication, attention, "
+                        "matmul and other kernels (the row's profile_ms)")
     # worker-only
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     for name in ("workload", "model", "mode", "parallel", "ref", "result"):

@@ -147,11 +147,27 @@ def test_parallel_benchmark_smoke_compares_branches(tmp_path):
 
     from benchmarks.parallel import main as parallel_main
 
-    assert parallel_main(["--smoke", "--out", str(tmp_path)]) == 0
+    assert parallel_main(["--smoke", "--profile", "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "parallel_smoke_cpu.json").read_text())["rows"]
     two = next(r for r in rows if r["gpus"] == 2)
     assert two["config"] == "cfg 2" and two["rel_l2_vs_1gpu"] == 0.0
     assert two["rel_l2_cond_vs_1gpu"] == 0.0 and two["rel_l2_uncond_vs_1gpu"] == 0.0
+    # --profile: where rank 0's step went; CFG parallel exchanges the branches (gloo's collective),
+    # one process exchanges nothing
+    one = next(r for r in rows if r["gpus"] == 1)
+    assert two["profile_ms"]["communication"] > 0 and "communication" not in one["profile_ms"], (one, two)
+    assert two["profile_ms"]["matmul"] > 0
+
+
+def test_profile_categories_name_the_kernels():
+    from benchmarks.parallel import categorise
+
+    assert categorise("ncclDevKernel_AllGather_RING_LL(ncclDevComm*, unsigned long, ncclWork*)") == "communication"
+    assert categorise("c10d::allgather_") == "communication"
+    assert categorise("void flash::flash_fwd_kernel<...>") == "attention"
+    assert categorise("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64") == "matmul"
+    assert categorise("aten::addmm") == "matmul"
+    assert categorise("triton_poi_fused_add_mul_0") == "other"
 
 
 def test_offload_benchmark_smoke_writes_after_every_row(tmp_path, monkeypatch):
