@@ -50,8 +50,11 @@ def test_published_variants_are_exact_configs():
     assert (t["num_attention_heads"] * t["attention_head_dim"], t["num_layers"], t["ffn_dim"]) == (1536, 30, 8960)
     t14 = VARIANTS["wan2.1-i2v-14b-480p"].config["transformer"]
     assert (t14["num_attention_heads"] * t14["attention_head_dim"], t14["num_layers"], t14["in_channels"]) == (5120, 40, 36)
-    assert magi_zoo.list_models()[:5] == ["wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "wan2.1-i2v-14b-480p",
-                                          "wan2.1-i2v-14b-720p", TINY]
+    # the published variants first, then LightX2V's distilled ones over them, then the tiny one
+    assert magi_zoo.list_models()[:9] == ["wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "wan2.1-i2v-14b-480p",
+                                          "wan2.1-i2v-14b-720p", "wan2.1-i2v-14b-480p-distill",
+                                          "wan2.1-t2v-14b-distill", "wan2.1-i2v-14b-480p-distill-lora",
+                                          "wan2.1-t2v-14b-distill-lora", TINY]
 
 
 def test_unknown_model_did_you_mean():
