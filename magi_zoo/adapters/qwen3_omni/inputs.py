@@ -30,10 +30,12 @@ from ...engine.compat.transformers import qwen3_omni_audio_output_lengths
 AUDIO_RATE = 16000  # the audio encoder's input rate (WhisperFeatureExtractor, published config)
 AUDIO_MARK = "<|audio_start|><|audio_pad|><|audio_end|>"
 IMAGE_MARK = "<|vision_start|><|image_pad|><|vision_end|>"
-# Published Qwen3-Omni image processor: pixels normalised to [-1, 1]; the pixel budget of
-# Qwen2-VL's defaults (min 56*56, max 28*28*1280 = 1,003,520 pixels).
+# Published Qwen3-Omni image processor (preprocessor_config.json): pixels normalised to
+# [-1, 1]; min_pixels 3136 (56*56) and max_pixels 12845056 (3584*3584), not Qwen2-VL's default
+# cap of 28*28*1280 = 1,003,520 pixels: a 1024 x 1280 image keeps its 1280 tokens (a 64 x 80
+# grid merged 2x2) where that cap would shrink it to 980 (tests/data/qwen3_omni_processor_oracle.json).
 IMAGE_MEAN = IMAGE_STD = (0.5, 0.5, 0.5)
-MIN_PIXELS, MAX_PIXELS = 56 * 56, 28 * 28 * 1280
+MIN_PIXELS, MAX_PIXELS = 56 * 56, 3584 * 3584
 
 
 def read_wav(path: str | Path) -> np.ndarray:

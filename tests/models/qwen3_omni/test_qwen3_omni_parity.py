@@ -11,11 +11,14 @@ speech waveform, which is a function of every talker code.
 
 from __future__ import annotations
 
+import json
 import os
 
-import numpy as np
 import pytest
 import torch
+
+from benchmarks.oracles.qwen3_omni_processor import TEXT, parity_inputs
+from helpers import DATA
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -28,6 +31,8 @@ from magi_zoo.adapters.qwen3_omni.pipeline import _talker_sees_audio_window  # n
 
 MODEL = "qwen3-omni-tiny"
 N_TOKENS, N_CODES = 4, 5
+AUDIO_PAD, IMAGE_PAD = 151675, 151655  # the published token ids of <|audio_pad|> / <|image_pad|>
+ORACLE = json.loads((DATA / "qwen3_omni_processor_oracle.json").read_text())
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -47,26 +52,44 @@ def pair(tmp_path_factory):
     return ours, ref.eval()
 
 
-def _inputs(pipe):
-    from PIL import Image
+def _inputs(pipe, which: str = "small"):
+    image, audio, large = parity_inputs()
+    return pipe.encode(TEXT, audio=audio, image=image if which == "small" else large)
 
-    rng = np.random.RandomState(0)
-    image = Image.fromarray((rng.rand(40, 56, 3) * 255).astype("uint8"))
-    audio = (rng.randn(16000) * 0.1).astype("float32")
-    return pipe.encode("Describe both.", audio=audio, image=image)
+
+@pytest.mark.parametrize("which", ["small", "large"])
+def test_inputs_match_the_official_processor(pair, which):
+    """Placeholder counts, image grid and the features / pixels against what transformers'
+    Qwen3OmniMoeProcessor makes of the same audio and image with the published preprocessor
+    config (tests/data/qwen3_omni_processor_oracle.json, from
+    benchmarks/oracles/qwen3_omni_processor.py: the processor needs torchvision, so its numbers
+    are recorded). "large" is 1024 x 1280: above Qwen2-VL's default pixel cap, below the
+    published one."""
+    want = ORACLE[which]
+    enc = _inputs(pair[0].pipe, which)
+    ids, mask, feats, pixels = enc["input_ids"][0], enc["feature_attention_mask"], enc["input_features"], \
+        enc["pixel_values"].double()
+    assert int((ids == AUDIO_PAD).sum()) == want["audio_tokens"]
+    assert int((ids == IMAGE_PAD).sum()) == want["image_tokens"]
+    assert enc["image_grid_thw"].tolist() == want["image_grid_thw"]
+    assert int(mask.sum()) == want["mel_frames"] and list(feats.shape) == want["input_features_shape"]
+    valid = feats[mask.bool()[:, None, :].expand_as(feats)].double().sum().item()
+    assert valid == pytest.approx(want["input_features_sum"], rel=1e-6)
+    assert list(pixels.shape) == want["pixel_values_shape"]
+    assert pixels.sum().item() == pytest.approx(want["pixel_values_sum"], rel=1e-6, abs=1e-6 * pixels.numel())
+    assert pixels.abs().sum().item() == pytest.approx(want["pixel_values_abs_sum"], rel=1e-6)
 
 
 def test_thinker_logits_and_tokens_match_transformers(pair):
     ours, ref = pair
     enc = _inputs(ours.pipe)
-    # The official processor's placeholder counts, as fixed numbers (the processor computes
-    # the image count from its own grid, so comparing the two would check nothing): 13 audio
-    # tokens for 100 mel frames (transformers' _get_feat_extract_output_lengths); the 40x56 px
-    # image resized by the processor to 64x96: a 1x4x6 grid of 16-px patches, merged 2x2 -> 6.
-    ids = enc["input_ids"][0]
-    assert (ids == 151675).sum() == 13
-    assert enc["image_grid_thw"].tolist() == [[1, 4, 6]]
-    assert (ids == 151655).sum() == 6
+    # The official processor's placeholder counts and grid (tests/data/qwen3_omni_processor_oracle.json:
+    # 13 audio tokens for 100 mel frames; the 40x56 px image resized to 64x96, a 1x4x6 grid of
+    # 16-px patches merged 2x2 -> 6).
+    ids, want = enc["input_ids"][0], ORACLE["small"]
+    assert (ids == AUDIO_PAD).sum() == want["audio_tokens"]
+    assert enc["image_grid_thw"].tolist() == want["image_grid_thw"]
+    assert (ids == IMAGE_PAD).sum() == want["image_tokens"]
     media = {k: v for k, v in enc.items() if k not in ("input_ids", "attention_mask")}
     common = dict(thinker_output_logits=True, thinker_return_dict_in_generate=True)
     got = ours.pipe.generate(enc["input_ids"], enc["attention_mask"], max_new_tokens=N_TOKENS, ignore_eos=True,
