@@ -142,6 +142,30 @@ class DiffusersPipelineAdapter(Adapter):
     def check_shape(self, pipe, call: dict[str, Any]) -> None:
         """Raise a clear error for a resolution the pipeline cannot make (before any work)."""
 
+    # -- packed-latent image families (FLUX.2, Qwen-Image): one token per 2x2 latent patch ------
+    def check_packed_shape(self, pipe, call: dict[str, Any], label: str) -> None:
+        """`check_shape` for a packed-latent image pipeline: height and width divide by the VAE's
+        downsampling times the 2x2 patch (16 for the published VAEs)."""
+        f = pipe.vae_scale_factor * 2
+        if call["height"] % f or call["width"] % f:
+            raise ValueError(f"{label} needs height and width divisible by {f} (VAE x{pipe.vae_scale_factor} "
+                             f"times 2x2 patches); got {call['height']}x{call['width']}")
+
+    def packed_grid(self, pipe, variant: Variant, height, width, frames, seed: int):
+        """(token rows, token columns, rnd) for a packed-latent image denoiser's example inputs:
+        the call defaults fill what is not given, `check_shape` checks the size, and `rnd(*shape)`
+        draws seeded random tensors on the denoiser's device in its dtype."""
+        if frames not in (None, 1):
+            raise ValueError(f"{variant.name} makes images; frames={frames} has no meaning")
+        d = variant.call_defaults
+        height, width = height or d["height"], width or d["width"]
+        self.check_shape(pipe, {"height": height, "width": width})
+        p = next(pipe.transformer.parameters())
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        rnd = lambda *shape: torch.randn(*shape, generator=g).to(device=p.device, dtype=p.dtype)  # noqa: E731
+        f = pipe.vae_scale_factor * 2
+        return height // f, width // f, rnd
+
 
 
 def same_layout_preparation(blocks: nn.ModuleList, inputs: tuple[int | str, ...], what: str) -> Preparation:

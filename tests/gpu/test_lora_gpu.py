@@ -6,13 +6,12 @@ loads to the same forward as quantize-at-load with half the host bytes of its bl
     python -m pytest -q -m gpu tests/gpu/test_lora_gpu.py
 """
 
-import statistics
-
 import pytest
 import torch
 from helpers.lora_files import diffusers_lora
 
 import magi_zoo
+from benchmarks.common import time_calls
 
 pytestmark = pytest.mark.gpu
 
@@ -21,18 +20,8 @@ SHAPE = dict(height=480, width=832, frames=81)
 
 
 def _time_ms(fn, runs=10):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(runs):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    """Median ms of `runs` calls after 3 warm-up calls (CUDA events: the harness's timing)."""
+    return time_calls(fn, torch.device("cuda"), warmup=3, runs=runs)["median_ms"]
 
 
 @pytest.fixture(scope="module")

@@ -104,9 +104,7 @@ class Flux2Adapter(DiffusersPipelineAdapter):
         return CallLimits(pixel_multiple=down * 2, why_multiple=f"VAE {down}x down x 2x2 patches")
 
     def check_shape(self, pipe, call: dict[str, Any]) -> None:
-        f = pipe.vae_scale_factor * 2
-        if call["height"] % f or call["width"] % f:
-            raise ValueError(f"FLUX.2 needs height and width divisible by {f}; got {call['height']}x{call['width']}")
+        self.check_packed_shape(pipe, call, "FLUX.2")
 
     def denoiser_inputs(self, pipe, variant: Variant, *, height=None, width=None, frames=None,
                         batch: int = 1, seed: int = 0, cond_tokens: int = 0) -> dict[str, Any]:
@@ -115,16 +113,9 @@ class Flux2Adapter(DiffusersPipelineAdapter):
         in [0, 1], 4-D position ids (T, H, W, L) for image and text tokens, guidance.
         cond_tokens: a conditioning image's tokens appended to the image sequence (`--shape
         cond_tokens=N`; the pipeline puts them at T = 10 in their own grid -- here one row)."""
-        if frames not in (None, 1):
-            raise ValueError(f"{variant.name} makes images; frames={frames} has no meaning")
-        d = variant.call_defaults
-        height, width = height or d["height"], width or d["width"]
-        self.check_shape(pipe, {"height": height, "width": width})
-        t = pipe.transformer
+        gh, gw, rnd = self.packed_grid(pipe, variant, height, width, frames, seed)
+        t, d = pipe.transformer, variant.call_defaults
         p = next(t.parameters())
-        g = torch.Generator(device="cpu").manual_seed(seed)
-        rnd = lambda *shape: torch.randn(*shape, generator=g).to(device=p.device, dtype=p.dtype)  # noqa: E731
-        gh, gw = height // (pipe.vae_scale_factor * 2), width // (pipe.vae_scale_factor * 2)
         text_len = d.get("max_sequence_length", 512)
         ar = lambda n: torch.arange(n, device=p.device)  # noqa: E731
         zero = torch.zeros(1, dtype=torch.long, device=p.device)

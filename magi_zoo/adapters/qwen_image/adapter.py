@@ -69,9 +69,7 @@ class QwenImageAdapter(DiffusersPipelineAdapter):
         return CallLimits(pixel_multiple=down * patch, why_multiple=f"VAE {down}x down x {patch}x{patch} patches")
 
     def check_shape(self, pipe, call: dict[str, Any]) -> None:
-        f = pipe.vae_scale_factor * 2
-        if call["height"] % f or call["width"] % f:
-            raise ValueError(f"Qwen-Image needs height and width divisible by {f}; got {call['height']}x{call['width']}")
+        self.check_packed_shape(pipe, call, "Qwen-Image")
 
     def denoiser_inputs(self, pipe, variant: Variant, *, height=None, width=None, frames=None,
                         batch: int = 1, seed: int = 0, text_len: int = 256) -> dict[str, Any]:
@@ -80,16 +78,9 @@ class QwenImageAdapter(DiffusersPipelineAdapter):
         mask (the pipeline drops an all-ones mask), timestep in [0, 1], img_shapes per sample.
         text_len: the prompt's tokens after the template (QwenImagePipeline pads to the longest
         prompt, not to a fixed length); 256 is a chosen size, `--shape text_len=N` sets it."""
-        if frames not in (None, 1):
-            raise ValueError(f"{variant.name} makes images; frames={frames} has no meaning")
-        d = variant.call_defaults
-        height, width = height or d["height"], width or d["width"]
-        self.check_shape(pipe, {"height": height, "width": width})
+        gh, gw, rnd = self.packed_grid(pipe, variant, height, width, frames, seed)
         t = pipe.transformer
         p = next(t.parameters())
-        g = torch.Generator(device="cpu").manual_seed(seed)
-        rnd = lambda *shape: torch.randn(*shape, generator=g).to(device=p.device, dtype=p.dtype)  # noqa: E731
-        gh, gw = height // (pipe.vae_scale_factor * 2), width // (pipe.vae_scale_factor * 2)
         return dict(hidden_states=rnd(batch, gh * gw, t.config.in_channels),
                     encoder_hidden_states=rnd(batch, text_len, t.config.joint_attention_dim),
                     encoder_hidden_states_mask=None,
