@@ -250,7 +250,9 @@ def test_web_page_in_headless_chromium(server):
             page.wait_for_function("document.querySelectorAll('#model option').length === 4")
             page.select_option("#model", "flux-tiny")
             assert page.is_hidden("[data-option=num_frames]")  # a video option, not shown for an image model
-            page.fill("#num_inference_steps", "20")
+            # enough steps that the job outlasts several of the page's 150 ms polls and the worker's
+            # progress reports even on a loaded machine (20 steps once finished between two polls)
+            page.fill("#num_inference_steps", "300")
             page.evaluate("""window.seen = [];
                 new MutationObserver(() => window.seen.push(document.getElementById('status').textContent))
                     .observe(document.getElementById('status'), {childList: true, characterData: true, subtree: true});""")
@@ -259,10 +261,10 @@ def test_web_page_in_headless_chromium(server):
             page.wait_for_function("document.getElementById('result-image').complete && "
                                    "document.getElementById('result-image').naturalWidth === 32", timeout=10_000)
             seen = page.evaluate("window.seen")
-            moving = [s for s in seen if s.startswith("in_progress (") and not s.endswith("(20/20)")
+            moving = [s for s in seen if s.startswith("in_progress (") and not s.endswith("(300/300)")
                       and not s.startswith("in_progress (0/")]
             assert moving, seen  # a step count between the first and the last was shown
-            assert seen[-1] == "completed (20/20)"
+            assert seen[-1] == "completed (300/300)"
             assert page.text_content("#error") == ""
         finally:
             browser.close()
