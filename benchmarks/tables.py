@@ -218,8 +218,8 @@ def baseline_rows(rel: str, link: Link) -> str:
     head = [f"{r.data['model']}, {shape['height']}×{shape['width']}", "ms / forward", "rel. error vs fp32",
             "first call, s", "peak GiB"]
     done = "" if r.data.get("complete", True) else (
-        "\n\nIncomplete run: it stopped (the device call's time limit) before the magi_zoo rows, so no ratio is "
-        "drawn from it.")
+        f"\n\nIncomplete run: it stopped after {len(r.rows())} of its strategies (the command names them all), so no "
+        "ratio is drawn from it.")
     return table(head, rows) + done + "\n\n" + sources([r], link)
 
 
