@@ -73,9 +73,14 @@ class DiffusersPipelineAdapter(Adapter):
     # The call argument whose value > 1 turns classifier-free guidance on (two denoiser forwards
     # per step: what CFG parallel splits over two processes); None = the pipeline runs no CFG.
     cfg_option: ClassVar[str | None] = None
+    # True CFG that also needs a negative prompt (FluxPipeline, QwenImagePipeline: the uncond
+    # forward runs only when `negative_prompt` is given as well as `cfg_option` > 1).
+    cfg_needs_negative_prompt: ClassVar[bool] = False
 
     def runs_cfg(self, call: dict[str, Any]) -> bool:
         """Whether a pipeline call with these arguments runs classifier-free guidance."""
+        if self.cfg_needs_negative_prompt and call.get("negative_prompt") is None:
+            return False
         return self.cfg_option is not None and float(call.get(self.cfg_option) or 0.0) > 1.0
 
     def load_pretrained(self, variant: Variant, source: str, local: bool, dtype: torch.dtype,

@@ -166,9 +166,7 @@ class FluxAdapter(DiffusersPipelineAdapter):
     output_kind = "image"
     output_suffixes = (".png", ".jpg", ".jpeg", ".webp")
     cfg_option = "true_cfg_scale"  # FluxPipeline: true CFG needs true_cfg_scale > 1 and a negative prompt
-
-    def runs_cfg(self, call: dict[str, Any]) -> bool:
-        return super().runs_cfg(call) and call.get("negative_prompt") is not None
+    cfg_needs_negative_prompt = True
 
     def build_random(self, variant: Variant, dtype: torch.dtype, device: torch.device):
         return _random_pipeline(variant, dtype, device)
