@@ -218,6 +218,13 @@ def spec_keys(adapter, gpu: str, section: str) -> set[str]:
     return {k for _, layer in spec_layers(adapter, get_profile(gpu)) for k in layer.entries(section)}
 
 
+def fusions_off(adapter, gpu: str) -> dict[str, dict[str, bool]]:
+    """A precision override turning the plan's kernel fusions (the GELU epilogue, norm + rope)
+    off in every precision region: the blocks as the model's own code computes them, for
+    baselines and attribution rows."""
+    return {k: {"gelu_epilogue": False, "fuse_norm_rope": False} for k in spec_keys(adapter, gpu, "precision")}
+
+
 def use_expandable_segments() -> None:
     """PYTORCH_CUDA_ALLOC_CONF gains expandable_segments:True (kept if already set there):
     read when CUDA's allocator starts, so call before any CUDA work; child processes inherit it."""

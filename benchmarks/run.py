@@ -117,8 +117,7 @@ def _zoo_kwargs(strategy: str, adapter, gpu: str) -> dict[str, Any]:
         keys = common.spec_keys(adapter, gpu, "precision")
         return {"overrides": {"precision": {k: {"matmul": "fp8", "attention": "bf16"} for k in keys}}}
     if strategy == "magi_zoo_unfused":  # the precision section's kernel fusions off (GELU epilogue, norm + rope)
-        keys = common.spec_keys(adapter, gpu, "precision")
-        return {"overrides": {"precision": {k: {"gelu_epilogue": False, "fuse_norm_rope": False} for k in keys}}}
+        return {"overrides": {"precision": common.fusions_off(adapter, gpu)}}
     if strategy in ("magi_zoo_sdpa", "magi_zoo_fa3"):
         keys = common.spec_keys(adapter, gpu, "attention")
         if not keys:

@@ -20,8 +20,9 @@ same) and `auto` is re-measured without them. Strategies (`--strategies`):
 
 - eager_full: blocks eager (compile off for the block classes), full checkpointing;
 - regional_full: the shipped regional compile, full checkpointing;
-  (both baselines attend with torch SDPA's own dispatch, backend "native": what a user gets
-  without the plan; the other strategies use the plan's attention, fa3 on Hopper = FA3's
+  (both baselines attend with torch SDPA's own dispatch, backend "native", and have the plan's
+  kernel fusions -- GELU epilogue, norm + rope -- off: the blocks as diffusers computes them,
+  what a user gets without the plan; the other strategies use the plan's attention, fa3 on Hopper = FA3's
   forward + cuDNN's backward); any strategy + "_sdpa" (e.g. auto16_sdpa) pins SDPA's dispatch
   too, to attribute the attention backend's share
 - save_all: regional compile, selective checkpointing keeping every matmul and attention output;
@@ -165,12 +166,16 @@ def build(model: str, strategy: str, *, gpu: str, device: str, backend: str | No
         compile_override = {k: {"backend": backend} for k in _block_keys(model)}
     from magi_zoo import adapters
 
-    keys = sorted(common.spec_keys(adapters.lookup(model)[0], gpu, "attention")) \
+    adapter = adapters.lookup(model)[0]
+    keys = sorted(common.spec_keys(adapter, gpu, "attention")) \
         if _base(strategy) in BASELINES or strategy.partition(CAP)[0].endswith(SDPA) else []
-    overrides = {"attention": {k: {"backend": "native"} for k in keys}} if keys else None
+    overrides: dict[str, Any] = {"attention": {k: {"backend": "native"} for k in keys}} if keys else {}
+    if _base(strategy) in BASELINES:
+        # the blocks as diffusers computes them: none of the plan's kernel fusions either
+        overrides["precision"] = common.fusions_off(adapter, gpu)
     kw = dict(gpu=gpu, weights=None if model.endswith("tiny") else "random", device=device, train=True,
               recompute=_recompute(strategy, budget, optimizer), compile=compile_override or None,
-              overrides=overrides)
+              overrides=overrides or None)
     if _base(strategy).startswith("auto"):
         # measured once, below, with only the denoiser on the card -- or by the caller after
         # sharding (calibrate=False): never with the frozen encoders still there

@@ -41,6 +41,27 @@ def test_op_is_gelu_of_the_linear_and_has_its_backward():
         gelu_linear.linear_gelu_tanh(x.detach(), w.detach()[:, :8], b.detach())
 
 
+def test_backward_working_set_is_two_wide_tensors():
+    # Eager backward (no compile to fuse it): the recomputed pre-activation and the gradient
+    # through the GELU, each M x N in the input's dtype -- not fp32 temporaries per term of
+    # the derivative (a Wan-1.3B up projection's are 1.17 GB each). Sizes by LiveBytes.
+    from magi_zoo.engine.recompute import measure_peak
+
+    m, k, n = 256, 32, 512
+    x = torch.randn(m, k, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(n, k, dtype=torch.bfloat16, requires_grad=True)
+    b = torch.randn(n, dtype=torch.bfloat16, requires_grad=True)
+    y = gelu_linear.linear_gelu_tanh(x, w, b)
+    grad = torch.randn_like(y)
+    (got, peak) = measure_peak(lambda: torch.autograd.grad(y, (x, w, b), grad))
+    wide = m * n * 2
+    assert peak <= 2 * wide + 2 * (m * k + n * k + n) * 2, (peak, wide)
+    ref = torch.autograd.grad(F.gelu(F.linear(x.float(), w.float(), b.float()), approximate="tanh"),
+                              (x, w, b), grad.float())
+    for a, r in zip(got, ref):
+        assert _rel(a, r) < 2e-2
+
+
 def test_op_traces_whole_under_fullgraph(fresh_dynamo):
     lin = nn.Linear(16, 32)
     fn = torch.compile(lambda t: gelu_linear.apply(t, lin) * 2, fullgraph=True, backend="aot_eager")

@@ -106,3 +106,14 @@ def test_flux_repro_lists_its_cases_and_needs_cuda():
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit):
             repro.main(["--stages", "sdpa"])
+
+
+def test_baselines_are_the_blocks_without_the_plans_kernels():
+    # eager_full / regional_full time what a user has without the plan: SDPA's own dispatch
+    # and none of the plan's fusions; the plan's rows keep them (the GELU epilogue is applied
+    # on CPU too, as its definition).
+    base = train.build("wan2.1-tiny", "eager_full", gpu="cpu", device="cpu", backend="eager", optimizer="none")
+    plan = train.build("wan2.1-tiny", "save_all", gpu="cpu", device="cpu", backend="eager", optimizer="none")
+    assert "GELU in the GEMM epilogue" not in base.report().step("precision").did
+    assert "RoPE in one pass" not in base.report().step("precision").did
+    assert "GELU in the GEMM epilogue" in plan.report().step("precision").did

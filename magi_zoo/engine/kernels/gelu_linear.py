@@ -65,15 +65,16 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad):
     x, weight, bias = ctx.saved_tensors
-    # d/dpre of gelu_tanh, from the recomputed pre-activation (one GEMM, not stored)
+    # The GELU's derivative at the recomputed pre-activation (one GEMM, not stored), through
+    # aten's own fused gelu_backward: one pass with fp32 math inside for bf16 (as the epilogue
+    # applies the GELU to the fp32 accumulator). Spelled out in torch ops instead, the fp32
+    # temporaries (pre, inner, tanh, derivative: 4 B each per element) of one Wan-1.3B up
+    # projection (32,760 x 8,960) are 4 x 1.17 GB live at once in an eager backward -- the
+    # working set that ran eager + full checkpointing out of a 16 GiB cap (peak 16.1 GiB
+    # allocated, against 9.7 without the rewrite). Compiled, inductor fuses either form.
     pre = F.linear(x, weight, bias)
-    wide = torch.promote_types(pre.dtype, torch.float32)  # bf16 math in fp32; float64 stays float64
-    pre = pre.to(wide)
-    k = 0.7978845608028654
-    inner = k * (pre + 0.044715 * pre ** 3)
-    t = torch.tanh(inner)
-    dgelu = 0.5 * (1 + t) + 0.5 * pre * (1 - t * t) * k * (1 + 3 * 0.044715 * pre * pre)
-    g = (grad.to(wide) * dgelu).to(grad.dtype)
+    g = torch.ops.aten.gelu_backward(grad, pre, approximate="tanh")
+    del pre
     dx = g @ weight if ctx.needs_input_grad[0] else None
     dw = g.t() @ x if ctx.needs_input_grad[1] else None
     db = g.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
