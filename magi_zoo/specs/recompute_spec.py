@@ -34,7 +34,8 @@ POLICIES = ("none", "full", "selective", "auto")
 # fused kernels (which one depends on the device and the backend chosen).
 OP_GROUPS: dict[str, tuple[str, ...]] = {
     "matmuls": ("aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten._scaled_mm", "aten.linear",
-                "aten.matmul"),
+                "aten.matmul",
+                "magi_zoo.linear_gelu_tanh"),  # a linear with its GELU in the GEMM (engine/kernels/gelu_linear.py)
     "attention": ("aten._scaled_dot_product_flash_attention", "aten._scaled_dot_product_efficient_attention",
                   "aten._scaled_dot_product_cudnn_attention", "aten._scaled_dot_product_flash_attention_for_cpu",
                   "aten._scaled_dot_product_fused_attention_overrideable", "aten._flash_attention_forward",

@@ -62,6 +62,51 @@ def test_backward_working_set_is_two_wide_tensors():
         assert _rel(a, r) < 2e-2
 
 
+class _FFN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = nn.Linear(8, 32), nn.Linear(32, 8)
+
+    def forward(self, x):
+        return self.down(gelu_linear.apply(x, self.up)) + x
+
+
+@pytest.mark.parametrize("save, op_runs", [(["matmuls"], 1), (["attention"], 2)])
+def test_recompute_treats_the_op_as_a_matmul(save, op_runs):
+    # Kept where an option keeps the matmuls, recomputed where it keeps attention only: as
+    # compute-sensitive (kept by every option) it charged Wan-1.3B's "keep attention" 0.55 GiB
+    # a block more and auto at 16 GiB fell back to full recompute.
+    from magi_zoo.engine.compat.torch import TorchDispatchMode
+    from magi_zoo.engine.recompute import is_down_projection, op_group
+
+    op = torch.ops.magi_zoo.linear_gelu_tanh.default
+    assert op_group(op) == "matmuls"
+    up, down = torch.empty(4, 8), torch.empty(4, 32)
+    assert not is_down_projection(op, (up, torch.empty(32, 8), None))  # K 8 -> N 32
+    assert is_down_projection(op, (down, torch.empty(8, 32), None))    # K 32 -> N 8
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.n += func is op
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    net = nn.Sequential(_FFN(), _FFN())
+    x = torch.randn(5, 8, requires_grad=True)
+    net(x).sum().backward()
+    ref = [p.grad.clone() for p in net.parameters()]
+    net.zero_grad()
+    magi_zoo.apply(net, {"recompute": {"_FFN": {"policy": "selective", "save": save}},
+                         "compile": {"_FFN": {"enabled": False}}})
+    with Count():
+        net(x).sum().backward()
+    assert Count.n == 2 * op_runs
+    for p, r in zip(net.parameters(), ref):
+        torch.testing.assert_close(p.grad, r)
+
+
 def test_op_traces_whole_under_fullgraph(fresh_dynamo):
     lin = nn.Linear(16, 32)
     fn = torch.compile(lambda t: gelu_linear.apply(t, lin) * 2, fullgraph=True, backend="aot_eager")

@@ -17,6 +17,7 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 from ...specs.recompute_spec import OP_GROUPS, SHAPE_GROUPS, resolve_op_name
 from ..custom_ops import NAMESPACE, list_custom_ops
 from ..kernels import fa3 as _fa3  # noqa: F401 -- registers magi_zoo::fa3_attention, an OP_GROUPS entry
+from ..kernels import gelu_linear as _gelu_linear  # noqa: F401 -- registers magi_zoo::linear_gelu_tanh, one too
 
 DOWN = "down-projections"  # the shape-defined group (SHAPE_GROUPS)
 
@@ -59,7 +60,7 @@ def _operand_dims(func: Any, args: tuple) -> tuple[int, int] | None:
     if packet not in group_ops("matmuls") or len(args) < 2:
         return None
     name = getattr(packet, "__name__", "")
-    if name == "linear":  # linear(input, weight[N, K], bias)
+    if name in ("linear", "linear_gelu_tanh"):  # (input, weight[N, K], bias)
         a, w = args[0], args[1]
         return (a.shape[-1], w.shape[0]) if hasattr(a, "shape") and hasattr(w, "shape") else None
     a, b = (args[1], args[2]) if name in ("addmm", "baddbmm") and len(args) >= 3 else (args[0], args[1])
