@@ -18,9 +18,26 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world: int, port: int, out_dir: str, device: str = "cpu", dtype: str = "float32",
-            cpu_offload: bool = False) -> None:
+def _worker(rank: int, world: int, port: int, out_dir: str, device: str = "cpu",
+            runs: tuple[tuple[str, str, bool], ...] = (("result", "float32", False),)) -> None:
+    """Each of `runs` (result file stem, dtype, cpu_offload) in turn, in one process group:
+    the processes start (and import torch and magi_zoo) once for all of them."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    import torch.distributed as dist
+
+    cuda = device == "cuda"
+    if cuda:
+        torch.cuda.set_device(rank)
+    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
+    try:
+        torch.set_num_threads(1)
+        for stem, dtype, cpu_offload in runs:
+            _train_step(rank, os.path.join(out_dir, stem + ".json"), device, dtype, cpu_offload)
+    finally:
+        dist.destroy_process_group()
+
+
+def _train_step(rank: int, out: str, device: str, dtype: str, cpu_offload: bool) -> None:
     import torch.distributed as dist
 
     import magi_zoo
@@ -29,63 +46,65 @@ def _worker(rank: int, world: int, port: int, out_dir: str, device: str = "cpu",
     from magi_zoo.train import flow_matching_loss, shard
 
     cuda = device == "cuda"
-    if cuda:
-        torch.cuda.set_device(rank)
-    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
-    try:
-        torch.set_num_threads(1)
-        # fp32 weights on both devices; on CUDA FSDP2 computes in bf16 (MixedPrecisionPolicy)
-        h = magi_zoo.load("wan2.1-tiny", gpu="cpu", device=f"cuda:{rank}" if cuda else "cpu", dtype=dtype,
-                          train=True)  # seeded: same weights on every rank
-        dtypes_built = sorted({str(p.dtype) for p in h.trainable.parameters()})
-        model = h.trainable
-        kw = h.adapter.example_inputs(h.pipe, h.variant, "denoise")  # seeded: same batch on every rank
-        # single-process eager reference, before anything is applied or sharded
-        magi_zoo.remove(h.modules)
-        ref_loss = flow_matching_loss(model, kw)
-        ref_loss.backward()
-        ref = {n: p.grad.clone() for n, p in model.named_parameters()}
-        model.zero_grad(set_to_none=True)
-        # the plan (full recompute, compiled blocks), then FSDP2 per block + root. CPU: dynamo
-        # with the eager backend (the compiled-gradient numerics are test_recompute's; here
-        # the order recompute -> compile -> shard and the collectives are under test).
-        layers = training_layers(with_backend(h.layers, "inductor" if cuda else "eager"), "full")
-        rep = magi_zoo.apply(h.modules, layers=layers, gpu="cpu", train=True, preparations=h.adapter.preparations(h.pipe))
-        shard(model, cpu_offload=cpu_offload)
-        loss = flow_matching_loss(model, kw)
-        loss.backward()
-        rel = {}
-        for n, p in model.named_parameters():
-            # gathered on the compute device (a CPU-offloaded shard cannot all-gather over nccl)
-            g = p.grad.to(ref[n].device).full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
-            rel[n] = float((g - ref[n]).norm() / ref[n].norm().clamp_min(1e-12))
-        where = sorted({str(t.to_local().device.type) for p in model.parameters() for t in (p, p.grad)})
-        # an AdamW step on the shards where they live (the host, with CPU offload)
-        first = next(model.parameters())
-        was = first.to_local().clone()
-        torch.optim.AdamW(model.parameters(), lr=1e-3).step()
-        stepped = bool((first.to_local() != was).any())
-        r = rep.region("WanTransformerBlock").counters
-        sharded = sum(type(m).__name__.startswith("FSDP") for m in model.modules())
-        if rank == 0:
-            with open(os.path.join(out_dir, "result.json"), "w") as f:
-                json.dump({"loss": float(loss), "ref_loss": float(ref_loss), "max_rel": max(rel.values()),
-                           "n_grads": len(rel), "breaks": r.n_graph_breaks, "sharded": sharded,
-                           "dtensor": type(next(model.parameters())).__name__, "dtypes_built": dtypes_built,
-                           "dtypes_sharded": sorted({str(p.dtype) for p in model.parameters()}),
-                           "shards_and_grads_on": where, "stepped": stepped}, f)
-        # Both ranks tear down together: a CI run saw rank 1 abort in gloo's teardown ("terminate
-        # called without an active exception") while rank 0 was still writing the result.
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    # fp32 weights on both devices; on CUDA FSDP2 computes in bf16 (MixedPrecisionPolicy)
+    h = magi_zoo.load("wan2.1-tiny", gpu="cpu", device=f"cuda:{rank}" if cuda else "cpu", dtype=dtype,
+                      train=True)  # seeded: same weights on every rank
+    dtypes_built = sorted({str(p.dtype) for p in h.trainable.parameters()})
+    model = h.trainable
+    kw = h.adapter.example_inputs(h.pipe, h.variant, "denoise")  # seeded: same batch on every rank
+    # single-process eager reference, before anything is applied or sharded
+    magi_zoo.remove(h.modules)
+    ref_loss = flow_matching_loss(model, kw)
+    ref_loss.backward()
+    ref = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    # the plan (full recompute, compiled blocks), then FSDP2 per block + root. CPU: dynamo
+    # with the eager backend (the compiled-gradient numerics are test_recompute's; here
+    # the order recompute -> compile -> shard and the collectives are under test).
+    layers = training_layers(with_backend(h.layers, "inductor" if cuda else "eager"), "full")
+    rep = magi_zoo.apply(h.modules, layers=layers, gpu="cpu", train=True, preparations=h.adapter.preparations(h.pipe))
+    shard(model, cpu_offload=cpu_offload)
+    loss = flow_matching_loss(model, kw)
+    loss.backward()
+    rel = {}
+    for n, p in model.named_parameters():
+        # gathered on the compute device (a CPU-offloaded shard cannot all-gather over nccl)
+        g = p.grad.to(ref[n].device).full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+        rel[n] = float((g - ref[n]).norm() / ref[n].norm().clamp_min(1e-12))
+    where = sorted({str(t.to_local().device.type) for p in model.parameters() for t in (p, p.grad)})
+    # an AdamW step on the shards where they live (the host, with CPU offload)
+    first = next(model.parameters())
+    was = first.to_local().clone()
+    torch.optim.AdamW(model.parameters(), lr=1e-3).step()
+    stepped = bool((first.to_local() != was).any())
+    r = rep.region("WanTransformerBlock").counters
+    sharded = sum(type(m).__name__.startswith("FSDP") for m in model.modules())
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump({"loss": float(loss), "ref_loss": float(ref_loss), "max_rel": max(rel.values()),
+                       "n_grads": len(rel), "breaks": r.n_graph_breaks, "sharded": sharded,
+                       "dtensor": type(next(model.parameters())).__name__, "dtypes_built": dtypes_built,
+                       "dtypes_sharded": sorted({str(p.dtype) for p in model.parameters()}),
+                       "shards_and_grads_on": where, "stepped": stepped}, f)
+    # Both ranks tear down together: a CI run saw rank 1 abort in gloo's teardown ("terminate
+    # called without an active exception") while rank 0 was still writing the result.
+    dist.barrier()
 
 
-def test_fsdp2_two_gloo_processes_match_one_process(tmp_path, fresh_dynamo):
+@pytest.fixture(scope="module")
+def gloo_runs(tmp_path_factory):
+    """Both CPU runs (fp32; bf16 with fp32 layers and CPU offload) on one pair of gloo
+    processes: result stem -> what rank 0 wrote."""
     from torch.distributed.fsdp import fully_shard  # noqa: F401  (FSDP2 is in this torch)
 
-    mp.spawn(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
-    res = json.loads((tmp_path / "result.json").read_text())
+    out = tmp_path_factory.mktemp("fsdp")
+    runs = (("fp32", "float32", False), ("bf16_offload", "bfloat16", True))
+    mp.spawn(_worker, args=(2, _free_port(), str(out), "cpu", runs), nprocs=2, join=True)
+    return {stem: json.loads((out / f"{stem}.json").read_text()) for stem, _, _ in runs}
+
+
+def test_fsdp2_two_gloo_processes_match_one_process(gloo_runs):
+    res = gloo_runs["fp32"]
     assert res["dtensor"] == "DTensor"  # parameters are sharded
     # 4 blocks + the root = 5 FSDP modules
     assert res["sharded"] == 5
@@ -114,7 +133,8 @@ def test_fsdp2_cpu_offload_on_two_gpus(tmp_path):
     host, the blocks computed on the cards, the AdamW step on the host; bf16 tolerance."""
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 CUDA devices")
-    mp.spawn(_worker, args=(2, _free_port(), str(tmp_path), "cuda", "float32", True), nprocs=2, join=True)
+    runs = (("result", "float32", True),)
+    mp.spawn(_worker, args=(2, _free_port(), str(tmp_path), "cuda", runs), nprocs=2, join=True)
     res = json.loads((tmp_path / "result.json").read_text())
     assert res["shards_and_grads_on"] == ["cpu"] and res["stepped"], res
     assert res["sharded"] == 5 and res["breaks"] == 0
@@ -137,14 +157,13 @@ def test_unify_dtypes_for_fsdp_groups():
     assert unify_dtypes(m, torch.bfloat16) == torch.bfloat16 and m[1].weight.dtype == torch.bfloat16
 
 
-def test_fsdp2_shards_a_bf16_model_with_fp32_layers(tmp_path, fresh_dynamo):
+def test_fsdp2_shards_a_bf16_model_with_fp32_layers(gloo_runs):
     # A bf16 Wan keeps its norms / modulation table fp32 (diffusers' _keep_in_fp32_modules);
     # FSDP2 wants one dtype per sharded group, so `shard` keeps fp32 master weights. On GPUs
     # this was the first failure of the data-parallel benchmark. With FSDP2's CPU offload
     # policy (on the host already here: the policy's plumbing, the collectives and the
     # optimizer step on the shards; test_fsdp2_cpu_offload_on_two_gpus checks the placement).
-    mp.spawn(_worker, args=(2, _free_port(), str(tmp_path), "cpu", "bfloat16", True), nprocs=2, join=True)
-    res = json.loads((tmp_path / "result.json").read_text())
+    res = gloo_runs["bf16_offload"]
     assert res["stepped"] and res["shards_and_grads_on"] == ["cpu"], res
     assert res["dtypes_built"] == ["torch.bfloat16", "torch.float32"], res
     assert res["dtypes_sharded"] == ["torch.float32"] and res["sharded"] == 5 and res["breaks"] == 0
