@@ -13,8 +13,12 @@ def add_serve(sub, common: argparse.ArgumentParser) -> None:
     v.add_argument("model", nargs="+", help="the model(s) to serve (each keeps its own workers and queue)")
     v.add_argument("--gpu", default="auto", type=str.lower, choices=GPU_CHOICES)
     v.add_argument("--devices", default=None, metavar="I,J,...",
-                   help="the CUDA devices to run workers on, one worker each (default: every visible card; "
-                        "on the CPU one worker)")
+                   help="the CUDA devices to run workers on, one worker each, or --nproc per worker (default: "
+                        "every visible card; on the CPU one worker)")
+    v.add_argument("--nproc", type=int, default=1, metavar="N",
+                   help="processes per worker: each worker is a group of N processes on N cards (the devices split "
+                        "in consecutive groups of N) running one copy of the model with the plan's context / CFG "
+                        "parallel split, as `magi-zoo run --nproc N`; on the CPU CFG parallel only (default 1)")
     v.add_argument("--host", default="127.0.0.1",
                    help="the address to listen on (default: loopback only; 0.0.0.0 for every interface)")
     v.add_argument("--port", type=int, default=8000)

@@ -36,7 +36,9 @@ class ServeConfig:
 
     models: list[str]
     load: dict[str, Any]  # magi_zoo.load's arguments but the name (gpu, weights, compile, ...)
-    devices: list[int | None] = dataclasses.field(default_factory=lambda: [None])  # one worker each
+    devices: list[int | None] = dataclasses.field(default_factory=lambda: [None])  # one worker each (or nproc)
+    nproc: int = 1  # processes per worker: a group of N over N devices (--nproc; the CPU: N processes)
+    model_load: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # per model, over `load`
     api_key: str | None = None
     max_queue: int = 16
     max_body_bytes: int = 32 * 2**20
@@ -45,6 +47,26 @@ class ServeConfig:
     grace_s: float = 30.0  # how long running jobs may finish at shutdown
     warmup: bool = False
     gpu_memory_gib: float | None = None  # the card's memory: requests are checked against it
+
+    def groups(self) -> list[tuple[int | None, ...]]:
+        """The workers' devices: `devices` in consecutive groups of `nproc`."""
+        return split_groups(self.devices, self.nproc)
+
+
+def split_groups(devices: list[int | None], nproc: int) -> list[tuple[int | None, ...]]:
+    """`devices` split into workers of `nproc` processes each: consecutive cards ([0, 1, 2, 3]
+    by 2: (0, 1), (2, 3)); on the CPU ([None]) one group of `nproc` processes. A clear error
+    when `nproc` does not divide the cards."""
+    if not isinstance(nproc, int) or isinstance(nproc, bool) or nproc < 1:
+        raise ValueError(f"--nproc {nproc!r}: expected a positive number of processes per worker")
+    if devices == [None]:
+        return [(None,) * nproc]
+    if len(devices) % nproc:
+        fits = [n for n in range(1, len(devices) + 1) if len(devices) % n == 0]
+        raise ValueError(f"--nproc {nproc} does not divide the {len(devices)} device(s) {devices}: each worker is a "
+                         f"group of {nproc} cards; name {nproc} x k cards with --devices (e.g. --devices "
+                         f"{','.join(str(d) for d in devices[:nproc])}), or use --nproc {' / '.join(map(str, fits))}")
+    return [tuple(devices[i:i + nproc]) for i in range(0, len(devices), nproc)]
 
 
 class State:
@@ -138,7 +160,8 @@ def create_app(config: ServeConfig) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         for served in {id(m): m for m in state.models.values()}.values():
-            pool = ModelPool(served.name, config.load, config.devices, out_dir=state.out_dir,
+            load = {**config.load, **config.model_load.get(served.name, {})}
+            pool = ModelPool(served.name, load, config.groups(), out_dir=state.out_dir,
                              max_queue=config.max_queue, metrics=state.metrics, warmup=config.warmup)
             state.pools[served.name] = pool
             pool.start()

@@ -1,11 +1,16 @@
 """The server's side of the workers: a bounded queue per model and one dispatcher per worker.
 
-Each dispatcher owns one worker process (`worker.main`, started with `spawn`): it waits for
+Each dispatcher owns one worker process (`process.main`, started with `spawn`): it waits for
 the worker to load, takes the next job off its model's queue, sends it, relays progress,
 and ends the job with the worker's answer. A worker that dies mid-job (killed, out of
 memory, a crash in a kernel) ends that job as failed with a message saying so, and the
 dispatcher starts a fresh worker while the server keeps answering. A worker that cannot
 load is not restarted: its model reports the error on `/health` and refuses jobs.
+
+A worker may be a group of N processes (`--nproc N`, `group.py`): the dispatcher talks to
+rank 0 and watches every rank's process. A rank that dies ends the running job as failed,
+naming the rank and the signal, and the whole group is stopped and started afresh; a
+shutdown stops every rank.
 
 The queue is bounded: `submit` raises `QueueFull` at `max_queue` waiting jobs, which the app
 answers with 429. `shutdown` fails every waiting job, lets the running ones finish within a
@@ -16,19 +21,27 @@ client waits on a job that will never end.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import multiprocessing as mp
+import multiprocessing.connection as mp_connection
 import signal
+import socket
 import time
 from pathlib import Path
 from typing import Any
 
 from .jobs import Job
 from .metrics import Metrics
-from .worker import WorkerSpec, main as worker_main
+from .process import main as worker_main
+from .worker import WorkerSpec
 
 
 class QueueFull(Exception):
     """The model's queue holds `max_queue` jobs already."""
+
+
+class BrokenGroup(Exception):
+    """Rank 0 of a group said its ranks no longer agree (the group is restarted)."""
 
 
 def death_message(exitcode: int | None) -> str:
@@ -42,20 +55,68 @@ def death_message(exitcode: int | None) -> str:
     return f"exited with status {exitcode}"
 
 
+class RankDied(EOFError):
+    """A rank of a group other than 0 ended (rank 0's death closes the pipe: a plain EOFError)."""
+
+    def __init__(self, rank: int):
+        super().__init__(f"rank {rank} ended")
+        self.rank = rank
+
+
+def free_port() -> int:
+    """A free TCP port on loopback (a group's rendezvous; rank 0 listens on it moments later)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class Worker:
-    """One worker process and the pipe to it."""
+    """One worker: a process and the pipe to it, or a group's N processes (`spec.group`;
+    `group.py`), the pipe to rank 0 and the others' sentinels (a rank's death is seen at once)."""
 
     def __init__(self, spec: WorkerSpec):
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=worker_main, args=(child, spec), daemon=True,
-                                   name=f"magi-zoo-serve-worker[{spec.model}]")
-        self.process.start()
-        child.close()  # only the worker holds its end: its death closes the pipe (EOFError here)
+        port = free_port() if spec.group else None
+        self.processes = []
+        for rank in range(max(1, len(spec.group))):
+            one = dataclasses.replace(spec, rank=rank, port=port)
+            name = f"magi-zoo-serve-worker[{spec.model}]" + (f"[rank {rank}]" if spec.group else "")
+            p = ctx.Process(target=worker_main, args=(child if rank == 0 else None, one), daemon=True, name=name)
+            p.start()
+            self.processes.append(p)
+        self.process = self.processes[0]
+        child.close()  # only rank 0 holds its end: its death closes the pipe (EOFError here)
 
     async def recv(self) -> tuple:
-        """The worker's next message; EOFError once it is gone."""
-        return await asyncio.get_running_loop().run_in_executor(None, self.conn.recv)
+        """Rank 0's next message; EOFError once it is gone, RankDied once another rank is."""
+        return await asyncio.get_running_loop().run_in_executor(None, self.recv_now)
+
+    def recv_now(self) -> tuple:
+        followers = {p.sentinel: rank for rank, p in enumerate(self.processes) if rank}
+        ready = mp_connection.wait([self.conn, *followers])
+        dead = sorted(followers[s] for s in ready if s in followers)
+        if dead:  # before any message: a job a rank died in has failed, whatever rank 0 says next
+            raise RankDied(dead[0])
+        return self.conn.recv()
+
+    def death(self, wait: float = 5.0) -> str | None:
+        """Which process ended and how ("rank 1 of the 2-process group (pid P) killed by SIGKILL"),
+        waiting up to `wait` seconds for one to end; None when all are alive."""
+        deadline = time.monotonic() + wait
+        while True:
+            for rank, p in enumerate(self.processes):
+                if p.exitcode is not None:
+                    if len(self.processes) == 1:
+                        return death_message(p.exitcode)
+                    return f"rank {rank} of the {len(self.processes)}-process group (pid {p.pid}) ended: " \
+                           f"{death_message(p.exitcode)}"
+            if time.monotonic() >= deadline:
+                return None
+            mp_connection.wait([p.sentinel for p in self.processes], timeout=max(0.0, deadline - time.monotonic()))
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.processes]
 
     def ask_stop(self) -> None:
         try:
@@ -63,32 +124,43 @@ class Worker:
         except (OSError, ValueError):
             pass
 
+    def terminate(self) -> None:
+        for p in self.processes:
+            p.terminate()
+
     def stop(self, timeout: float = 5.0) -> None:
-        """Ask it to stop, then make sure: terminate, then kill."""
+        """Ask it to stop, then make sure: terminate, then kill (every rank of a group)."""
         self.ask_stop()
-        self.process.join(timeout)
-        if self.process.is_alive():
-            self.process.terminate()
-            self.process.join(timeout)
-        if self.process.is_alive():  # pragma: no cover - a worker stuck in a kernel
-            self.process.kill()
-            self.process.join(timeout)
+        deadline = time.monotonic() + timeout
+        for p in self.processes:
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in self.processes:
+            if p.is_alive():
+                p.terminate()
+        for p in self.processes:
+            p.join(timeout)
+        for p in self.processes:
+            if p.is_alive():  # pragma: no cover - a worker stuck in a kernel
+                p.kill()
+                p.join(timeout)
         self.conn.close()
 
 
 class ModelPool:
-    """A model's queue and its workers (one per device in `devices`; None: the CPU)."""
+    """A model's queue and its workers: one per entry of `groups`, each a tuple of the devices
+    its processes own (one device: a single worker; N: a group of N ranks, `--nproc N`;
+    None: the CPU)."""
 
-    def __init__(self, model: str, load: dict[str, Any], devices: list[int | None], *, out_dir: Path,
+    def __init__(self, model: str, load: dict[str, Any], groups: list[tuple[int | None, ...]], *, out_dir: Path,
                  max_queue: int, metrics: Metrics, warmup: bool = False):
-        self.model, self.load, self.devices, self.out_dir = model, load, devices, out_dir
+        self.model, self.load, self.groups, self.out_dir = model, load, groups, out_dir
         self.queue: asyncio.Queue[Job] = asyncio.Queue(maxsize=max_queue)
         self.metrics = metrics
         self.warmup = warmup
         self.workers: dict[int, Worker] = {}
         self.running: dict[int, Job] = {}
         self.ready: set[int] = set()
-        self.pids: dict[int, int] = {}  # slot -> the ready worker's pid
+        self.pids: dict[int, list[int]] = {}  # slot -> the ready worker's pids (a group's: rank 0 first)
         self.load_error: str | None = None
         self.restarts = 0
         self.stopping = False
@@ -96,7 +168,7 @@ class ModelPool:
 
     # -- what the app calls ---------------------------------------------------------------
     def start(self) -> None:
-        self.tasks = [asyncio.create_task(self.dispatch(slot)) for slot in range(len(self.devices))]
+        self.tasks = [asyncio.create_task(self.dispatch(slot)) for slot in range(len(self.groups))]
 
     def submit(self, job: Job) -> Job:
         if self.load_error is not None:
@@ -124,9 +196,10 @@ class ModelPool:
                     pass
 
     def health(self) -> dict[str, Any]:
-        return {"model": self.model, "workers": len(self.devices), "ready": len(self.ready),
-                "queued": self.queue.qsize(), "in_flight": len(self.running), "restarts": self.restarts,
-                "pids": [self.pids[s] for s in sorted(self.pids)], "error": self.load_error}
+        return {"model": self.model, "workers": len(self.groups), "nproc": len(self.groups[0]),
+                "ready": len(self.ready), "queued": self.queue.qsize(), "in_flight": len(self.running),
+                "restarts": self.restarts, "pids": [self.pids[s][0] for s in sorted(self.pids)],
+                "group_pids": [self.pids[s] for s in sorted(self.pids)], "error": self.load_error}
 
     # -- one dispatcher per worker ----------------------------------------------------------
     async def dispatch(self, slot: int) -> None:
@@ -147,13 +220,20 @@ class ModelPool:
                     return
 
     async def start_worker(self, slot: int) -> bool:
-        spec = WorkerSpec(self.model, self.load, self.devices[slot], warmup=self.warmup)
+        group = self.groups[slot]
+        spec = WorkerSpec(self.model, self.load, group[0] if len(group) == 1 else None, warmup=self.warmup,
+                          group=group if len(group) > 1 else ())
         worker = self.workers[slot] = Worker(spec)
         try:
             msg = await worker.recv()
-        except (EOFError, OSError):
-            worker.process.join(5)
-            msg = ("load_failed", f"the worker {death_message(worker.process.exitcode)} while loading")
+        except (EOFError, OSError) as e:
+            msg = None
+            if isinstance(e, RankDied) and worker.conn.poll(2):  # rank 0's own error says more than a rank's exit
+                msg = worker.conn.recv()
+            if msg is None or msg[0] != "load_failed":
+                msg = ("load_failed", f"{'the worker ' if len(worker.processes) == 1 else ''}"
+                       f"{worker.death() or 'a worker process ended'} while loading"
+                       + (" (its error is in the server's log)" if isinstance(e, RankDied) else ""))
         if msg[0] != "ready":
             self.load_error = msg[1]
             worker.stop()
@@ -161,7 +241,7 @@ class ModelPool:
             self.fail_waiting(f"{self.model} could not be loaded: {msg[1]}", code="load_failed")
             return False
         self.ready.add(slot)
-        self.pids[slot] = msg[1]["pid"]
+        self.pids[slot] = worker.pids()
         self.metrics.loaded(self.model, slot, msg[1])
         return True
 
@@ -190,14 +270,16 @@ class ModelPool:
                     self.metrics.compile(self.model, slot, msg[2]["compile"])
                     self.end(job, "completed", files=files)
                     break
+                elif msg[0] == "failed" and len(msg) > 4 and msg[4]:  # a group that broke: restarted below
+                    raise BrokenGroup(msg[2])
                 elif msg[0] == "failed":
                     cancelled = msg[3]
                     self.end(job, "cancelled" if cancelled else "failed", error=msg[2],
                              code="cancelled" if cancelled else "generation_failed")
                     break
-        except (EOFError, OSError, BrokenPipeError):
-            worker.process.join(5)
-            why = death_message(worker.process.exitcode)
+        except (EOFError, OSError, BrokenPipeError, BrokenGroup) as e:
+            # a dead rank explains a broken group best (its peers only saw a closed connection)
+            why = worker.death(wait=1.0 if isinstance(e, BrokenGroup) else 5.0)
             self.forget(slot)
             if self.stopping:
                 return None
@@ -206,9 +288,17 @@ class ModelPool:
             if not began and not job.retried:
                 job.retried = True
                 return "retry"
-            self.end(job, "failed", code="worker_died",
-                     error=f"the worker process {why} while running this job; it is being restarted, "
-                           "submit the job again")
+            if why is None:  # every rank alive, but they no longer agree
+                self.end(job, "failed", code="worker_died",
+                         error=f"the {len(worker.processes)}-process group failed this job: {e}; the group is being "
+                               "restarted, submit the job again")
+            elif len(worker.processes) == 1:
+                self.end(job, "failed", code="worker_died",
+                         error=f"the worker process {why} while running this job; it is being restarted, "
+                               "submit the job again")
+            else:
+                self.end(job, "failed", code="worker_died",
+                         error=f"{why}, while running this job; the group is being restarted, submit the job again")
         finally:
             self.running.pop(slot, None)
             self.metrics.in_flight(self.model, len(self.running))
@@ -249,7 +339,7 @@ class ModelPool:
         workers, self.workers = dict(self.workers), {}
         for slot, w in workers.items():  # all told first, so they wind down together
             if slot in busy:  # mid-job past the grace period: its job has failed, its work is not wanted
-                w.process.terminate()
+                w.terminate()
             else:
                 w.ask_stop()
         workers = list(workers.values())

@@ -1,12 +1,14 @@
-"""The worker process: one per GPU (on the CPU: one), holding one model loaded with its plan.
+"""The worker process: one per GPU (on the CPU: one), holding one model loaded with its plan
+(`serve`; a group of N processes for one copy over N cards: `group.py`).
 
 It is started with the `spawn` method (a fresh interpreter: no CUDA state or event loop copied
-from the server) and talks to the server over one `multiprocessing` pipe:
+from the server; entry point `process.main`) and talks to the server over one
+`multiprocessing` pipe:
 
     server -> worker   ("job", job_id, prompt, options, out, audio_out)  |  ("cancel", job_id)  |  ("stop",)
     worker -> server   ("ready", info)  |  ("load_failed", message)
                        ("progress", job_id, done, total)
-                       ("done", job_id, info)  |  ("failed", job_id, message, cancelled)
+                       ("done", job_id, info)  |  ("failed", job_id, message, cancelled[, broken])
 
 A job runs the same path as `magi-zoo run` after its build: `generate_to` checks the options,
 generates through the handle and writes the output atomically. Progress is read off the
@@ -20,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import signal
 import sys
 import time
 from typing import Any, Callable
@@ -42,6 +43,11 @@ class WorkerSpec:
     load: dict[str, Any]  # gpu, weights, dtype, compile, overrides, precision, spec_file, cache_dir, ...
     device_index: int | None = None  # the CUDA device this worker owns (None: CPU, or the only card)
     warmup: bool = False  # one call at the defaults right after loading (compiles before the first request)
+    # a group (`--nproc N`, `group.py`): the group's CUDA devices, one per rank (None each on the CPU),
+    # this process's rank, and the loopback port rank 0's rendezvous listens on; () = a single worker
+    group: tuple[int | None, ...] = ()
+    rank: int = 0
+    port: int | None = None
 
 
 class ProgressTap:
@@ -101,15 +107,8 @@ class Inbox:
         return self.cancel
 
 
-def main(conn, spec: WorkerSpec) -> None:
-    """The worker's life: load, say ready, run jobs until told to stop or the pipe closes."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the server decides
-    # SIGTERM (the server stopping a busy worker) unwinds: a write in progress removes its temporary
-    # file, locks are released; exit status 128 + 15 as a shell reports it
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    if spec.device_index is not None:  # before torch is imported: this worker sees its own card only
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(spec.device_index)
-    os.environ.setdefault("TQDM_MININTERVAL", "0")  # every step's update is drawn: progress per step
+def serve(conn, spec: WorkerSpec) -> None:
+    """A single worker: load, say ready, run jobs until told to stop or the pipe closes."""
     t0 = time.perf_counter()
     try:
         from .. import zoo  # lazy: the worker process imports torch and the libraries after choosing its card
@@ -118,9 +117,9 @@ def main(conn, spec: WorkerSpec) -> None:
         if spec.warmup:
             run_job(handle, "warm up", {}, None, None, lambda d, t: None, lambda: False)
     except Exception as e:  # the server reports it and does not restart a worker that cannot load
-        conn.send(("load_failed", f"{type(e).__name__}: {' '.join(str(e).split())}"))
+        conn.send(("load_failed", error_text(e)))
         return
-    conn.send(("ready", {"load_s": time.perf_counter() - t0, "pid": os.getpid(), "compile": compile_info(handle)}))
+    conn.send(("ready", ready_info(handle, t0)))
     while True:
         try:
             msg = conn.recv()
@@ -139,7 +138,7 @@ def main(conn, spec: WorkerSpec) -> None:
         except JobCancelled:
             conn.send(("failed", job_id, "cancelled while running", True))
         except Exception as e:  # the job fails with the error's text; the worker keeps serving
-            conn.send(("failed", job_id, f"{type(e).__name__}: {' '.join(str(e).split())}", False))
+            conn.send(("failed", job_id, error_text(e), False))
         else:
             info.update(run_s=time.perf_counter() - t, compile=compile_info(handle))
             conn.send(("done", job_id, info))
@@ -147,23 +146,51 @@ def main(conn, spec: WorkerSpec) -> None:
             return
 
 
+def group_environment(spec: WorkerSpec) -> dict[str, str]:
+    """torchrun's environment for one rank of a group, which the server starts itself: the
+    rendezvous on loopback at the group's port, and the group's cards visible (LOCAL_RANK
+    picks this rank's, as `distributed.init` reads it)."""
+    n = str(len(spec.group))
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(spec.port), "RANK": str(spec.rank), "WORLD_SIZE": n,
+           "LOCAL_RANK": str(spec.rank), "LOCAL_WORLD_SIZE": n}
+    if spec.group[0] is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in spec.group)
+    return env
+
+
+def error_text(e: BaseException) -> str:
+    """An exception as the one line a job's or a load's error carries."""
+    return f"{type(e).__name__}: {' '.join(str(e).split())}"
+
+
+def ready_info(handle, t0: float) -> dict[str, Any]:
+    """What the "ready" message carries: the load's seconds, the pid, the compile counters."""
+    return {"load_s": time.perf_counter() - t0, "pid": os.getpid(), "compile": compile_info(handle)}
+
+
 def run_job(handle, prompt: str, options: dict[str, Any], out: str | None, audio_out: str | None,
-            report: Callable[[int, int], None], cancelled: Callable[[], bool]) -> dict[str, Any]:
+            report: Callable[[int, int], None], cancelled: Callable[[], bool], *, write: bool = True,
+            tap_cancels: bool = True) -> dict[str, Any]:
     """One generation through `magi-zoo run`'s own path (`generate_to`), progress bars tapped;
-    `out=None` generates without writing (the warm-up)."""
+    `out=None` generates without writing (the warm-up); `write=False` generates for `out`
+    without writing it (a group's ranks other than 0). `tap_cancels=False`: the tap does not
+    check `cancelled` (a group's `report` decides, at the same step on every rank); it is
+    still checked once the output is written."""
     from ..cli.commands.run import generate_to  # lazy: imports the CLI's writers (diffusers) in the worker only
 
     options = dict(options)
     if audio_out is not None:
         options["audio_out"] = audio_out
     old = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = ProgressTap(old[0], report, cancelled), ProgressTap(old[1], report, cancelled)
+    in_tap = cancelled if tap_cancels else (lambda: False)
+    sys.stdout, sys.stderr = ProgressTap(old[0], report, in_tap), ProgressTap(old[1], report, in_tap)
     try:
         if out is None:
             given = handle.adapter.check_run(handle.variant, options)
             handle.adapter.generate(handle, prompt=prompt, progress=True, **given)
             return {}
-        written = generate_to(handle, prompt=prompt, out=out, progress=True, overwrite=False, **options)
+        written = generate_to(handle, prompt=prompt, out=out, progress=True, overwrite=False, write=write,
+                              **options)
     finally:
         sys.stdout, sys.stderr = old
     if cancelled():  # asked for after the last update: the output is not what was wanted any more
