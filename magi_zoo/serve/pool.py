@@ -219,7 +219,7 @@ class ModelPool:
                              code="load_failed")
                     return
 
-    async def start_worker(self, slot: int) -> bool:
+    async def start_worker(self, slot: int, tries: int = 2) -> bool:
         group = self.groups[slot]
         spec = WorkerSpec(self.model, self.load, group[0] if len(group) == 1 else None, warmup=self.warmup,
                           group=group if len(group) > 1 else ())
@@ -234,6 +234,11 @@ class ModelPool:
                 msg = ("load_failed", f"{'the worker ' if len(worker.processes) == 1 else ''}"
                        f"{worker.death() or 'a worker process ended'} while loading"
                        + (" (its error is in the server's log)" if isinstance(e, RankDied) else ""))
+        if msg[0] != "ready" and spec.group and tries > 1 and "address already in use" in msg[1].lower():
+            # the free port a group's rendezvous was given went to another process in between: a new one
+            worker.stop()
+            del self.workers[slot]
+            return await self.start_worker(slot, tries - 1)
         if msg[0] != "ready":
             self.load_error = msg[1]
             worker.stop()

@@ -22,6 +22,9 @@ def main(conn, spec: WorkerSpec) -> None:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(spec.device_index)
     if spec.group:  # before torch is imported: the group's cards only
         os.environ.update(group_environment(spec))
+        # one CPU thread per rank unless the user chose, as torchrun sets it: N ranks of one host
+        # each running a thread per core would oversubscribe the cores N times
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("TQDM_MININTERVAL", "0")  # every step's update is drawn: progress per step
     if spec.group:
         from .group import main as rank_main  # lazy: imports torch, after the environment is set

@@ -160,3 +160,13 @@ def test_a_group_plan_is_the_one_run_nproc_picks():
     assert load["parallel"] == {"cfg": True} and config.groups() == [(None, None)]
     # --no-compile: the plan applies (its split) with every region eager, as `run --nproc --no-compile`
     assert load["compile"] and all(m == {"enabled": False} for key in load["compile"].values() for m in key.values())
+
+
+def test_a_group_job_ends_with_the_first_error_of_any_rank():
+    from magi_zoo.serve.group import CANCELLED, FAILED, OK, verdict
+
+    assert verdict([(OK, ""), (OK, "")]) == (OK, "")
+    assert verdict([(OK, ""), (FAILED, "ValueError: bad shape")]) == (FAILED, "[rank 1/2] ValueError: bad shape")
+    assert verdict([(FAILED, "OSError: disk full"), (FAILED, "x")]) == (FAILED, "OSError: disk full")
+    assert verdict([(CANCELLED, "c"), (CANCELLED, "c")])[0] == CANCELLED
+    assert verdict([(CANCELLED, "c"), (OK, "")])[0] == CANCELLED  # rank 0 saw the cancel after the last step
