@@ -119,6 +119,15 @@ def test_kill_9_of_a_follower_rank_fails_the_job_and_the_group_restarts(server):
     assert wait_job(server, job, timeout=180)["status"] == "completed"
     health = model_health(server)
     assert health["restarts"] == 1 and not set(health["group_pids"][0]) & set(pids), health
+    assert not alive(pids[0])  # the old group's rank 0 was stopped with it, not left behind
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "\nState:\tZ" not in f.read()  # a zombie has ended (its parent, gone too, never reaped it)
+    except FileNotFoundError:
+        return False
 
 
 def serve_args(*argv: str) -> argparse.Namespace:
@@ -170,3 +179,18 @@ def test_a_group_job_ends_with_the_first_error_of_any_rank():
     assert verdict([(FAILED, "OSError: disk full"), (FAILED, "x")]) == (FAILED, "OSError: disk full")
     assert verdict([(CANCELLED, "c"), (CANCELLED, "c")])[0] == CANCELLED
     assert verdict([(CANCELLED, "c"), (OK, "")])[0] == CANCELLED  # rank 0 saw the cancel after the last step
+
+
+def test_sigterm_stops_every_rank_of_a_busy_group(server):
+    """Last in the module: SIGTERM while the group runs a job: after the grace period the job is
+    failed and every rank is ended, no traceback."""
+    job = submit(server, num_inference_steps=400, num_frames=1)
+    wait_job(server, job, until=started)
+    pids = model_health(server)["group_pids"][0]
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(30) == -signal.SIGTERM, server.output()[-2000:]  # uvicorn ends by the signal it got
+    deadline = time.monotonic() + 10
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [pid for pid in pids if alive(pid)]
+    assert "Traceback" not in server.output(), server.output()[-3000:]
