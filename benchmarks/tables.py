@@ -289,22 +289,28 @@ def offload(link: Link) -> str:
 
 def training(link: Link) -> str:
     """Capped rows only: a training row counts where its process was held to its budget
-    (benchmarks.train's hard cap); a row measured on the whole card is not shown."""
+    (benchmarks.train's hard cap); a row measured on the whole card is not shown -- except
+    save-everything (`save_all`), the step's ceiling, labelled as uncapped: each capped row
+    is also compared with it."""
     r = load(TRAIN)
     rows = [x for x in r.rows() if x.get("cap_gib") is not None]
     if not rows:
         return (f"No row of {link(r.rel)} ({r.card}, commit {r.commit}) ran under a hard memory cap, so none is "
                 "shown: the training rows are measured with the process capped at its budget (docs/training.md, "
                 "Measuring).")
+    ceiling = next((x for x in r.rows() if x.get("strategy") == "save_all" and x.get("status") == "ok"), None)
     out = []
     for x in sorted(rows, key=lambda x: (x["cap_gib"], x["strategy"] != "eager_full" and
-                                         not x["strategy"].startswith("eager_full@"))):
+                                         not x["strategy"].startswith("eager_full@"))) + ([ceiling] if ceiling else []):
         ok = x.get("status") == "ok"
-        out.append([f"`{x['strategy']}`", num(x["cap_gib"], 0), num(x.get("ms_per_step")) if ok else x.get("status", "—"),
-                    ratio(x.get("speedup_vs_eager_full")) if ok else "—", num(x.get("peak_gib")),
+        to_ceiling = ceiling["ms_per_step"] / x["ms_per_step"] if ok and ceiling else None
+        out.append([f"`{x['strategy']}`", num(x["cap_gib"], 0) if x.get("cap_gib") else "none (whole card)",
+                    num(x.get("ms_per_step")) if ok else x.get("status", "—"),
+                    ratio(x.get("speedup_vs_eager_full")) if ok and x.get("cap_gib") else "—",
+                    ratio(to_ceiling) if to_ceiling else "—", num(x.get("peak_gib")),
                     num(x.get("process_peak_reserved_gib", x.get("peak_reserved_gib"))), num(x.get("estimated_peak_gib"))])
     head = [f"{r.data['model']} training step", "cap GiB", "ms / step", "vs eager + full recompute, same cap",
-            "peak allocated GiB", "peak reserved GiB", "estimated peak GiB"]
+            "vs save everything (no cap)", "peak allocated GiB", "peak reserved GiB", "estimated peak GiB"]
     return table(head, out) + f"\n\nStep: {r.data['step']}. " + sources([r], link)
 
 

@@ -39,8 +39,8 @@ the whole process); a row whose reserved peak passes its cap is a failure ("over
 result; its speedup is against eager_full under the same cap. An auto row also records its
 estimated peak against the measured allocated peak (`estimate_error`).
 
-    python -m benchmarks.train --model wan2.1-t2v-1.3b --gpu h100 --optimizer none \
-        --strategies eager_full@16,auto16,eager_full@24,auto24,eager_full@40,auto40,save_all@40
+    python -m benchmarks.train --model wan2.1-t2v-1.3b --gpu h100 --optimizer none --expandable-segments \
+        --strategies eager_full@16,auto16,eager_full@24,auto24,eager_full@40,auto40,save_all
 
 Per row: median ms per step over --runs after --warmup steps (CUDA events), peak GiB allocated
 over the timed steps, first-step seconds (compile included), graph breaks and recompiles of
