@@ -100,20 +100,23 @@ class Worker:
             raise RankDied(dead[0])
         return self.conn.recv()
 
-    def death(self, wait: float = 5.0) -> str | None:
-        """Which process ended and how ("rank 1 of the 2-process group (pid P) killed by SIGKILL"),
-        waiting up to `wait` seconds for one to end; None when all are alive."""
+    def death(self, wait: float = 5.0, ignore: tuple[int, ...] = ()) -> str | None:
+        """Which process ended and how ("rank 1 of the 2-process group (pid P) ended: killed by
+        SIGKILL"), waiting up to `wait` seconds for one to end; None when all are alive. Ranks in
+        `ignore` are not asked (rank 0 leaving after it reported a broken group)."""
         deadline = time.monotonic() + wait
         while True:
-            for rank, p in enumerate(self.processes):
-                if p.exitcode is not None:
-                    if len(self.processes) == 1:
-                        return death_message(p.exitcode)
-                    return f"rank {rank} of the {len(self.processes)}-process group (pid {p.pid}) ended: " \
-                           f"{death_message(p.exitcode)}"
+            ended = [(rank, p) for rank, p in enumerate(self.processes) if rank not in ignore and p.exitcode is not None]
+            if ended:  # the cause before its consequences: a rank killed by a signal, then a follower, then rank 0
+                rank, p = min(ended, key=lambda rp: (rp[1].exitcode >= 0, rp[0] == 0, rp[0]))
+                if len(self.processes) == 1:
+                    return death_message(p.exitcode)
+                return f"rank {rank} of the {len(self.processes)}-process group (pid {p.pid}) ended: " \
+                       f"{death_message(p.exitcode)}"
             if time.monotonic() >= deadline:
                 return None
-            mp_connection.wait([p.sentinel for p in self.processes], timeout=max(0.0, deadline - time.monotonic()))
+            asked = [p.sentinel for rank, p in enumerate(self.processes) if rank not in ignore]
+            mp_connection.wait(asked, timeout=max(0.0, deadline - time.monotonic()))
 
     def pids(self) -> list[int]:
         return [p.pid for p in self.processes]
@@ -284,7 +287,9 @@ class ModelPool:
                     break
         except (EOFError, OSError, BrokenPipeError, BrokenGroup) as e:
             # a dead rank explains a broken group best (its peers only saw a closed connection)
-            why = worker.death(wait=1.0 if isinstance(e, BrokenGroup) else 5.0)
+            why = worker.death(wait=1.0, ignore=(0,)) if isinstance(e, BrokenGroup) else worker.death()
+            if why is None and len(worker.processes) == 1:
+                why = death_message(worker.process.exitcode)
             self.forget(slot)
             if self.stopping:
                 return None

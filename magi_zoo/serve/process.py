@@ -25,6 +25,9 @@ def main(conn, spec: WorkerSpec) -> None:
         # one CPU thread per rank unless the user chose, as torchrun sets it: N ranks of one host
         # each running a thread per core would oversubscribe the cores N times
         os.environ.setdefault("OMP_NUM_THREADS", "1")
+        # every update drawn on every rank, whatever the user's setting: the ranks meet at each bar
+        # position (group.StepSync), so which updates are drawn must not depend on each rank's clock
+        os.environ["TQDM_MININTERVAL"] = "0"
     os.environ.setdefault("TQDM_MININTERVAL", "0")  # every step's update is drawn: progress per step
     if spec.group:
         from .group import main as rank_main  # lazy: imports torch, after the environment is set
