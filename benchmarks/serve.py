@@ -4,6 +4,11 @@ and (with --clients N) the throughput and latency of N concurrent clients.
     python -m benchmarks.serve --model flux-tiny --gpu cpu
     python -m benchmarks.serve --model wan2.1 --gpu h100 --weights DIR --steps 50 --frames 81 --height 480 --width 832
     python -m benchmarks.serve --model flux.1-dev --gpu h100 --weights DIR --steps 28 --height 1024 --width 1024 --clients 4
+    python -m benchmarks.serve --model wan2.1 --gpu h100 --weights DIR --steps 50 --frames 81 --height 480 --width 832 --nproc 2
+
+`--nproc N` serves the model on one group of N cards (`magi-zoo serve --nproc N`, its plan's
+parallel split) against the same call in-process on one card: the row's model reads
+"MODEL --nproc N", and its request-vs-call column is then the group's speedup, not overhead.
 
 In-process: `magi_zoo.load` with the plan, then (after warm-up) the median of `--runs` calls
 of `adapter.generate` (the pipeline call) and of `generate_to` (the call and the output file:
@@ -118,7 +123,8 @@ def served(args, local: Local) -> dict[str, Any]:
     base = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "magi_zoo.cli", "serve", args.model, "--gpu", args.gpu, "--port", str(port),
            "--log-level", "warning", "--max-queue", str(max(16, 2 * args.clients))]
-    cmd += ["--devices", "0"] if cuda else []
+    cmd += ["--devices", ",".join(str(i) for i in range(args.nproc))] if cuda else []
+    cmd += ["--nproc", str(args.nproc)] if args.nproc > 1 else []
     cmd += ["--weights", args.weights] if args.weights else []
     cmd += [] if args.compile else ["--no-compile"]
     proc = subprocess.Popen(cmd)
@@ -183,6 +189,8 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--clients", type=int, default=1, help="concurrent clients for the throughput run (1: none)")
     ap.add_argument("--requests", type=int, default=16, help="requests in the throughput run, over all clients")
+    ap.add_argument("--nproc", type=int, default=1, help="serve on one group of N cards (serve --nproc N); "
+                    "the in-process call runs on one")
     ap.add_argument("--start-timeout", type=float, default=1800)
     ap.add_argument("--out", type=Path, default=results_dir("serve"))
     add_commit_argument(ap)
@@ -202,7 +210,8 @@ def main(argv=None) -> int:
         times[k] = times[k] or remote.pop(k)
     call_ms, to_file_ms = statistics.median(times["call_ms"]), statistics.median(times["generate_to_ms"])
     req_ms = statistics.median(remote["request_ms"])
-    row = {"model": args.model, "options": json.dumps(options(args)), "compiled": args.compile,
+    model = args.model + (f" --nproc {args.nproc}" if args.nproc > 1 else "")
+    row = {"model": model, "options": json.dumps(options(args)), "compiled": args.compile,
            "call_ms": round(call_ms, 2), "generate_to_ms": round(to_file_ms, 2), "request_ms": round(req_ms, 2),
            "overhead_vs_generate_to_pct": round(100 * (req_ms / to_file_ms - 1), 2),
            "overhead_vs_call_pct": round(100 * (req_ms / call_ms - 1), 2),
@@ -219,7 +228,8 @@ def main(argv=None) -> int:
                            "clients", "throughput_per_s", "p50_ms", "p95_ms") if c in row]
     md = f"{env_line(env)}\n\n" + results_table([row], columns)
     shape = "_".join(f"{k}{v}" for k, v in options(args).items() if k != "seed")
-    stem = f"serve_{args.model}_{shape}_c{args.clients}_{card_tag(env, local.cuda)}"
+    group = f"_np{args.nproc}" if args.nproc > 1 else ""
+    stem = f"serve_{args.model}_{shape}_c{args.clients}{group}_{card_tag(env, local.cuda)}"
     publish(args.out, stem, record, md)
     return 0
 
