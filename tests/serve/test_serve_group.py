@@ -27,7 +27,7 @@ MODEL = "wan2.1-tiny"  # runs CFG at its defaults: two processes split it on the
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    s = Server(MODEL, "--nproc", "2", "--output-dir", str(tmp_path_factory.mktemp("group-out")), "--grace", "1")
+    s = Server(MODEL, "--nproc", "2", "--output-dir", str(tmp_path_factory.mktemp("group-out")), "--grace", "0")
     yield s
     s.stop()
 
@@ -182,8 +182,8 @@ def test_a_group_job_ends_with_the_first_error_of_any_rank():
 
 
 def test_sigterm_stops_every_rank_of_a_busy_group(server):
-    """Last in the module: SIGTERM while the group runs a job: after the grace period the job is
-    failed and every rank is ended, no traceback."""
+    """Last in the module: SIGTERM while the group runs a job (--grace 0: it is failed at once):
+    every rank is ended, no traceback."""
     job = submit(server, num_inference_steps=400, num_frames=1)
     wait_job(server, job, until=started)
     pids = model_health(server)["group_pids"][0]
