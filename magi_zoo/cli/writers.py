@@ -43,9 +43,10 @@ def write_gif(frames, path: str | Path, fps: int) -> None:
     export_to_gif(numpy_to_pil(np.clip(np.stack([np.asarray(f) for f in frames]), 0.0, 1.0)), str(path), fps=fps)
 
 
-def write_video_with_audio(frames, path: str | Path, fps: int, audio, sample_rate: int) -> None:
+def write_video_with_audio(frames, path: str | Path, fps: int, audio, sample_rate: int | None) -> None:
     """An .mp4 with its sound track (H.264 video, AAC audio), through diffusers' `encode_video`
-    (PyAV; the `av` extra): the writer diffusers documents for LTX-2's video + audio output."""
+    (PyAV; the `av` extra): the writer diffusers documents for LTX-2's video + audio output.
+    `audio=None`: the video alone (the .mp4 writer where imageio finds no ffmpeg)."""
     if not can_mux_audio():
         raise RuntimeError(f"writing {Path(path).name} with its sound track needs PyAV: {AV_HINT}")
     import torch  # lazy: torch and diffusers take seconds to import; only this writer needs them
@@ -53,8 +54,9 @@ def write_video_with_audio(frames, path: str | Path, fps: int, audio, sample_rat
 
     video = np.clip(np.nan_to_num(np.stack([np.asarray(f, dtype=np.float32) for f in frames])), 0.0, 1.0)
     pixels = torch.from_numpy((video * 255.0).round().astype(np.uint8))  # (F, H, W, 3), as encode_video takes it
-    encode_video(pixels, fps=fps, output_path=str(path), audio_sample_rate=sample_rate,
-                 audio=torch.as_tensor(np.nan_to_num(np.asarray(audio, dtype=np.float32))))
+    sound = None if audio is None else torch.as_tensor(np.nan_to_num(np.asarray(audio, dtype=np.float32)))
+    encode_video(pixels, fps=fps, output_path=str(path), audio_sample_rate=sample_rate if sound is not None else None,
+                 audio=sound)
 
 
 def write_output(output, out: str | Path, audio_out: str | Path | None = None) -> list[Path]:
@@ -78,8 +80,11 @@ def write_output(output, out: str | Path, audio_out: str | Path | None = None) -
             except (AttributeError, ImportError, RuntimeError) as e:
                 if "ffmpeg" not in str(e):
                     raise
-                raise RuntimeError(f"writing {out.name} needs ffmpeg (pip install imageio-ffmpeg); or write "
-                                   f"{out.with_suffix('.gif').name}, which needs only Pillow") from e
+                if can_mux_audio():  # PyAV ships its own FFmpeg: H.264 through diffusers' encode_video
+                    write_video_with_audio(list(output.value), tmp, output.fps or 16, None, None)
+                    return
+                raise RuntimeError(f"writing {out.name} needs ffmpeg (pip install imageio-ffmpeg, or the `av` "
+                                   f"extra); or write {out.with_suffix('.gif').name}, which needs only Pillow") from e
 
         atomic_write(out, mp4)
     elif output.kind == "image":
