@@ -52,8 +52,12 @@ def write_video_with_audio(frames, path: str | Path, fps: int, audio, sample_rat
     import torch  # lazy: torch and diffusers take seconds to import; only this writer needs them
     from diffusers.utils import encode_video  # lazy: as torch
 
-    video = np.clip(np.nan_to_num(np.stack([np.asarray(f, dtype=np.float32) for f in frames])), 0.0, 1.0)
-    pixels = torch.from_numpy((video * 255.0).round().astype(np.uint8))  # (F, H, W, 3), as encode_video takes it
+    # (F, H, W, 3) uint8, as encode_video takes it. In torch, in place: one multi-threaded pass
+    # per op instead of numpy's single-threaded copies (81 frames at 480 x 832: 0.50 s against
+    # 2.01 s on 2 cores, the same bytes), a cost every served video request pays.
+    video = frames if isinstance(frames, np.ndarray) else np.stack([np.asarray(f) for f in frames])
+    pixels = torch.from_numpy(np.ascontiguousarray(video, dtype=np.float32))
+    pixels = torch.nan_to_num(pixels, nan=0.0).clamp_(0.0, 1.0).mul_(255.0).round_().to(torch.uint8)
     sound = None if audio is None else torch.as_tensor(np.nan_to_num(np.asarray(audio, dtype=np.float32)))
     encode_video(pixels, fps=fps, output_path=str(path), audio_sample_rate=sample_rate if sound is not None else None,
                  audio=sound)
@@ -67,7 +71,7 @@ def write_output(output, out: str | Path, audio_out: str | Path | None = None) -
     if audio_out is not None and output.audio is None:
         raise ValueError("--audio-out given but the model returned no speech")
     if output.kind == "video" and output.audio is not None and out.suffix.lower() == ".mp4":
-        atomic_write(out, lambda tmp: write_video_with_audio(list(output.value), tmp, output.fps or 24,
+        atomic_write(out, lambda tmp: write_video_with_audio(output.value, tmp, output.fps or 24,
                                                              output.audio, output.sample_rate))
     elif output.kind == "video" and out.suffix.lower() == ".gif":
         atomic_write(out, lambda tmp: write_gif(list(output.value), tmp, fps=output.fps or 16))
@@ -81,7 +85,7 @@ def write_output(output, out: str | Path, audio_out: str | Path | None = None) -
                 if "ffmpeg" not in str(e):
                     raise
                 if can_mux_audio():  # PyAV ships its own FFmpeg: H.264 through diffusers' encode_video
-                    write_video_with_audio(list(output.value), tmp, output.fps or 16, None, None)
+                    write_video_with_audio(output.value, tmp, output.fps or 16, None, None)
                     return
                 raise RuntimeError(f"writing {out.name} needs ffmpeg (pip install imageio-ffmpeg, or the `av` "
                                    f"extra); or write {out.with_suffix('.gif').name}, which needs only Pillow") from e
