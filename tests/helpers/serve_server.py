@@ -80,3 +80,23 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
+
+
+def call(server, method: str, path: str, body=None, *, headers=None, raw: bytes | None = None):
+    """(status, parsed JSON or bytes) of one request to `server` (its key sent where it has one)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    h = {**server.headers(), **({"Content-Type": "application/json"} if data is not None else {}), **(headers or {})}
+    req = urllib.request.Request(server.url + path, data=data, method=method, headers=h)
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            payload, status = r.read(), r.status
+    except urllib.error.HTTPError as e:
+        payload, status = e.read(), e.code
+    try:
+        return status, json.loads(payload)
+    except ValueError:
+        return status, payload

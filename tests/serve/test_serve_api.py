@@ -15,7 +15,7 @@ import urllib.request
 
 import pytest
 
-from helpers.serve_server import Server
+from helpers.serve_server import Server, call
 
 openai = pytest.importorskip("openai")
 
@@ -38,23 +38,6 @@ def server(out_dir):
 @pytest.fixture(scope="module")
 def client(server):
     return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=60)
-
-
-def call(server, method: str, path: str, body=None, *, headers=None, raw: bytes | None = None):
-    """(status, parsed JSON or bytes) of one request."""
-    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-    h = {**server.headers(), **({"Content-Type": "application/json"} if data is not None else {}), **(headers or {})}
-    req = urllib.request.Request(server.url + path, data=data, method=method, headers=h)
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            payload = r.read()
-            status = r.status
-    except urllib.error.HTTPError as e:
-        payload, status = e.read(), e.code
-    try:
-        return status, json.loads(payload)
-    except ValueError:
-        return status, payload
 
 
 def raw_post(server, headers: dict, body: bytes, chunked: bool = False):

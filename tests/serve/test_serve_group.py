@@ -7,17 +7,14 @@ next; bad command lines are refused before any worker starts."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import time
-import urllib.error
-import urllib.request
 
 import numpy as np
 import pytest
 
-from helpers.serve_server import Server
+from helpers.serve_server import Server, call
 
 pytest.importorskip("fastapi")
 av = pytest.importorskip("av")
@@ -30,21 +27,6 @@ def server(tmp_path_factory):
     s = Server(MODEL, "--nproc", "2", "--output-dir", str(tmp_path_factory.mktemp("group-out")), "--grace", "0")
     yield s
     s.stop()
-
-
-def call(server, method: str, path: str, body=None):
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(server.url + path, data=data, method=method,
-                                 headers={"Content-Type": "application/json"} if data else {})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            payload, status = r.read(), r.status
-    except urllib.error.HTTPError as e:
-        payload, status = e.read(), e.code
-    try:
-        return status, json.loads(payload)
-    except ValueError:
-        return status, payload
 
 
 def submit(server, **options) -> str:
