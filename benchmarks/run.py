@@ -170,6 +170,14 @@ ENCODER_KEYS: dict[str, tuple[tuple[str, str], ...]] = {
 }
 
 
+def _one_layer_encoders(family: str, config: dict) -> None:
+    """Set each text / vision encoder the variant has to one layer (a family's variants differ:
+    FLUX.2 klein has no vision tower, dev has one)."""
+    for component, key in ENCODER_KEYS.get(family, ()):
+        if component in config:
+            config[component][key] = 1
+
+
 def _denoiser_layers(variant, n: int | None):
     """The variant's published config with `n` repeated layers in each of the denoiser's block
     stacks (None: the published depth; widths, heads and every other constant unchanged) and
@@ -177,8 +185,7 @@ def _denoiser_layers(variant, n: int | None):
     family = variant.family
     config = {k: dict(v) if isinstance(v, dict) else v for k, v in variant.config.items()}
     if n is None:
-        for component, key in ENCODER_KEYS.get(family, ()):
-            config[component][key] = 1
+        _one_layer_encoders(family, config)
         derived = dataclasses.replace(variant, name=f"{variant.name}-1Lenc", config=config)
         return derived, (f"{variant.name} published config with one-layer encoders (the timed denoiser entry "
                          "never runs them), random weights")
@@ -189,8 +196,7 @@ def _denoiser_layers(variant, n: int | None):
             raise SystemExit(f"--layers {n}: {variant.name} has {total} {component}.{key}; choose 1..{total}")
         totals.append(f"{component}.{key} {n} of {total}")
         config[component][key] = n
-    for component, key in ENCODER_KEYS.get(family, ()):
-        config[component][key] = 1
+    _one_layer_encoders(family, config)
     derived = dataclasses.replace(variant, name=f"{variant.name}-{n}L", config=config)
     note = (f"{variant.name} published config with {', '.join(totals)} and one-layer encoders, random weights: "
             "per-forward time scales ~linearly with layers")

@@ -436,3 +436,27 @@ def test_whole_generation_smoke(tmp_path):
     assert rows["fp8"]["steps"] == 2 and rows["fp8"]["guidance"] == 5.0  # the tiny variant's own call
     assert rows["fp8_cache"]["psnr_vs_fp8_db"] is not None and 0 < rows["fp8_cache"]["ssim_vs_fp8"] <= 1
     assert rows["diffusers"]["status"] == "refused" and "needs a CUDA device" in rows["diffusers"]["error"]
+
+
+def test_layer_configs_for_every_published_variant_of_a_layered_family():
+    # `--layers N` / the one-layer encoders on every published variant whose family the harness
+    # can cut: a variant without one of its family's encoders (FLUX.2 klein: no vision tower)
+    # keeps the rest of the config, the depth keys get N, each encoder present gets one layer.
+    from benchmarks.run import DEPTH_KEYS, ENCODER_KEYS, _denoiser_layers
+    from magi_zoo import adapters
+
+    seen = set()
+    for adapter in adapters.all_adapters():
+        for variant in adapter.variants.values():
+            if variant.family not in DEPTH_KEYS or variant.name.endswith("tiny"):
+                continue
+            for n in (1, None):
+                derived, note = _denoiser_layers(variant, n)
+                assert derived.name.startswith(variant.name) and variant.name in note
+                for component, key in ENCODER_KEYS.get(variant.family, ()):
+                    if component in variant.config:
+                        assert derived.config[component][key] == 1, (variant.name, component)
+                if n == 1:
+                    assert all(derived.config[c][k] == 1 for c, k in DEPTH_KEYS[variant.family])
+            seen.add(variant.name)
+    assert {"flux.2-klein-4b", "flux.2-dev", "wan2.1-t2v-1.3b", "flux.1-dev"} <= seen
