@@ -24,7 +24,7 @@ the matmuls keeps its output, the others recompute it. Marked compute-sensitive 
 selective option) it charged each "keep attention" block of Wan-1.3B at 480x832x81 its
 32,760 x 8,960 bf16 output, 0.55 GiB (0.83 GiB kept a block instead of 0.28), so `auto` under a
 16 GiB cap fell back to full recompute on 21 of 30 blocks (H100: 1.25x eager + full
-checkpointing, against 1.45x when the up projection was a plain linear).
+checkpointing; 1.43x with the op as a matmul, benchmarks/results/train/).
 """
 
 from __future__ import annotations
