@@ -29,7 +29,6 @@ import gc
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -41,6 +40,7 @@ from typing import Any
 
 from benchmarks.common import add_commit_argument, card_tag, env_line, environment, measured_commit, publish, \
     results_dir, results_table
+from magi_zoo.serve.pool import free_port
 
 
 def options(args) -> dict[str, Any]:
@@ -83,12 +83,6 @@ class Local:
         gc.collect()
         if self.cuda:
             torch.cuda.empty_cache()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http(url: str, body: dict | None = None) -> bytes:
