@@ -424,6 +424,9 @@ def run_distributed(args) -> dict[str, Any] | None:
 
     def measure(h, mode: str) -> dict[str, Any]:
         inputs = h.adapter.example_inputs(h.pipe, h.variant, "denoise", seed=rank)  # each rank its own batch
+        # on the compute device: example inputs follow the weights, which FSDP2's CPU offload
+        # keeps on the host (the model's output is on the card, its target would be on the host)
+        inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
         step = make_step(h, inputs, args.optimizer)
         row: dict[str, Any] = {"mode": mode, "world": world if mode != "single" else 1,
                                "auto": _auto_choice(h.report())}  # kept on an out-of-memory row too
