@@ -21,12 +21,21 @@ CUDA_LAUNCH_BLOCKING=1 so the failing kernel is the one reported):
   size, random bf16 weights, eager, under `torch.utils.checkpoint` (non-reentrant), forward +
   backward; with SDPA's default dispatch and with cuDNN attention switched off;
 - model: the benchmark's own `eager_full` build of flux.1-dev (`benchmarks.train.build`), one
-  step; with the default dispatch and with cuDNN attention off.
+  step; with the default dispatch, with cuDNN attention off, and with the default dispatch in a
+  process whose caching allocator may take at most 90% of the card
+  (`torch.cuda.set_per_process_memory_fraction(0.9)`: the rest stays free for what allocates
+  outside it);
+- pressure: the `sdpa` case on cuDNN, its forward run with the card free, then PyTorch's caching
+  allocator made to hold all but N GiB of the card (one tensor allocated and freed: it stays
+  reserved in the cache, as a large model's activations do) before the backward, for several N;
+  and once with the card held before the forward. A failure only at small N says cuDNN's
+  attention needs device memory outside PyTorch's allocator, which a full cache starves.
 
 Reading the result: a failing `sdpa` case is upstream (torch / cuDNN), with this file's case
 as the minimal reproduction; `sdpa` clean but `block` failing points at diffusers' block in
 eager mode (or an op of ours in `model` only: the plan's rewrites); a case that passes with
-cuDNN off and fails with it on names cuDNN's attention kernel. Writes
+cuDNN off and fails with it on names cuDNN's attention kernel; `pressure` failing where the
+card is nearly all reserved, and `model` passing under the 90% cap, name the card's free memory. Writes
 benchmarks/results/train/flux_train_repro_<stages>_<card>.json/.md.
 """
 
@@ -42,9 +51,11 @@ from typing import Any
 
 from benchmarks import common
 
-STAGES = ("sdpa", "block", "model")
+STAGES = ("sdpa", "block", "model", "pressure")
 HEADS, HEAD_DIM, IMAGE_TOKENS, TEXT_TOKENS = 24, 128, 4096, 512  # Flux.1-dev at 1024^2
 BACKENDS = ("default", "cudnn", "flash", "efficient")
+PRESSURE_LEAVE_GIB = (0.25, 1, 4, 16)  # what the caching allocator leaves free on the card
+GIB = 1 << 30
 
 
 def _cases(stages: list[str]) -> list[tuple[str, str]]:
@@ -54,11 +65,36 @@ def _cases(stages: list[str]) -> list[tuple[str, str]]:
     if "block" in stages:
         out += [("block", f"{kind}/{sdpa}") for kind in ("double", "single") for sdpa in ("default", "no-cudnn")]
     if "model" in stages:
-        out += [("model", sdpa) for sdpa in ("default", "no-cudnn")]
+        out += [("model", sdpa) for sdpa in ("default", "no-cudnn", "default+cap0.9")]
+    if "pressure" in stages:
+        out += [("pressure", f"backward/leave{n}") for n in PRESSURE_LEAVE_GIB] + [("pressure", "forward/leave0.25")]
     return out
 
 
-def _sdpa_case(variant: str) -> dict[str, Any]:
+def _hold_all_but(leave_gib: float) -> None:
+    """PyTorch's caching allocator takes all of the card's free memory but `leave_gib` and keeps
+    it reserved (allocated, then freed into its cache): the state a large model's step leaves."""
+    import torch
+
+    free, _ = torch.cuda.mem_get_info()
+    held = torch.empty(max(0, free - int(leave_gib * GIB)), dtype=torch.uint8, device="cuda")
+    del held  # back to PyTorch's cache, not to the card
+
+
+def _free_gib() -> float:
+    import torch
+
+    return round(torch.cuda.mem_get_info()[0] / GIB, 3)
+
+
+def _pressure_case(variant: str) -> dict[str, Any]:
+    where, _, leave = variant.partition("/leave")
+    return _sdpa_case("cudnn", hold_before_forward=float(leave) if where == "forward" else None,
+                      hold_before_backward=float(leave) if where == "backward" else None)
+
+
+def _sdpa_case(variant: str, *, hold_before_forward: float | None = None,
+               hold_before_backward: float | None = None) -> dict[str, Any]:
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -80,11 +116,19 @@ def _sdpa_case(variant: str) -> dict[str, Any]:
         return out_proj(o.transpose(1, 2).flatten(2))
 
     ctx = sdpa_kernel(chosen) if chosen else contextlib.nullcontext()
+    row: dict[str, Any] = {}
     with ctx:
+        if hold_before_forward is not None:
+            _hold_all_but(hold_before_forward)
         y = checkpoint(attend, q, k, v, use_reentrant=False) if ckpt else attend(q, k, v)
-        y.float().pow(2).mean().backward()
+        loss = y.float().pow(2).mean()
+        if hold_before_backward is not None:
+            torch.cuda.synchronize()
+            _hold_all_but(hold_before_backward)
+        row["free_gib_before_backward"] = _free_gib()
+        loss.backward()
     torch.cuda.synchronize()
-    return {"grad_finite": bool(all(t.grad.isfinite().all() for t in (q, k, v)))}
+    return {**row, "grad_finite": bool(all(t.grad.isfinite().all() for t in (q, k, v)))}
 
 
 def _block_case(variant: str) -> dict[str, Any]:
@@ -122,6 +166,8 @@ def _model_case(variant: str) -> dict[str, Any]:
 
     if variant == "no-cudnn":
         torch.backends.cuda.enable_cudnn_sdp(False)
+    if variant.endswith("+cap0.9"):  # before anything touches the card
+        torch.cuda.set_per_process_memory_fraction(0.9)
     h = train.build("flux.1-dev", "eager_full", gpu="auto", device="cuda", backend=None, optimizer="none")
     inputs = h.adapter.example_inputs(h.pipe, h.variant, "denoise")
     loss = train.make_step(h, inputs, "none")()
@@ -135,9 +181,14 @@ def run_case(stage: str, variant: str) -> dict[str, Any]:
 
     row: dict[str, Any] = {"stage": stage, "variant": variant}
     try:
-        row.update(status="ok", **{"sdpa": _sdpa_case, "block": _block_case, "model": _model_case}[stage](variant))
+        row.update(status="ok", **{"sdpa": _sdpa_case, "block": _block_case, "model": _model_case,
+                                   "pressure": _pressure_case}[stage](variant))
         row["peak_gib"] = common.gib(torch.cuda.max_memory_allocated())
     except Exception as e:  # the point of this script: record it
+        try:  # what the card had left when it failed (cuDNN allocates outside PyTorch's cache)
+            row.update(free_gib_at_error=_free_gib(), reserved_gib_at_error=common.gib(torch.cuda.memory_reserved()))
+        except Exception:  # a poisoned context answers nothing more
+            pass
         frames = [f"{f.filename.rsplit('/', 2)[-1]}:{f.lineno} {f.name}" for f in traceback.extract_tb(e.__traceback__)]
         row.update(status="error", error=f"{type(e).__name__}: {str(e).splitlines()[0][:300]}", frames=frames[-6:])
     return row
@@ -181,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     rec = {"kind": "flux_train_repro", "env": env, "results": rows}
     md = ["# Flux.1-dev eager + full checkpointing: the illegal memory access, case by case", "",
           common.env_line(env), "", "Each case in a fresh process with CUDA_LAUNCH_BLOCKING=1.", "",
-          common.results_table(rows, ["stage", "variant", "status", "error", "grad_finite", "peak_gib"])]
+          common.results_table(rows, ["stage", "variant", "status", "error", "grad_finite", "peak_gib",
+                                      "free_gib_before_backward", "free_gib_at_error", "reserved_gib_at_error"])]
     common.publish(Path(args.out), f"flux_train_repro_{'_'.join(stages)}_{common.card_tag(env)}", rec, "\n".join(md))
     return 0
 

@@ -50,6 +50,13 @@ def wait_job(server: Server, job_id: str, timeout: float = 600, until=None) -> d
     raise AssertionError(f"job {job_id} did not get there in {timeout} s")
 
 
+def server_log(server: Server) -> str:
+    """The server's and its ranks' output so far (the last 4,000 characters): why a job failed."""
+    server.log.flush()
+    server.log.seek(0)
+    return server.log.read()[-4000:]
+
+
 def frames(data: bytes) -> np.ndarray:
     with av.open(io.BytesIO(data)) as f:
         return np.stack([fr.to_ndarray(format="rgb24") for fr in f.decode(video=0)]).astype(np.float64)
@@ -72,7 +79,8 @@ def test_a_two_card_group_answers_one_cards_output_and_survives_a_dead_rank(tmp_
         health = server.health()["models"][0]
         assert (health["nproc"], len(health["group_pids"][0])) == (2, 2), health
         job = call(server, "POST", "/v1/jobs", {"model": MODEL, "prompt": "a corgi", **CALL})["id"]
-        assert wait_job(server, job)["status"] == "completed"
+        done = wait_job(server, job)
+        assert done["status"] == "completed", (done, server_log(server))
         served = frames(call(server, "GET", f"/v1/jobs/{job}/content"))
         assert served.shape == one.shape
         # the uncond branch runs on the other card, compiled afresh: bf16 rounding, magnified by guidance
@@ -92,7 +100,8 @@ def test_a_two_card_group_answers_one_cards_output_and_survives_a_dead_rank(tmp_
         assert f"rank 1 of the 2-process group (pid {pids[1]})" in ended["error"]["message"], ended
         assert took < 30, took  # the pool saw the death: not the collective's timeout
         job = call(server, "POST", "/v1/jobs", {"model": MODEL, "prompt": "a corgi", **CALL})["id"]
-        assert wait_job(server, job, timeout=900)["status"] == "completed"
+        done = wait_job(server, job, timeout=900)
+        assert done["status"] == "completed", (done, server_log(server))
         health = server.health()["models"][0]
         assert health["restarts"] == 1 and not set(health["group_pids"][0]) & set(pids), health
     finally:

@@ -100,7 +100,9 @@ def test_flux_repro_lists_its_cases_and_needs_cuda():
 
     cases = repro._cases(["sdpa", "block", "model"])
     assert ("sdpa", "cudnn+checkpoint") in cases and ("block", "single/no-cudnn") in cases
-    assert ("model", "default") in cases and len(cases) == 8 + 4 + 2
+    assert ("model", "default") in cases and ("model", "default+cap0.9") in cases and len(cases) == 8 + 4 + 3
+    pressure = repro._cases(["pressure"])
+    assert [v for _, v in pressure] == [f"backward/leave{n}" for n in repro.PRESSURE_LEAVE_GIB] + ["forward/leave0.25"]
     with pytest.raises(SystemExit):
         repro.main(["--stages", "sdpa,nonsense"])
     if not torch.cuda.is_available():
