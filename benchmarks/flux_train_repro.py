@@ -29,7 +29,13 @@ CUDA_LAUNCH_BLOCKING=1 so the failing kernel is the one reported):
   allocator made to hold all but N GiB of the card (one tensor allocated and freed: it stays
   reserved in the cache, as a large model's activations do) before the backward, for several N;
   and once with the card held before the forward. A failure only at small N says cuDNN's
-  attention needs device memory outside PyTorch's allocator, which a full cache starves.
+  attention needs device memory outside PyTorch's allocator, which a full cache starves;
+- mix: what the model has and one block alone has not -- both block kinds in one step: a
+  double-stream block feeding a single-stream block (each under a checkpoint, as in the model),
+  and at the SDPA level two attentions of the same shape in one backward, one whose output goes
+  on alone (`flatten` -> linear: a dense gradient) and one whose output is concatenated with an
+  MLP branch first, as the single-stream block does (its gradient a strided slice), each also
+  alone.
 
 Reading the result: a failing `sdpa` case is upstream (torch / cuDNN), with this file's case
 as the minimal reproduction; `sdpa` clean but `block` failing points at diffusers' block in
@@ -51,7 +57,7 @@ from typing import Any
 
 from benchmarks import common
 
-STAGES = ("sdpa", "block", "model", "pressure")
+STAGES = ("sdpa", "block", "model", "pressure", "mix")
 HEADS, HEAD_DIM, IMAGE_TOKENS, TEXT_TOKENS = 24, 128, 4096, 512  # Flux.1-dev at 1024^2
 BACKENDS = ("default", "cudnn", "flash", "efficient")
 PRESSURE_LEAVE_GIB = (0.25, 1, 4, 16)  # what the caching allocator leaves free on the card
@@ -66,6 +72,8 @@ def _cases(stages: list[str]) -> list[tuple[str, str]]:
         out += [("block", f"{kind}/{sdpa}") for kind in ("double", "single") for sdpa in ("default", "no-cudnn")]
     if "model" in stages:
         out += [("model", sdpa) for sdpa in ("default", "no-cudnn", "default+cap0.9")]
+    if "mix" in stages:
+        out += [("mix", v) for v in ("blocks/double+single", "sdpa/dense+strided", "sdpa/strided", "sdpa/dense")]
     if "pressure" in stages:
         out += [("pressure", f"backward/leave{n}") for n in PRESSURE_LEAVE_GIB] + [("pressure", "forward/leave0.25")]
     return out
@@ -131,6 +139,37 @@ def _sdpa_case(variant: str, *, hold_before_forward: float | None = None,
     return {**row, "grad_finite": bool(all(t.grad.isfinite().all() for t in (q, k, v)))}
 
 
+def _mix_case(variant: str) -> dict[str, Any]:
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.checkpoint import checkpoint
+
+    what, _, kinds = variant.partition("/")
+    if what == "blocks":
+        return _block_case("double+single/default")
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    tokens, dim = IMAGE_TOKENS + TEXT_TOKENS, HEADS * HEAD_DIM
+    g = torch.Generator(device=dev).manual_seed(0)
+    x = torch.randn(1, tokens, HEADS, HEAD_DIM, device=dev, dtype=dt, generator=g).requires_grad_(True)
+    mlp = torch.randn(1, tokens, 4 * dim, device=dev, dtype=dt, generator=g).requires_grad_(True)
+    dense_out = torch.nn.Linear(dim, dim, device=dev, dtype=dt)
+    strided_out = torch.nn.Linear(5 * dim, dim, device=dev, dtype=dt)  # single-stream: [attention, MLP] -> dim
+
+    def attend(h, kind):
+        q, k, v = ((h * s).transpose(1, 2) for s in (1.0, 0.5, 0.25))
+        o = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).flatten(2)
+        return dense_out(o) if kind == "dense" else strided_out(torch.cat([o, mlp], dim=-1))
+
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+        h = x
+        for kind in kinds.split("+"):
+            h = checkpoint(attend, h, kind, use_reentrant=False).unflatten(-1, (HEADS, HEAD_DIM))
+        h.float().pow(2).mean().backward()
+    torch.cuda.synchronize()
+    return {"grad_finite": bool(x.grad.isfinite().all())}
+
+
 def _block_case(variant: str) -> dict[str, Any]:
     import torch
     from diffusers.models.transformers.transformer_flux import (FluxPosEmbed, FluxSingleTransformerBlock,
@@ -143,8 +182,9 @@ def _block_case(variant: str) -> dict[str, Any]:
     dev, dt = torch.device("cuda"), torch.bfloat16
     torch.manual_seed(0)
     dim = HEADS * HEAD_DIM
-    cls = FluxTransformerBlock if kind == "double" else FluxSingleTransformerBlock
-    block = cls(dim=dim, num_attention_heads=HEADS, attention_head_dim=HEAD_DIM).to(dev, dt).train()
+    classes = {"double": FluxTransformerBlock, "single": FluxSingleTransformerBlock}
+    blocks = [classes[k](dim=dim, num_attention_heads=HEADS, attention_head_dim=HEAD_DIM).to(dev, dt).train()
+              for k in kind.split("+")]  # "double+single": one feeding the other, as in the model
     hidden = torch.randn(1, IMAGE_TOKENS, dim, device=dev, dtype=dt, requires_grad=True)
     text = torch.randn(1, TEXT_TOKENS, dim, device=dev, dtype=dt, requires_grad=True)
     temb = torch.randn(1, dim, device=dev, dtype=dt)
@@ -152,8 +192,10 @@ def _block_case(variant: str) -> dict[str, Any]:
     ids[TEXT_TOKENS:, 1] = torch.arange(IMAGE_TOKENS, device=dev) // 64
     ids[TEXT_TOKENS:, 2] = torch.arange(IMAGE_TOKENS, device=dev) % 64
     rope = FluxPosEmbed(theta=10000, axes_dim=[16, 56, 56])(ids)
-    out = checkpoint(block, hidden, text, temb, rope, use_reentrant=False)
-    outs = [t for t in (out if isinstance(out, tuple) else (out,)) if t is not None]
+    h, t = hidden, text
+    for block in blocks:  # each block returns (text, image) streams
+        t, h = checkpoint(block, h, t, temb, rope, use_reentrant=False)
+    outs = [x for x in (t, h) if x is not None]
     sum(t.float().pow(2).mean() for t in outs).backward()
     torch.cuda.synchronize()
     return {"grad_finite": bool(hidden.grad.isfinite().all())}
@@ -182,7 +224,7 @@ def run_case(stage: str, variant: str) -> dict[str, Any]:
     row: dict[str, Any] = {"stage": stage, "variant": variant}
     try:
         row.update(status="ok", **{"sdpa": _sdpa_case, "block": _block_case, "model": _model_case,
-                                   "pressure": _pressure_case}[stage](variant))
+                                   "pressure": _pressure_case, "mix": _mix_case}[stage](variant))
         row["peak_gib"] = common.gib(torch.cuda.max_memory_allocated())
     except Exception as e:  # the point of this script: record it
         try:  # what the card had left when it failed (cuDNN allocates outside PyTorch's cache)

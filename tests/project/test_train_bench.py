@@ -101,6 +101,8 @@ def test_flux_repro_lists_its_cases_and_needs_cuda():
     cases = repro._cases(["sdpa", "block", "model"])
     assert ("sdpa", "cudnn+checkpoint") in cases and ("block", "single/no-cudnn") in cases
     assert ("model", "default") in cases and ("model", "default+cap0.9") in cases and len(cases) == 8 + 4 + 3
+    assert [v for _, v in repro._cases(["mix"])] == ["blocks/double+single", "sdpa/dense+strided", "sdpa/strided",
+                                                     "sdpa/dense"]
     pressure = repro._cases(["pressure"])
     assert [v for _, v in pressure] == [f"backward/leave{n}" for n in repro.PRESSURE_LEAVE_GIB] + ["forward/leave0.25"]
     with pytest.raises(SystemExit):
