@@ -183,14 +183,22 @@ def run_job(handle, prompt: str, options: dict[str, Any], out: str | None, audio
         options["audio_out"] = audio_out
     old = sys.stdout, sys.stderr
     in_tap = cancelled if tap_cancels else (lambda: False)
-    sys.stdout, sys.stderr = ProgressTap(old[0], report, in_tap), ProgressTap(old[1], report, in_tap)
+    taps = ProgressTap(old[0], report, in_tap), ProgressTap(old[1], report, in_tap)
+    sys.stdout, sys.stderr = taps
+
+    def generated() -> None:
+        # From here the bars are the writer's (the video encoder draws one, `1/1 [`): swallowed,
+        # not reported. Reported, they would move the job's progress back, and in a group rank 0
+        # alone (the rank that writes) would meet `report`'s collective, which its peers never join.
+        for tap in taps:
+            tap.report = lambda done, total: None
     try:
         if out is None:
             given = handle.adapter.check_run(handle.variant, options)
             handle.adapter.generate(handle, prompt=prompt, progress=True, **given)
             return {}
         written = generate_to(handle, prompt=prompt, out=out, progress=True, overwrite=False, write=write,
-                              **options)
+                              on_generated=generated, **options)
     finally:
         sys.stdout, sys.stderr = old
     if cancelled():  # asked for after the last update: the output is not what was wanted any more

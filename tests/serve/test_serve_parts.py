@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import sys
 
 import pytest
 from tqdm import tqdm
@@ -78,7 +79,7 @@ def test_request_checks_name_the_field_before_any_work():
     assert e.value.param == "model" and e.value.code == "unsupported_model"
 
 
-def test_a_job_runs_the_cli_run_path_writes_its_file_and_a_cancel_leaves_nothing(tmp_path):
+def test_a_job_runs_the_cli_run_path_writes_its_file_and_a_cancel_leaves_nothing(tmp_path, monkeypatch):
     import magi_zoo
     from magi_zoo.serve.worker import compile_info, run_job
 
@@ -90,6 +91,22 @@ def test_a_job_runs_the_cli_run_path_writes_its_file_and_a_cancel_leaves_nothing
     info = run_job(handle, "a cat", {"num_inference_steps": 3}, str(out), None, lambda d, t: seen.append((d, t)),
                    lambda: False)
     assert info == {"files": [str(out)]} and out.read_bytes()[:4] == b"\x89PNG" and seen[-1] == (3, 3)
+    # A writer's own bar (PyAV's video encoder draws "1/1 [") is no step: in a group only the
+    # writing rank would report it, and meet a collective its peers never join.
+    import magi_zoo.cli.commands.run as run_command
+
+    real_write = run_command.write_output
+
+    def write_with_a_bar(*args, **kwargs):
+        print("Encoding video chunks: 100%|##########| 1/1 [00:00<00:00, 95.53it/s]", file=sys.stderr)
+        return real_write(*args, **kwargs)
+
+    monkeypatch.setattr(run_command, "write_output", write_with_a_bar)
+    seen.clear()
+    run_job(handle, "a cat", {"num_inference_steps": 3}, str(tmp_path / "barred.png"), None,
+            lambda d, t: seen.append((d, t)), lambda: False)
+    assert seen[-1] == (3, 3) and (1, 1) not in seen, seen
+    (tmp_path / "barred.png").unlink()
     with pytest.raises(JobCancelled):
         run_job(handle, "a cat", {}, str(tmp_path / "cancelled.png"), None, lambda d, t: None, lambda: True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["job.png"]  # no file, no temporary half-file

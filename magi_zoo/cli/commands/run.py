@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 from contextlib import nullcontext
 from pathlib import Path
+from typing import Callable
 
 from ... import distributed, zoo  # `zoo.load` looked up at call time: a patch of it reaches every command
 from ...engine.observe.progress import Heartbeat
@@ -88,15 +89,19 @@ def _run(args, notices: Captured) -> int:
 
 
 def generate_to(handle, *, prompt: str, out: str | Path, progress: bool = True, write: bool = True,
-                overwrite: bool = True, **options) -> list[Path]:
+                overwrite: bool = True, on_generated: Callable[[], None] | None = None, **options) -> list[Path]:
     """`magi-zoo run` after the build: check the options and the paths it will write (before
     the generation: a path that cannot be written never costs one; `overwrite=False`: an
     existing file is refused), generate through the handle, write (`write=False`: generate
-    only -- the ranks other than 0 of a multi-process run)."""
+    only -- the ranks other than 0 of a multi-process run). `on_generated` is called between
+    the generation and the write (a server stops reading progress bars there: a writer's own
+    bar, such as the video encoder's, is no step of the generation)."""
     given = handle.adapter.check_run(handle.variant, options, Path(out))
     if write:
         check_output_files(out, given.get("audio_out"), overwrite=overwrite)
     output = handle.adapter.generate(handle, prompt=prompt, progress=progress, **given)
+    if on_generated is not None:
+        on_generated()
     if not write:
         return []
     if output.note and progress:
