@@ -160,7 +160,8 @@ OFFLOAD_I2V = ("offload/offload_h100_wan2.1-i2v-14b-480p_16_24gib.json",
                "offload/offload_h100_wan2.1-i2v-14b-480p_12gib_diffusers.json",
                "offload/offload_h100_wan2.1-i2v-14b-480p_24gib_diffusers.json")
 TRAIN = "train/train_wan2.1-t2v-1.3b_h100_noopt.json"
-TRAIN_MULTI = ("train/train_dp_wan2.1-t2v-1.3b_h100.json", "train/train_fsdp_wan2.1-t2v-14b_h100.json")
+TRAIN_MULTI = ("train/train_dp_wan2.1-t2v-1.3b_h100.json", "train/train_fsdp_wan2.1-t2v-14b_h100.json",
+               "train/train_fsdp_wan2.1-t2v-14b_h100_cpuoffload.json")
 SELF_FORCING = "self_forcing/self_forcing_h100_vae_contig_serial.json"
 SELF_FORCING_DEFAULT = "self_forcing/self_forcing_h100.json"
 PARALLEL = ("parallel/parallel_h100_2gpu.json", "parallel/parallel_h200_4gpu.json")
@@ -319,11 +320,17 @@ def training_multi_gpu(link: Link) -> str:
     rows = []
     for f in files:
         single = next((x["ms_per_step"] for x in f.rows() if x.get("world") == 1), None)
+        step = f.data["step"]
+        optimizer = "AdamW" if "AdamW" in step else "none"
+        if "CPUOffloadPolicy" in step:
+            optimizer += " (shards, gradients, states on the host)"
         for x in f.rows():
             scaling = x["world"] * single / x["ms_per_step"] if single and x.get("ms_per_step") else None
-            rows.append([f.data["model"], x["mode"], str(x["world"]), num(x.get("ms_per_step")),
-                         ratio(scaling) if x["world"] > 1 else "—", num(x.get("peak_gib_per_gpu"))])
-    head = ["model", "mode", "GPUs", "ms / step", "throughput vs 1 GPU", "peak GiB per GPU"]
+            rows.append([f.data["model"], x["mode"], optimizer, str(x["world"]), num(x.get("ms_per_step")),
+                         ratio(scaling) if x["world"] > 1 else "—", num(x.get("peak_gib_per_gpu")),
+                         num(x.get("peak_reserved_gib_per_gpu"))])
+    head = ["model", "mode", "optimizer", "GPUs", "ms / step", "throughput vs 1 GPU", "peak GiB per GPU",
+            "peak reserved GiB per GPU"]
     return table(head, rows) + "\n\n" + sources(files, link)
 
 
