@@ -4,10 +4,13 @@ decode step) through the same adapter entry points."""
 
 import itertools
 import json
+import os
 import subprocess
 import sys
 
 import pytest
+
+from helpers.processes import inductor_isa_env
 
 
 @pytest.mark.slow
@@ -15,7 +18,9 @@ def test_harness_cpu_command(tmp_path):
     out = tmp_path / "bench"
     cmd = [sys.executable, "-m", "benchmarks.run", "--model", "wan2.1-tiny",
            "--strategies", "eager,torch_compile,magi_zoo", "--device", "cpu", "--out", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
+    # the workers (fresh inductor dirs each) take the vector ISA probed here instead of
+    # probing again: ~5 s of g++ for each of the 3 that start on an empty dir
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=dict(os.environ, **inductor_isa_env()))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "[1/3] eager (cold process)" in proc.stdout and "magi_zoo (warm process)" in proc.stdout
     rec = json.loads((out / "wan2.1-tiny_cpu.json").read_text())
