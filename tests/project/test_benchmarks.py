@@ -58,11 +58,26 @@ def test_harness_rejects_unknown_strategy_and_too_few_runs():
         main(["--model", "wan2.1-tiny", "--runs", "3", "--device", "cpu"])
 
 
-def _smoke(model: str, out, *extra: str) -> dict:
+def _smoke(model: str, out, monkeypatch, *extra: str) -> dict:
     """The harness on a tiny variant, as its CPU smoke run: plumbing, not a measurement
-    (a cheap backend, no warm-start process, 1 warm-up + 2 timed calls)."""
+    (a cheap backend, no warm-start process, 1 warm-up + 2 timed calls). Its workers run in
+    this process, each on an empty dynamo cache as a fresh process starts: what these runs
+    check is the entry points, the refusals and the records; the process boundary (fresh
+    interpreters, fresh compile caches, a warm start) is test_harness_cpu_command's, and each
+    worker launched here cost a fresh import of torch, diffusers and transformers and a build
+    (~5 s per worker on 2 cores)."""
+    import torch
+
+    from benchmarks import common
     from benchmarks.run import main
 
+    def run_in_process(module, args, *, result_file, **_):
+        assert module == "benchmarks.run" and "--worker" in args, args
+        torch.compiler.reset()
+        main(args)  # a worker's main records its failure in result_file, as in its own process
+        return json.loads(result_file.read_text())
+
+    monkeypatch.setattr(common, "run_isolated", run_in_process)
     return main(["--model", model, "--device", "cpu", "--out", str(out), "--no-warm-start", "--smoke",
                  "--warmup", "1", "--runs", "2", *extra])
 
@@ -70,11 +85,11 @@ def _smoke(model: str, out, *extra: str) -> dict:
 ENV_FIELDS = {"card", "torch", "triton", "diffusers", "transformers", "commit"}
 
 
-def test_harness_bagel_denoise_step_with_cfg_on_cpu(tmp_path):
+def test_harness_bagel_denoise_step_with_cfg_on_cpu(tmp_path, monkeypatch):
     """BAGEL's entry point is one denoising step with CFG over three KV contexts (what the
     former benchmarks/bagel_gpu.py measured); diffusers_regional cannot apply to it and is
     refused without starting a process."""
-    rec = _smoke("bagel-tiny", tmp_path, "--entry", "denoise", "--strategies", "eager,diffusers_regional,magi_zoo",
+    rec = _smoke("bagel-tiny", tmp_path, monkeypatch, "--entry", "denoise", "--strategies", "eager,diffusers_regional,magi_zoo",
                  "--backend", "eager", "--shape", "text_len=8")
     rows = {r["strategy"]: r for r in rec["results"]}
     assert list(rows) == ["eager", "diffusers_regional", "magi_zoo"]
@@ -97,11 +112,11 @@ def test_harness_bagel_denoise_step_with_cfg_on_cpu(tmp_path):
     assert "rel_err_vs_eager" in md and "magi_zoo regions:" in md and "BagelMoTLayer" in md
 
 
-def test_harness_qwen3_omni_decode_step_on_cpu(tmp_path):
+def test_harness_qwen3_omni_decode_step_on_cpu(tmp_path, monkeypatch):
     """Qwen3-Omni's decode tok/s (what the former benchmarks/qwen3_omni_gpu.py measured) is
     the `decode_step` entry timed per call; `--layers` builds the layer config with fewer
     thinker layers and no talker, and the spec keys for the parts it lacks are dropped."""
-    rec = _smoke("qwen3-omni-tiny", tmp_path, "--entry", "decode_step", "--layers", "1",
+    rec = _smoke("qwen3-omni-tiny", tmp_path, monkeypatch, "--entry", "decode_step", "--layers", "1",
                  "--strategies", "eager,diffusers_regional,magi_zoo", "--backend", "aot_eager",
                  "--shape", "ctx_len=16")
     rows = {r["strategy"]: r for r in rec["results"]}
