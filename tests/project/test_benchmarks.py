@@ -74,7 +74,10 @@ def _smoke(model: str, out, monkeypatch, *extra: str) -> dict:
     def run_in_process(module, args, *, result_file, **_):
         assert module == "benchmarks.run" and "--worker" in args, args
         torch.compiler.reset()
-        main(args)  # a worker's main records its failure in result_file, as in its own process
+        try:
+            main(args)  # a worker's main records its failure in result_file, as in its own process
+        finally:
+            torch.compiler.reset()  # and nothing it compiled stays behind, as when its process ends
         return json.loads(result_file.read_text())
 
     monkeypatch.setattr(common, "run_isolated", run_in_process)
@@ -211,7 +214,10 @@ def test_offload_benchmark_smoke_writes_after_every_row(tmp_path, monkeypatch):
         import torch
 
         torch.compiler.reset()
-        assert offload.main(args) == 0  # a worker records its failure in its result file
+        try:
+            assert offload.main(args) == 0  # a worker records its failure in its result file
+        finally:
+            torch.compiler.reset()  # nothing it compiled stays behind, as when its process ends
         return json.loads(kw["result_file"].read_text())
 
     monkeypatch.setattr(common, "run_isolated", run_isolated)
