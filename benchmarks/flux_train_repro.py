@@ -92,7 +92,7 @@ def _hold_all_but(leave_gib: float) -> None:
 def _free_gib() -> float:
     import torch
 
-    return round(torch.cuda.mem_get_info()[0] / GIB, 3)
+    return common.gib(torch.cuda.mem_get_info()[0])
 
 
 def _pressure_case(variant: str) -> dict[str, Any]:

@@ -9,17 +9,15 @@ the rank and the restarted group serves the next. Needs 2 CUDA devices; skipped 
 from __future__ import annotations
 
 import io
-import json
 import os
 import signal
 import time
-import urllib.request
 
 import numpy as np
 import pytest
 import torch
 
-from helpers.serve_server import Server
+from helpers.serve_server import Server, call, wait_job
 
 pytestmark = pytest.mark.gpu
 av = pytest.importorskip("av")
@@ -28,33 +26,10 @@ MODEL = "wan2.1-tiny"
 CALL = {"num_inference_steps": 4, "num_frames": 5, "seed": 3}
 
 
-def call(server: Server, method: str, path: str, body=None):
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(server.url + path, data=data, method=method,
-                                 headers={"Content-Type": "application/json"} if data else {})
-    with urllib.request.urlopen(req, timeout=600) as r:
-        payload = r.read()
-    try:
-        return json.loads(payload)
-    except ValueError:
-        return payload
-
-
-def wait_job(server: Server, job_id: str, timeout: float = 600, until=None) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        job = call(server, "GET", f"/v1/jobs/{job_id}")
-        if (until or (lambda j: j["status"] in ("completed", "failed", "cancelled")))(job):
-            return job
-        time.sleep(0.05)
-    raise AssertionError(f"job {job_id} did not get there in {timeout} s")
-
-
-def server_log(server: Server) -> str:
-    """The server's and its ranks' output so far (the last 4,000 characters): why a job failed."""
-    server.log.flush()
-    server.log.seek(0)
-    return server.log.read()[-4000:]
+def post_job(server: Server, body: dict) -> str:
+    status, job = call(server, "POST", "/v1/jobs", body)
+    assert status == 200, job
+    return job["id"]
 
 
 def frames(data: bytes) -> np.ndarray:
@@ -78,20 +53,22 @@ def test_a_two_card_group_answers_one_cards_output_and_survives_a_dead_rank(tmp_
     try:
         health = server.health()["models"][0]
         assert (health["nproc"], len(health["group_pids"][0])) == (2, 2), health
-        job = call(server, "POST", "/v1/jobs", {"model": MODEL, "prompt": "a corgi", **CALL})["id"]
-        done = wait_job(server, job)
+        job = post_job(server, {"model": MODEL, "prompt": "a corgi", **CALL})
+        done = wait_job(server, job, timeout=600)
         if done["status"] != "completed":  # pytest.fail: the whole log (an assert's message is cut short)
-            pytest.fail(f"{done}\n{server_log(server)}")
-        served = frames(call(server, "GET", f"/v1/jobs/{job}/content"))
+            pytest.fail(f"{done}\n{server.output()}")
+        status, content = call(server, "GET", f"/v1/jobs/{job}/content")
+        assert status == 200, content
+        served = frames(content)
         assert served.shape == one.shape
         # the uncond branch runs on the other card, compiled afresh: bf16 rounding, magnified by guidance
         # (docs/multi-gpu.md#how-it-composes-with-the-compiled-plan); tests/gpu/test_parallel_gpu.py's bound
         rel = np.linalg.norm(served - one) / np.linalg.norm(one)
         assert rel < 5e-2, rel
 
-        job = call(server, "POST", "/v1/jobs", {"model": MODEL, "prompt": "long", "num_inference_steps": 1000,
+        job = post_job(server, {"model": MODEL, "prompt": "long", "num_inference_steps": 1000,
                                                  "num_frames": 5})["id"]
-        wait_job(server, job, until=lambda j: j["progress"]["done"] >= 2)
+        wait_job(server, job, 600, until=lambda j: j["progress"]["done"] >= 2)
         pids = server.health()["models"][0]["group_pids"][0]
         t0 = time.monotonic()
         os.kill(pids[1], signal.SIGKILL)
@@ -100,10 +77,10 @@ def test_a_two_card_group_answers_one_cards_output_and_survives_a_dead_rank(tmp_
         assert ended["status"] == "failed" and ended["error"]["code"] == "worker_died", ended
         assert f"rank 1 of the 2-process group (pid {pids[1]})" in ended["error"]["message"], ended
         assert took < 30, took  # the pool saw the death: not the collective's timeout
-        job = call(server, "POST", "/v1/jobs", {"model": MODEL, "prompt": "a corgi", **CALL})["id"]
+        job = post_job(server, {"model": MODEL, "prompt": "a corgi", **CALL})
         done = wait_job(server, job, timeout=900)
         if done["status"] != "completed":
-            pytest.fail(f"{done}\n{server_log(server)}")
+            pytest.fail(f"{done}\n{server.output()}")
         health = server.health()["models"][0]
         assert health["restarts"] == 1 and not set(health["group_pids"][0]) & set(pids), health
     finally:

@@ -95,3 +95,17 @@ def call(server, method: str, path: str, body=None, *, headers=None, raw: bytes 
         return status, json.loads(payload)
     except ValueError:
         return status, payload
+
+
+def wait_job(server, job_id: str, timeout: float = 60.0, until=None, poll: float = 0.05) -> dict:
+    """The job once `until(job)` holds (default: it ended -- completed, failed or cancelled),
+    polling GET /v1/jobs/{id}; an AssertionError with the last state after `timeout` s."""
+    done = until or (lambda j: j["status"] in ("completed", "failed", "cancelled"))
+    deadline = time.monotonic() + timeout
+    job = None
+    while time.monotonic() < deadline:
+        job = call(server, "GET", f"/v1/jobs/{job_id}")[1]
+        if done(job):
+            return job
+        time.sleep(poll)
+    raise AssertionError(f"job {job_id} did not get there in {timeout} s: {job}")

@@ -15,7 +15,7 @@ import urllib.request
 
 import pytest
 
-from helpers.serve_server import Server, call
+from helpers.serve_server import Server, call, wait_job
 
 openai = pytest.importorskip("openai")
 
@@ -66,16 +66,6 @@ def raw_post(server, headers: dict, body: bytes, chunked: bool = False):
                 break
             reply += chunk
     return int(head.split()[1]), json.loads(rest[:length])
-
-
-def wait_job(server, job_id: str, timeout: float = 60.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        _, job = call(server, "GET", f"/v1/jobs/{job_id}")
-        if job["status"] in ("completed", "failed", "cancelled"):
-            return job
-        time.sleep(0.05)
-    raise AssertionError(f"job {job_id} did not end in {timeout} s")
 
 
 def test_openai_client_image_video_chat_models(server, client):

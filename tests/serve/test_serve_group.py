@@ -14,6 +14,7 @@ import time
 import numpy as np
 import pytest
 
+from helpers import serve_server
 from helpers.serve_server import Server, call
 
 pytest.importorskip("fastapi")
@@ -36,13 +37,7 @@ def submit(server, **options) -> str:
 
 
 def wait_job(server, job_id: str, timeout: float = 120.0, until=None) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        job = call(server, "GET", f"/v1/jobs/{job_id}")[1]
-        if (until or (lambda j: j["status"] in ("completed", "failed", "cancelled")))(job):
-            return job
-        time.sleep(0.02)
-    raise AssertionError(f"job {job_id} did not get there in {timeout} s: {job}")
+    return serve_server.wait_job(server, job_id, timeout, until, poll=0.02)
 
 
 def started(job: dict) -> bool:
