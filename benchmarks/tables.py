@@ -367,12 +367,15 @@ def serve(link: Link) -> str:
     rows = []
     for f in files:
         x = f.data["row"]
-        rows.append([x["model"], f.card, x["options"].replace("|", "\\|"), num(x["call_ms"]), num(x["generate_to_ms"]),
-                     num(x["request_ms"]), f"{x['overhead_vs_generate_to_pct']:+.1f}%", str(x.get("clients", 1)),
+        rows.append([x["model"], f.card, x["options"].replace("|", "\\|"), num(x["call_ms"]),
+                     num(x["write_ms"]) if x.get("write_ms") else "—", num(x["generate_to_ms"]),
+                     num(x["request_ms"]), f"{x['overhead_vs_generate_to_pct']:+.1f}%",
+                     f"{x['overhead_vs_call_pct']:+.1f}%", str(x.get("clients", 1)),
                      num(x.get("throughput_per_s"), 3) if x.get("throughput_per_s") else "—",
                      num(x.get("p50_ms")) if x.get("p50_ms") else "—", num(x.get("p95_ms")) if x.get("p95_ms") else "—",
                      num(x["warm_compiled_frames_delta"], 0)])
-    head = ["model", "card", "options", "in-process call, ms", "call + file, ms", "request, ms", "request vs call + file",
+    head = ["model", "card", "options", "in-process call, ms", "the file alone, ms", "call + file, ms", "request, ms",
+            "request vs call + file", "request vs call",
             "clients", "requests / s", "p50 ms", "p95 ms", "frames compiled by warm requests"]
     return table(head, rows) + "\n\n" + sources(files, link)
 

@@ -91,14 +91,18 @@ def test_video_as_gif_needs_no_ffmpeg(tmp_path, monkeypatch):
         im.seek(4)
         assert im.convert("RGB").getpixel((0, 0)) == (255, 255, 255)  # frame values 0..1 -> 0..255
 
-    import diffusers.utils
-
-    def no_ffmpeg(*a, **k):
-        raise AttributeError("Unable to find a compatible ffmpeg installation in your environment")
-
-    monkeypatch.setattr(diffusers.utils, "export_to_video", no_ffmpeg)
     from magi_zoo.cli import writers
 
+    # Both encoders at the served preset (x264 writes its settings into the stream: "veryfast"
+    # is subme=2 and rc_lookahead=10; x264's default "medium" would be subme=7, rc_lookahead=40).
+    veryfast = (b"subme=2 ", b"rc_lookahead=10 ")
+    cli.write_output(Output(kind="video", value=frames, fps=8), tmp_path / "i.mp4")  # imageio's ffmpeg
+    assert all(s in (tmp_path / "i.mp4").read_bytes() for s in veryfast)
+
+    def no_ffmpeg(*a, **k):
+        raise RuntimeError("No ffmpeg exe could be found. Install ffmpeg on your system")
+
+    monkeypatch.setattr(writers, "write_mp4_imageio", no_ffmpeg)
     if writers.can_mux_audio():  # no ffmpeg for imageio, PyAV installed: H.264 through PyAV
         cli.write_output(Output(kind="video", value=frames, fps=8), tmp_path / "p.mp4")
         import av
@@ -108,6 +112,7 @@ def test_video_as_gif_needs_no_ffmpeg(tmp_path, monkeypatch):
             assert f.streams.video[0].codec_context.name == "h264"
         assert len(got) == 5 and got[0].shape == (8, 12, 3)
         assert abs(int(got[4][4, 6].mean()) - 255) <= 8  # the last frame is white
+        assert all(s in (tmp_path / "p.mp4").read_bytes() for s in veryfast)
     monkeypatch.setattr(writers, "can_mux_audio", lambda: False)
     with pytest.raises(RuntimeError, match=r"writing v.mp4 needs ffmpeg \(pip install imageio-ffmpeg, or the `av` "
                                            r"extra\); or write v.gif"):
