@@ -66,8 +66,7 @@ def test_a_two_card_group_answers_one_cards_output_and_survives_a_dead_rank(tmp_
         rel = np.linalg.norm(served - one) / np.linalg.norm(one)
         assert rel < 5e-2, rel
 
-        job = post_job(server, {"model": MODEL, "prompt": "long", "num_inference_steps": 1000,
-                                                 "num_frames": 5})["id"]
+        job = post_job(server, {"model": MODEL, "prompt": "long", "num_inference_steps": 1000, "num_frames": 5})
         wait_job(server, job, 600, until=lambda j: j["progress"]["done"] >= 2)
         pids = server.health()["models"][0]["group_pids"][0]
         t0 = time.monotonic()
