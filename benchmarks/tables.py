@@ -165,6 +165,12 @@ TRAIN_MULTI = ("train/train_dp_wan2.1-t2v-1.3b_h100.json", "train/train_fsdp_wan
 SELF_FORCING = "self_forcing/self_forcing_h100_vae_contig_serial.json"
 SELF_FORCING_DEFAULT = "self_forcing/self_forcing_h100.json"
 PARALLEL = ("parallel/parallel_h100_2gpu.json", "parallel/parallel_h200_4gpu.json")
+# The newer families' harness runs, at the stems docs/models.md's commands write: a run not yet
+# committed is listed as such, so the table says what is still unmeasured.
+FAMILIES = {"FLUX.2-dev": "flux/flux.2-dev-4L_768x1360_h100.json",
+            "Qwen-Image": "qwen-image/qwen-image-20L_1328x1328_h100.json",
+            "HunyuanVideo-1.5": "hunyuanvideo-1.5-480p-t2v/hunyuanvideo-1.5-480p_480x848x121_h100.json",
+            "LTX-2": "ltx-2/ltx-2_512x768x121_h100.json"}
 
 
 # The baselines a speed claim may be made against (benchmarks/baselines.py): a bf16 row is compared
@@ -207,6 +213,21 @@ def harness(rel: str, strategies: list[str], link: Link) -> str:
         note += ("\n\nThis run has no same-kernel baseline (diffusers on SDPA only), so its ratios overstate what "
                  "the engine itself adds; the same-kernel run is listed beside it.")
     return table(head, rows) + note + "\n\n" + sources([r], link)
+
+
+def families(link: Link) -> str:
+    """One harness table per newer family with a committed run (the rows that run measured),
+    then the families whose run is not committed yet."""
+    parts, missing = [], []
+    for family, rel in FAMILIES.items():
+        if not (RESULTS / rel).exists():
+            missing.append(family)
+            continue
+        measured = [x["strategy"] for x in load(rel).rows() if x.get("status") == "ok"]
+        parts.append(f"**{family}**\n\n" + harness(rel, measured, link))
+    if missing:
+        parts.append(f"Not yet measured on a GPU: {', '.join(missing)}.")
+    return "\n\n".join(parts)
 
 
 def baseline_rows(rel: str, link: Link) -> str:
@@ -428,7 +449,7 @@ TABLES: dict[str, Callable[[Link], str]] = {
     "flux": flux, "flux-baselines": flux_baselines, "i2v-14b-loop": i2v_loop,
     "offload": offload, "training": training, "training-multi-gpu": training_multi_gpu,
     "self-forcing": self_forcing, "multi-gpu": multi_gpu, "unknown-commits": unknown_commits,
-    "gpu-tests": gpu_tests, "serve": serve,
+    "gpu-tests": gpu_tests, "serve": serve, "families": families,
 }
 
 
