@@ -384,7 +384,7 @@ def multi_gpu(link: Link) -> str:
 def serve(link: Link) -> str:
     """Every `benchmarks/serve.py` result: a warm request against the same call in-process, and
     the throughput and latency of concurrent clients where measured."""
-    files = [load(p.relative_to(RESULTS).as_posix()) for p in sorted((RESULTS / "serve").glob("*.json"))]
+    files = [load(p.relative_to(RESULTS).as_posix()) for p in sorted((RESULTS / "serve").glob("serve_*.json"))]
     rows = []
     for f in files:
         x = f.data["row"]
@@ -398,6 +398,19 @@ def serve(link: Link) -> str:
     head = ["model", "card", "options", "in-process call, ms", "the file alone, ms", "call + file, ms", "request, ms",
             "request vs call + file", "request vs call",
             "clients", "requests / s", "p50 ms", "p95 ms", "frames compiled by warm requests"]
+    return table(head, rows) + "\n\n" + sources(files, link)
+
+
+def video_write(link: Link) -> str:
+    """Every `benchmarks/video_write.py` result: the conversion and the H.264 encode per x264
+    preset and threading."""
+    files = [load(p.relative_to(RESULTS).as_posix()) for p in sorted((RESULTS / "serve").glob("video_write_*.json"))]
+    rows = []
+    for f in files:
+        for x in f.data["rows"]:
+            rows.append([f"{f.data['cpu_count']} cores", x["content"], f"{x['preset']}, {x['thread_type']}",
+                         num(x["convert_ms"]), num(x["encode_ms"]), num(x["total_ms"]), f"{x['file_kib']:,}"])
+    head = ["CPU", "content", "x264 preset, threads", "to uint8, ms", "encode, ms", "total, ms", "file KiB"]
     return table(head, rows) + "\n\n" + sources(files, link)
 
 
@@ -450,6 +463,7 @@ TABLES: dict[str, Callable[[Link], str]] = {
     "offload": offload, "training": training, "training-multi-gpu": training_multi_gpu,
     "self-forcing": self_forcing, "multi-gpu": multi_gpu, "unknown-commits": unknown_commits,
     "gpu-tests": gpu_tests, "serve": serve, "families": families,
+    "video-write": video_write,
 }
 
 

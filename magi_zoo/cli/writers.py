@@ -44,12 +44,20 @@ def write_gif(frames, path: str | Path, fps: int) -> None:
 
 
 # x264's preset sets how hard the encoder searches, not the quality: that is the rate factor,
-# left at each writer's default. Measured on a 2-core machine, 81 frames of 480x832: noise (what
-# random weights decode to) 10.0 s at x264's default "medium" against 3.0 s at "veryfast"
-# (15.2 vs 14.4 MiB); a smooth synthetic clip 1.87 vs 0.89 s (152 vs 171 KiB, 12% larger). A
-# served video request pays the encode on every call, after the generation: on an H100 a
-# 10-step Wan-1.3B call takes ~14 s and "medium" encoded its noise in ~1.2 s (8.6%).
+# left at each writer's default. A served video request pays the encode on every call, after the
+# generation (on an H100 a 10-step Wan-1.3B call takes ~14 s). Measured by benchmarks/video_write
+# on a 16-core host (benchmarks/results/serve/video_write_16cores.md), 81 frames of 480x832
+# through PyAV: uniform noise (the worst case; random weights decode to noise) encodes in 3.80 s
+# at x264's default "medium" against 1.36 s at "veryfast" (15.3 vs 14.5 MiB), a smooth moving
+# gradient in 1.03 s against 0.68 s (173 vs 191 KiB: 10% larger). "ultrafast" would halve
+# veryfast's time again but more than double a smooth clip's file (428 KiB).
 VIDEO_PRESET = "veryfast"
+# How FFmpeg threads the x264 encoder in PyAV. PyAV's default is slice threads (each frame cut
+# into slices); frame threads encode several frames at once: on the same host and frames, noise
+# at veryfast 0.74 s against 1.36 s and the smooth clip 0.34 s against 0.68 s, files no larger.
+# A file needs no per-frame latency, which is what slice threads are for. (imageio's ffmpeg
+# command line threads x264 by frames already.)
+VIDEO_THREADS = "FRAME"
 
 
 def uint8_frames(frames):
@@ -76,9 +84,9 @@ def write_mp4_imageio(frames, path: str | Path, fps: int) -> None:
 
 
 def write_mp4_pyav(frames, path: str | Path, fps: int, *, preset: str = VIDEO_PRESET,
-                   thread_type: str | None = None) -> None:
+                   thread_type: str = VIDEO_THREADS) -> None:
     """H.264 (yuv420p: even width and height) through PyAV's own FFmpeg, at `preset`;
-    `thread_type` ("SLICE", "FRAME"): how FFmpeg threads the encoder (None: PyAV's default).
+    `thread_type` ("SLICE", "FRAME"): how FFmpeg threads the encoder.
     `frames`: floats in [0, 1], or uint8 pixels, which are encoded as they are."""
     import av  # lazy: the `av` extra
 
@@ -87,8 +95,7 @@ def write_mp4_pyav(frames, path: str | Path, fps: int, *, preset: str = VIDEO_PR
         stream = container.add_stream("libx264", rate=int(fps), options={"preset": preset})
         stream.height, stream.width = pixels.shape[1:3]
         stream.pix_fmt = "yuv420p"
-        if thread_type is not None:
-            stream.codec_context.thread_type = thread_type
+        stream.codec_context.thread_type = thread_type
         for frame in pixels:
             container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
         container.mux(stream.encode())  # flush the encoder's delayed frames

@@ -113,6 +113,14 @@ def test_video_as_gif_needs_no_ffmpeg(tmp_path, monkeypatch):
         assert len(got) == 5 and got[0].shape == (8, 12, 3)
         assert abs(int(got[4][4, 6].mean()) - 255) <= 8  # the last frame is white
         assert all(s in (tmp_path / "p.mp4").read_bytes() for s in veryfast)
+        # frame threads (VIDEO_THREADS): x264 runs more than one thread on a 64 x 64 clip where
+        # PyAV's default slice threads leave it one
+        import os
+        import re
+
+        writers.write_mp4_pyav([np.full((64, 64, 3), i / 4, dtype=np.float32) for i in range(5)], tmp_path / "t.mp4", 8)
+        x264_threads = int(re.search(rb" threads=(\d+)", (tmp_path / "t.mp4").read_bytes()).group(1))
+        assert x264_threads > 1 or (os.cpu_count() or 1) < 2, x264_threads
     monkeypatch.setattr(writers, "can_mux_audio", lambda: False)
     with pytest.raises(RuntimeError, match=r"writing v.mp4 needs ffmpeg \(pip install imageio-ffmpeg, or the `av` "
                                            r"extra\); or write v.gif"):
