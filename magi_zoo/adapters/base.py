@@ -67,7 +67,10 @@ class Output:
     """What `Adapter.generate` returns; the CLI writes it (the kind picks the writer)."""
 
     kind: str  # "video" | "image" | "text"
-    value: Any  # video: list of HxWx3 float frames in [0, 1]; image: PIL image; text: str
+    # video: an (F, H, W, 3) float array in [0, 1] (or a list of H x W x 3 frames); image: a PIL
+    # image; text: a str. A pipeline's array is kept as it is: a list of 81 frames at 480 x 832
+    # would be stacked again by the writer, a 388 MB copy on every video written.
+    value: Any
     fps: int | None = None  # video
     # optional float waveform in [-1, 1], 1-D (mono) or (channels, samples): a text reply's
     # speech, or a video's sound track (an .mp4 carries it; `--audio-out` writes it as .wav)

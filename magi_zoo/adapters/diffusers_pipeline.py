@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 import torch.nn as nn
 from packaging.version import Version
@@ -140,7 +141,7 @@ class DiffusersPipelineAdapter(Adapter):
                              f"({self.cfg_option or 'no guidance option'} <= 1); drop cfg parallel (--no-cfg-parallel)")
         handle.pipe.set_progress_bar_config(disable=not progress)
         if self.output_kind == "video":
-            return Output("video", list(handle(prompt=prompt, output_type="np", **options).frames[0]),
+            return Output("video", np.asarray(handle(prompt=prompt, output_type="np", **options).frames[0]),
                           fps=handle.variant.config.get("fps", self.fps))
         return Output("image", handle(prompt=prompt, output_type="pil", **options).images[0])
 

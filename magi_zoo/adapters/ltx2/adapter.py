@@ -103,7 +103,7 @@ class LTX2Adapter(DiffusersPipelineAdapter):
         handle.pipe.set_progress_bar_config(disable=not progress)
         out = handle(prompt=prompt, output_type="np", **options)
         fps = options.get("frame_rate", handle.call_defaults().get("frame_rate", self.fps))
-        return Output("video", list(out.frames[0]), fps=round(fps), audio=np.asarray(out.audio[0].float().cpu()),
+        return Output("video", np.asarray(out.frames[0]), fps=round(fps), audio=np.asarray(out.audio[0].float().cpu()),
                       sample_rate=handle.pipe.vocoder.config.output_sampling_rate)
 
     def denoiser_inputs(self, pipe, variant: Variant, *, height=None, width=None, frames=None,

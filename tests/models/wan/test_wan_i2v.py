@@ -51,6 +51,8 @@ def test_generate_takes_the_image_as_the_first_frame(handle, png):
     assert type(handle.pipe).__name__ == "WanImageToVideoPipeline"
     out = handle.adapter.generate(handle, prompt="a corgi surfing", image=str(png), seed=0, progress=False)
     assert out.kind == "video" and len(out.value) == 9 and out.value[0].shape == (32, 32, 3)
+    # the pipeline's (F, H, W, 3) array as it is: a list of frames would be stacked again by the writer
+    assert isinstance(out.value, np.ndarray) and out.value.shape == (9, 32, 32, 3)
     # The same call on the pipeline itself, with the image read as Wan's generate.py reads
     # it (convert("RGB")): the same video.
     want = handle(prompt="a corgi surfing", image=Image.open(png).convert("RGB"), output_type="np",
