@@ -332,6 +332,8 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
         raise ValueError("lora_hotswap=True needs lora=[...] (the LoRA in the slot), and keeps peft layers in the "
                          "graph: not with precision='fp8' or memory_budget_gib (fuse the LoRA: lora_hotswap=False)")
     lora_states = lora_loader.check_for(adapter, variant, loras, dt)  # read and checked before the build
+    if lora_hotswap:
+        lora_loader.refuse_deltas_for_hotswap([s.source for s in loras], lora_states)
     directory = resolve_cache_dir(cache_dir)
     if directory is not None:  # a directory the cache can be saved to, or an error now, not after the run
         check_writable(directory, what="cache_dir", directory=True, overwrite=True)

@@ -1,8 +1,8 @@
 """LoRA: low-rank adapters loaded through diffusers' LoRA loaders and peft, fused at load.
 
 `magi_zoo.load(name, lora=[...], lora_scale=...)` and `magi-zoo run --lora PATH[:SCALE]` go
-through here. Nothing merges weights by hand: the pipeline's own `lora_state_dict` reads the
-file and converts the layouts diffusers knows (its own / peft keys, Kohya and musubi-tuner's
+through here. Nothing merges a low-rank layer by hand: the pipeline's own `lora_state_dict`
+reads the file and converts the layouts diffusers knows (its own / peft keys, Kohya and musubi-tuner's
 ``lora_unet_*`` keys, the original Wan keys ``diffusion_model.blocks.N.self_attn.q.lora_down``
 with ``alpha`` and ``diff_b`` entries, as LightX2V's step-distill LoRAs ship), `load_lora_weights`
 injects peft layers, `fuse_lora` merges each at its scale and `unload_lora_weights` drops the
@@ -18,6 +18,9 @@ Two modes:
 Every LoRA is read and checked before the model is built: its keys (after diffusers'
 conversion) must name layers of this model at these shapes; a LoRA that matches nothing, or
 another family's, is an error naming the LoRA and the model.
+
+The full deltas some files carry besides their low-rank layers, which diffusers' converter
+leaves out, are `lora_deltas`'s.
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ from typing import Any, Iterable, Mapping
 
 import torch
 import torch.nn as nn
+
+from .lora_deltas import ConvertedLora, add_deltas, check_deltas, describe_deltas, refuse_deltas_for_hotswap, \
+    with_deltas
 
 COMPONENTS = ("transformer", "transformer_2")  # what a Wan2.2 A14B LoRA may target (high / low noise)
 INSTALL = "pip install 'magi-zoo[lora]' (or pip install peft)"
@@ -163,10 +169,10 @@ def family_of(keys: Iterable[str]) -> str | None:
     return None
 
 
-def read(spec: LoraSpec, pipeline_cls: type, model_name: str) -> dict[str, torch.Tensor]:
+def read(spec: LoraSpec, pipeline_cls: type, model_name: str) -> ConvertedLora:
     """The LoRA's state dict in diffusers' names, by the pipeline's own `lora_state_dict`
-    (which converts the non-diffusers layouts). A file it cannot convert is an error naming
-    what the file looks like."""
+    (which converts the non-diffusers layouts), with the full deltas it left out. A file it
+    cannot convert is an error naming what the file looks like."""
     source, kw = check_source(spec)
     raw_keys: list[str] = []
     if Path(source).is_file():
@@ -195,7 +201,7 @@ def read(spec: LoraSpec, pipeline_cls: type, model_name: str) -> dict[str, torch
                          f"said {type(e).__name__}: {' '.join(str(e).split())[:200]}") from None
     if isinstance(state, tuple):  # (state dict, network alphas / metadata) in some loaders
         state = state[0]
-    return dict(state)
+    return with_deltas(ConvertedLora(state), source, kw)
 
 
 def _module_of(key: str) -> tuple[str, str] | None:
@@ -252,14 +258,17 @@ class LoraState:
     specs: list[LoraSpec]
     layers: list[int]
     hotswap: bool = False
+    deltas: list[str] = dataclasses.field(default_factory=list)  # per LoRA: its full deltas, in words
 
     def lines(self) -> list[str]:
         how = "hot-swappable (peft layers, scales as tensors)" if self.hotswap else "fused at load"
-        return [f"LoRA {s.name}: {s.describe()}, {n} layers, {how}" for s, n in zip(self.specs, self.layers)]
+        extra = self.deltas or [""] * len(self.specs)
+        return [f"LoRA {s.name}: {s.describe()}, {n} layers, {how}{e}"
+                for s, n, e in zip(self.specs, self.layers, extra)]
 
 
 def prepare(specs: list[LoraSpec], meta_native: Any, components: Mapping[str, nn.Module], model_name: str,
-            ) -> list[dict[str, torch.Tensor]]:
+            ) -> list[ConvertedLora]:
     """Read and check every LoRA against the model's module tree (a meta-device build: no
     weights), before the real build: the state dicts, in order."""
     if not specs:
@@ -277,6 +286,7 @@ def prepare(specs: list[LoraSpec], meta_native: Any, components: Mapping[str, nn
         state = read(spec, type(meta_native), model_name)
         # diffusers prefixes the denoiser's keys with "transformer." (load_into_transformer_2 reuses them)
         check_fits(spec, state, _prefixed(spec.component, target), model_name)
+        check_deltas(spec.source, state, target, model_name)
         out.append(state)
     return out
 
@@ -287,6 +297,8 @@ def _prefixed(component: str, module: nn.Module) -> nn.Module:
     return nn.ModuleDict({name: module})
 
 
+
+
 def attach(native: Any, specs: list[LoraSpec], states: list[dict[str, torch.Tensor]], *,
            hotswap: bool | int = False) -> LoraState:
     """Load the checked LoRAs into the built pipeline. Fused: each one merged at its scale by
@@ -294,15 +306,17 @@ def attach(native: Any, specs: list[LoraSpec], states: list[dict[str, torch.Tens
     kept, prepared by `enable_lora_hotswap` (target rank: `hotswap` if an int, else the
     LoRA's) so that `swap` later changes only tensors."""
     layers = [adapted_layers(s) for s in states]
+    deltas = [describe_deltas(s) for s in states]
     if hotswap:
         if len(specs) != 1:
             raise ValueError(f"lora_hotswap keeps one LoRA slot; {len(specs)} LoRAs given (fuse several, "
                              "or swap one at a time)")
         rank = hotswap if isinstance(hotswap, int) and not isinstance(hotswap, bool) else max(_ranks(states[0]))
+        refuse_deltas_for_hotswap([s.source for s in specs], states)
         native.enable_lora_hotswap(target_rank=rank)
         _load(native, specs[0], states[0], name="hotswap")
         _scale_in_place(native, specs[0], "hotswap")
-        return LoraState(specs, layers, hotswap=True)
+        return LoraState(specs, layers, hotswap=True, deltas=deltas)
     # All loaded first, then merged per component at their scales: loading a LoRA activates it
     # alone (peft unmerges what was merged), so merging one at a time would lose the earlier ones.
     for spec, state in zip(specs, states):
@@ -312,7 +326,10 @@ def attach(native: Any, specs: list[LoraSpec], states: list[dict[str, torch.Tens
         getattr(native, component).set_adapters([s.name for s in mine], [s.scale for s in mine])
         native.fuse_lora(components=[component], lora_scale=1.0, adapter_names=[s.name for s in mine])
     native.unload_lora_weights()  # the merged weights stay; the peft layers go
-    return LoraState(specs, layers)
+    for spec, state in zip(specs, states):
+        if getattr(state, "deltas", None):
+            add_deltas(getattr(native, spec.component), state, spec.scale)
+    return LoraState(specs, layers, deltas=deltas)
 
 
 def swap(native: Any, state: LoraState, spec: LoraSpec, lora_state: dict[str, torch.Tensor]) -> None:
@@ -320,10 +337,12 @@ def swap(native: Any, state: LoraState, spec: LoraSpec, lora_state: dict[str, to
     `load_lora_weights(hotswap=True)`): a compiled model recompiles nothing."""
     if spec.component != state.specs[0].component:
         raise ValueError(f"swap_lora: the slot is in {state.specs[0].component}, not {spec.component}")
+    refuse_deltas_for_hotswap([spec.source], [lora_state])
     _load(native, spec, lora_state, name="hotswap", hotswap=True)
     _scale_in_place(native, spec, "hotswap")
     state.specs = [spec]
     state.layers = [adapted_layers(lora_state)]
+    state.deltas = [describe_deltas(lora_state)]
 
 
 def adapted_layers(state: Mapping[str, torch.Tensor]) -> int:
@@ -354,7 +373,7 @@ def _scale_in_place(native, spec: LoraSpec, name: str) -> None:
             scaling[name] = scaling[name] * spec.scale
 
 
-def check_for(adapter: Any, variant: Any, specs: list[LoraSpec], dtype: torch.dtype) -> list[dict[str, torch.Tensor]]:
+def check_for(adapter: Any, variant: Any, specs: list[LoraSpec], dtype: torch.dtype) -> list[ConvertedLora]:
     """`prepare` against the variant's module tree built on the meta device (no memory, no
     download): what `load` runs before the real build, so a LoRA that does not fit costs no
     weights read."""

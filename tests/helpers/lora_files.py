@@ -55,9 +55,11 @@ def kohya_lora(path, *, dim=32, ffn=64, blocks=4, rank=4, alpha=2.0, seed=1):
     return path
 
 
-def original_wan_lora(path, *, dim=32, ffn=64, blocks=4, rank=4, seed=2, i2v=False, out_dim=64, alpha=None):
+def original_wan_lora(path, *, dim=32, ffn=64, blocks=4, rank=4, seed=2, i2v=False, out_dim=64, alpha=None,
+                      modulation=0.0):
     """LightX2V's distill-LoRA layout (original Wan names). `alpha`: add ``.alpha`` entries
-    (rank-relative scaling) to the self-attention projections."""
+    (rank-relative scaling) to the self-attention projections; `modulation`: the std of the
+    blocks' ``diff_m`` modulation deltas (0: zeros)."""
     g = torch.Generator().manual_seed(seed)
     sd = {}
     p = "diffusion_model."
@@ -77,7 +79,7 @@ def original_wan_lora(path, *, dim=32, ffn=64, blocks=4, rank=4, seed=2, i2v=Fal
             put(f"blocks.{i}.cross_attn.v_img", dim, dim)
         put(f"blocks.{i}.ffn.0", ffn, dim)
         put(f"blocks.{i}.ffn.2", dim, ffn)
-        sd[f"{p}blocks.{i}.diff_m"] = torch.zeros(1, 6, dim)  # modulation delta (diffusers skips it)
+        sd[f"{p}blocks.{i}.diff_m"] = torch.randn(1, 6, dim, generator=g) * modulation  # diffusers skips it
         sd[f"{p}blocks.{i}.norm3.diff"] = torch.zeros(dim)  # norm deltas: zeros in the published files
         sd[f"{p}blocks.{i}.norm3.diff_b"] = torch.zeros(dim)
     put("head.head", out_dim, dim)

@@ -29,6 +29,7 @@ def files(tmp_path_factory):
             "diffusers_b": diffusers_lora(d / "other.safetensors", rank=8, seed=5),
             "kohya": kohya_lora(d / "kohya.safetensors"),
             "original": original_wan_lora(d / "lightx2v_distill.safetensors", alpha=8.0),
+            "original_m": original_wan_lora(d / "with_modulation.safetensors", modulation=0.05),
             "flux": flux_lora(d / "flux.safetensors"),
             "flux_kohya": flux_lora(d / "flux_kohya.safetensors", kohya=True),
             "wide": diffusers_lora(d / "wide.safetensors", dim=64)}
@@ -102,6 +103,38 @@ def test_hotswap_on_compiled_model_recompiles_nothing(base, files, fresh_dynamo)
     ref_pipe.load_lora_weights(str(files["diffusers_b"]), adapter_name="b")
     ref_pipe.set_adapters(["b"], [0.5])
     torch.testing.assert_close(swapped, _forward(ref_pipe, kw), rtol=1e-4, atol=1e-5)
+
+
+def test_full_deltas_the_converter_leaves_out_are_added_at_the_scale(base, files):
+    """A LightX2V-layout LoRA's modulation deltas (`diff_m`), which its authors' loader adds to
+    each block's modulation at the LoRA's strength and diffusers' converter drops: fused here
+    on top of the low-rank part (the oracle: peft's unfused LoRA on a copy whose modulations
+    carry the deltas); all-zero norm deltas are counted; hotswap is refused before the build."""
+    from safetensors.torch import load_file
+
+    h, kw, _ = base
+    raw = load_file(str(files["original_m"]))
+    delta = [raw[f"diffusion_model.blocks.{i}.diff_m"] for i in range(len(h.pipe.transformer.blocks))]
+    pipe = copy.deepcopy(h.pipe)
+    specs = lora.lora_specs([(files["original_m"], 0.7)])
+    state = lora.attach(pipe, specs, lora.prepare(specs, pipe, h.adapter.components(pipe), "wan2.1-tiny"))
+    for block, base_block, d in zip(pipe.transformer.blocks, h.pipe.transformer.blocks, delta):
+        torch.testing.assert_close(block.scale_shift_table, base_block.scale_shift_table + 0.7 * d)
+    assert state.lines()[0].endswith("4 full deltas added (modulation / norms), 8 all-zero full deltas skipped")
+
+    ref_pipe = copy.deepcopy(h.pipe)
+    with torch.no_grad():
+        for block, d in zip(ref_pipe.transformer.blocks, delta):
+            block.scale_shift_table += 0.7 * d
+    ref_pipe.load_lora_weights(str(files["original_m"]), adapter_name="ref")
+    ref_pipe.set_adapters(["ref"], [0.7])
+    torch.testing.assert_close(_forward(pipe, kw), _forward(ref_pipe, kw), rtol=1e-4, atol=1e-5)
+
+    zeros = lora.prepare(lora.lora_specs([files["original"]]), h.pipe, h.adapter.components(h.pipe), "wan2.1-tiny")
+    assert (zeros[0].deltas, lora.describe_deltas(zeros[0])) == ({}, "; 12 all-zero full deltas skipped")
+    with pytest.raises(ValueError, match=r"with_modulation.safetensors' carries 4 full delta\(s\) besides its low-rank "
+                                         r"layers \(e.g. blocks.0.scale_shift_table\), which hot-swapping cannot"):
+        magi_zoo.load("wan2.1-tiny", gpu="cpu", compile=False, lora=[files["original_m"]], lora_hotswap=True)
 
 
 def test_lora_of_another_family_or_size_is_refused_before_the_build(files, monkeypatch):

@@ -53,7 +53,7 @@ def cmd_spec(args) -> int:
     say(describe_plan(modules, plan, profile))
     specs = parse_loras(getattr(args, "lora", None)) or []
     for spec, state in zip(specs, lora.prepare(specs, native, adapter.components(native), variant.name)):
-        say(lora.LoraState([spec], [lora.adapted_layers(state)]).lines()[0])
+        say(lora.LoraState([spec], [lora.adapted_layers(state)], deltas=[lora.describe_deltas(state)]).lines()[0])
     if recompute is not None:
         for line in spec_recompute_lines(args.model, args.gpu, recompute, args.measure):
             say(line)
