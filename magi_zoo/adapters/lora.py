@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import warnings
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -329,6 +330,8 @@ def attach(native: Any, specs: list[LoraSpec], states: list[dict[str, torch.Tens
     for spec, state in zip(specs, states):
         if getattr(state, "deltas", None):
             add_deltas(getattr(native, spec.component), state, spec.scale)
+        if getattr(state, "unmapped", 0):  # in the report too; said now, where a user sees it
+            warnings.warn(f"LoRA {spec.name}{describe_deltas(state)}", RuntimeWarning, stacklevel=2)
     return LoraState(specs, layers, deltas=deltas)
 
 

@@ -23,11 +23,14 @@ import torch.nn as nn
 class ConvertedLora(dict):
     """A LoRA's state dict in diffusers' names (what `load_lora_weights` takes), plus the full
     deltas the conversion left out (module docstring): `deltas`, the non-zero ones by the
-    denoiser's parameter name; `zero_deltas`, how many were all zeros; `inspected`, whether the
-    file could be opened here to look (a hub id not in the local cache: no)."""
+    denoiser's parameter name; `zero_deltas`, how many were all zeros; `unmapped`, the non-zero
+    ones in a layout other than Wan's original (not applied: no map to the model's parameters
+    here); `inspected`, whether the file could be opened here to look (a hub id not in the
+    local cache: no)."""
 
     deltas: dict[str, torch.Tensor]
     zero_deltas: int = 0
+    unmapped: int = 0
     inspected: bool = True
 
 
@@ -35,16 +38,17 @@ class ConvertedLora(dict):
 _DELTA_SUFFIXES = {".diff_m": ".modulation", ".diff_b": ".bias", ".diff": ".weight"}
 
 
-def _delta_keys(keys: Iterable[str]) -> dict[str, str]:
-    """raw key -> the original-layout parameter it is a delta of, for the delta entries of a Wan
-    original-layout LoRA (``diffusion_model.`` prefix optional)."""
-    out = {}
+def _delta_keys(keys: Iterable[str]) -> dict[str, str | None]:
+    """raw key -> the original-layout parameter it is a delta of, for a file's delta entries
+    (Wan's original names, ``diffusion_model.`` prefix optional); None for a delta entry in
+    another layout (Kohya's ``lora_unet_*`` names: no map here)."""
+    out: dict[str, str | None] = {}
     for key in keys:
-        for suffix, param in _DELTA_SUFFIXES.items():
-            if key.endswith(suffix):
-                bare = key[len("diffusion_model."):] if key.startswith("diffusion_model.") else key
-                out[key] = bare[: -len(suffix)] + param
-                break
+        suffix = next((x for x in _DELTA_SUFFIXES if key.endswith(x)), None)
+        if suffix is None:
+            continue
+        bare = key.removeprefix("diffusion_model.")
+        out[key] = bare[: -len(suffix)] + _DELTA_SUFFIXES[suffix] if bare.startswith(("blocks.", "head.")) else None
     return out
 
 
@@ -53,7 +57,7 @@ def left_out_deltas(raw: Mapping[str, torch.Tensor], converted: Mapping[str, tor
     """raw key -> (the denoiser's parameter in diffusers' names, the delta) for each delta entry
     diffusers' conversion did not turn into a LoRA tensor (a linear's ``diff_b`` becomes its
     ``lora_B.bias``: that one is in)."""
-    originals = _delta_keys(raw)
+    originals = {k: v for k, v in _delta_keys(raw).items() if v is not None}
     if not originals:
         return {}
     # lazy: diffusers costs seconds; its Wan converter renames original keys to diffusers' own
@@ -115,8 +119,11 @@ def describe_deltas(state: Mapping[str, torch.Tensor]) -> str:
     if not getattr(state, "inspected", True):
         return "; full deltas not inspected (the file is not in the local hub cache)"
     added, zeros = len(getattr(state, "deltas", {})), getattr(state, "zero_deltas", 0)
+    unmapped = getattr(state, "unmapped", 0)
     parts = ([f"{added} full deltas added (modulation / norms)"] if added else []) + \
-        ([f"{zeros} all-zero full deltas skipped"] if zeros else [])
+        ([f"{zeros} all-zero full deltas skipped"] if zeros else []) + \
+        ([f"{unmapped} non-zero full deltas NOT applied (a layout with no parameter map here; diffusers drops "
+          "them too)"] if unmapped else [])
     return "; " + ", ".join(parts) if parts else ""
 
 
@@ -141,10 +148,16 @@ def with_deltas(state: ConvertedLora, source: str, kw: Mapping[str, Any]) -> Con
     from safetensors import safe_open  # lazy: only a LoRA file is opened here
 
     with safe_open(local, framework="pt") as f:
-        raw = {k: f.get_tensor(k) for k in _delta_keys(f.keys())}
+        found = _delta_keys(f.keys())
+        raw = {k: f.get_tensor(k) for k in found}
     for param, delta in left_out_deltas(raw, state).values():
         if bool(delta.count_nonzero()):
             state.deltas[param] = delta
+        else:
+            state.zero_deltas += 1
+    for key in (k for k, v in found.items() if v is None):  # no map here; diffusers' converters drop these too
+        if bool(raw[key].count_nonzero()):
+            state.unmapped += 1
         else:
             state.zero_deltas += 1
     return state

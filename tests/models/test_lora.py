@@ -137,6 +137,22 @@ def test_full_deltas_the_converter_leaves_out_are_added_at_the_scale(base, files
         magi_zoo.load("wan2.1-tiny", gpu="cpu", compile=False, lora=[files["original_m"]], lora_hotswap=True)
 
 
+def test_full_deltas_in_a_layout_with_no_map_are_said_not_applied(tmp_path):
+    """Kohya-named delta entries (no parameter map here; diffusers' converters drop them too):
+    a non-zero one is reported as not applied, a zero one as skipped."""
+    from safetensors.torch import save_file
+
+    from magi_zoo.adapters import lora_deltas
+
+    path = tmp_path / "kohya_norm.safetensors"
+    save_file({"lora_unet_double_blocks_0_img_attn_norm_key_norm.diff": torch.ones(4),
+               "lora_unet_double_blocks_0_img_attn_norm_query_norm.diff": torch.zeros(4)}, str(path))
+    state = lora_deltas.with_deltas(lora_deltas.ConvertedLora(), str(path), {})
+    assert (state.deltas, state.unmapped, state.zero_deltas) == ({}, 1, 1)
+    assert lora.describe_deltas(state) == ("; 1 all-zero full deltas skipped, 1 non-zero full deltas NOT applied (a "
+                                           "layout with no parameter map here; diffusers drops them too)")
+
+
 def test_lora_of_another_family_or_size_is_refused_before_the_build(files, monkeypatch):
     built = []
     adapter, _ = magi_zoo.adapters.lookup("wan2.1-tiny")
