@@ -2,11 +2,12 @@
 
 `magi_zoo.load(name, lora=[...], lora_scale=...)` and `magi-zoo run --lora PATH[:SCALE]` go
 through here. Nothing merges a low-rank layer by hand: the pipeline's own `lora_state_dict`
-reads the file and converts the layouts diffusers knows (its own / peft keys, Kohya and musubi-tuner's
-``lora_unet_*`` keys, the original Wan keys ``diffusion_model.blocks.N.self_attn.q.lora_down``
-with ``alpha`` and ``diff_b`` entries, as LightX2V's step-distill LoRAs ship), `load_lora_weights`
-injects peft layers, `fuse_lora` merges each at its scale and `unload_lora_weights` drops the
-peft layers, leaving plain linears with merged weights.
+reads the file and converts the layouts diffusers knows (its own / peft keys, Kohya and
+musubi-tuner's ``lora_unet_*`` keys, the original Wan keys
+``diffusion_model.blocks.N.self_attn.q.lora_down`` with ``alpha`` and ``diff_b`` entries, as
+LightX2V's step-distill LoRAs ship), `load_lora_weights` injects peft layers, `fuse_lora`
+merges each at its scale and `unload_lora_weights` drops the peft layers, leaving plain linears
+with merged weights.
 
 Two modes:
 - fused (default): merged before the engine's steps run, so the compiled graphs are those of
@@ -296,8 +297,6 @@ def _prefixed(component: str, module: nn.Module) -> nn.Module:
     """`module` under the name diffusers' converted keys give it ('transformer.' for both denoisers)."""
     name = "transformer" if component == "transformer_2" else component
     return nn.ModuleDict({name: module})
-
-
 
 
 def attach(native: Any, specs: list[LoraSpec], states: list[dict[str, torch.Tensor]], *,
