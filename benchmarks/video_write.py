@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
                                                           thread_type=thread_type), args.runs)
                     rows.append({"content": name, "preset": preset, "thread_type": thread_type,
                                  "convert_ms": convert_ms, "encode_ms": ms, "total_ms": round(convert_ms + ms, 2),
-                                 "file_kib": path.stat().st_size // 1024, "shipped": (preset, thread_type) == (VIDEO_PRESET, VIDEO_THREADS)})
+                                 "file_kib": path.stat().st_size // 1024,
+                                 "shipped": (preset, thread_type) == (VIDEO_PRESET, VIDEO_THREADS)})
                     print(rows[-1], flush=True)
     record = {"benchmark": "video_write", "env": env, "cpu_count": os.cpu_count(),
               "args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}
