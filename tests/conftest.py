@@ -14,11 +14,27 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest
 import torch
+from helpers.shards import parse_shard, shard_files
 
 torch.manual_seed(0)
 
 
+def pytest_addoption(parser):
+    parser.addoption("--shard", default=None, metavar="K/N",
+                     help="run the K-th of N shards of the collected tests, split by file (e.g. the GPU suite "
+                          "as N runs of bounded time: -m gpu --shard 1/3)")
+
+
 def pytest_collection_modifyitems(config, items):
+    shard = config.getoption("--shard")
+    if shard is not None:
+        try:
+            k, n = parse_shard(shard)
+        except ValueError as e:
+            raise pytest.UsageError(str(e)) from None
+        mine = shard_files([item.nodeid.split("::")[0] for item in items], k, n)
+        config.hook.pytest_deselected(items=[i for i in items if i.nodeid.split("::")[0] not in mine])
+        items[:] = [i for i in items if i.nodeid.split("::")[0] in mine]
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
