@@ -17,8 +17,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # On 2 cores that is 6 threads whose OpenMP spin-waits take the cores from each other, and the
 # tiny models gain nothing from a second thread. Measured with three concurrent pytest runs,
 # as in CI, on a 2-core machine: tests/models/wan, 3 files of tests/engine, and tests/models/flux
-# + self_forcing, each with an empty inductor dir. All three ended in 99 s against 200 s with
-# the default, and in 167 s against 191 s under other load.
+# + self_forcing, each with an empty inductor dir: all three done in 99 s against 200 s with
+# the default, then 167 s against 191 s under other load (noisy: others share the machine).
+# Where compiling dominates the gain is small: tests/conformance/test_conformance.py, tests/cli
+# and 4 tests/engine files side by side took 257 s both ways, the last two 8% and 12% sooner.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
