@@ -14,16 +14,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
 from benchmarks.common import add_commit_argument, env_line, environment, measured_commit, publish, results_dir, \
-    results_table
+    results_table, time_calls
 
 
 def contents(frames: int, height: int, width: int) -> dict[str, np.ndarray]:
@@ -37,12 +35,8 @@ def contents(frames: int, height: int, width: int) -> dict[str, np.ndarray]:
 
 
 def median_ms(fn, runs: int) -> float:
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return round(statistics.median(times), 2)
+    """The median of `runs` timed calls on the CPU, no warm-up (each call is seconds of work)."""
+    return time_calls(fn, "cpu", warmup=0, runs=runs)["median_ms"]
 
 
 def main(argv: list[str] | None = None) -> int:
