@@ -43,9 +43,10 @@ def pytest_collection_modifyitems(config, items):
             k, n = parse_shard(shard)
         except ValueError as e:
             raise pytest.UsageError(str(e)) from None
-        mine = shard_files([item.nodeid.split("::")[0] for item in items], k, n)
-        config.hook.pytest_deselected(items=[i for i in items if i.nodeid.split("::")[0] not in mine])
-        items[:] = [i for i in items if i.nodeid.split("::")[0] in mine]
+        files = [item.nodeid.split("::")[0] for item in items]
+        mine = shard_files(files, k, n)
+        config.hook.pytest_deselected(items=[i for i, f in zip(items, files) if f not in mine])
+        items[:] = [i for i, f in zip(items, files) if f in mine]
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
