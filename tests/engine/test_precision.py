@@ -97,8 +97,8 @@ def test_fp8_attention_takes_fa3_for_layers_nobody_chose_a_backend_for(wan, monk
     rep = magi_zoo.apply(wan.modules, layers=layers, gpu=CPU_FP8)
     assert all(p._attention_backend == "fp8-slot" for p in procs)
     assert rep.step("precision").details["fp8_attention_layers"] == len(procs)
-    assert f"({len(procs)} layers, fa3 e4m3, per-head scales, K/V smoothed; {len(procs)} from the library default)" \
-        in rep.step("precision").did
+    assert (f"({len(procs)} layers, fa3 e4m3, per-head scales, K/V smoothed; {len(procs)} from the library default; "
+            "a call with a mask or dropout runs bf16 on SDPA)") in rep.step("precision").did
     remove(wan.modules)
     assert all(p._attention_backend is None for p in procs)
     chosen = [("model default", PlanLayer(precision={"WanTransformerBlock": "bf16"}, compile={"": False},
@@ -231,6 +231,41 @@ def test_fp8_attention_switches_fa3_layers_traces_whole_and_undoes(wan, monkeypa
             p._attention_backend = b
         wan.pipe.transformer.to(torch.float32)
         R._backends[A._FLASH_3_HUB], R._constraints[A._FLASH_3_HUB], R._supported_arg_names[A._FLASH_3_HUB] = saved
+
+
+def test_fp8_attention_hands_masked_calls_to_sdpa_in_one_graph(monkeypatch, fresh_dynamo):
+    """A call FA3 cannot compute (a mask, dropout) runs bf16 on SDPA -- exactly SDPA's output,
+    the fp8 kernel not called -- while an unmasked call takes the kernel (a CPU stand-in);
+    both in one fullgraph compile. What LTX-2's blocks need: unmasked self-attention beside
+    text cross-attention with the prompt mask. Context parallelism and LSE stay refused."""
+    from magi_zoo.engine.kernels import fa3
+
+    calls = []
+
+    def standin(*args, **kwargs):
+        calls.append(args[0].shape)
+        return _fp8_standin(*args, **kwargs)
+
+    monkeypatch.setattr(fa3, "_forward", standin)
+    q, k, v = (t.to(torch.bfloat16) for t in _attn_inputs(offset=0.0))
+    mask = torch.ones(q.shape[0], 1, 1, k.shape[1], dtype=torch.bool)
+    mask[..., k.shape[1] // 2:] = False  # half the keys padding
+
+    def block(q, k, v, mask):
+        return fa3.fa3_fp8_attention(q, k, v), fa3.fa3_fp8_attention(q, k, v, attn_mask=mask)
+
+    before = counters.snapshot()
+    unmasked, masked = torch.compile(block, backend="aot_eager", fullgraph=True)(q, k, v, mask)
+    counters.expect(counters.delta(before), frames=1, breaks=0, recompiles=0)
+    assert len(calls) == 1  # the kernel was reached by the unmasked call only
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask).transpose(1, 2)
+    torch.testing.assert_close(masked, ref)
+    # the masked call ignores the padded keys: not what attending them all gives
+    assert _rel(masked, fa3.sdpa_bshd(q, k, v)) > 1e-2
+    assert _rel(unmasked, _sdpa(q, k, v)) < 5e-2
+    with pytest.raises(ValueError, match="no context parallelism and returns no LSE"):
+        fa3.fa3_fp8_attention(q, k, v, return_lse=True)
 
 
 def test_keep_bf16_keeps_named_linears_and_rejects_patterns_that_match_nothing(wan):

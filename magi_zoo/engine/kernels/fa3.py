@@ -319,6 +319,17 @@ def fp8_reference(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     return (out.transpose(1, 2) + vm).to(query.dtype)
 
 
+def sdpa_bshd(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None = None,
+              dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+              enable_gqa: bool = False) -> torch.Tensor:
+    """torch's SDPA on diffusers' (B, S, H, D) layout, in the inputs' dtype: the calls the fp8
+    path hands back (see `fa3_fp8_attention`)."""
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), attn_mask=attn_mask,
+        dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+    return out.transpose(1, 2)
+
+
 def fa3_fp8_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -332,11 +343,23 @@ def fa3_fp8_attention(
     _parallel_config: Any = None,
 ) -> torch.Tensor:
     """`fa3_attention` with QK^T and PV in fp8: per-head scales, K and V smoothed (exact
-    rewrites, see above). bf16 in, bf16 out; forward only, no mask, no LSE (the smoothing
-    changes the logits by a per-query constant, so an LSE would not be the bf16 one)."""
-    if attn_mask is not None or dropout_p or _parallel_config is not None or return_lse:
-        raise ValueError("fp8 attention (fa3) takes no mask, dropout, context parallelism or LSE; "
-                         "keep this layer in bf16: precision attention='bf16'")
+    rewrites, see above). bf16 in, bf16 out; forward only, no LSE (the smoothing changes the
+    logits by a per-query constant, so an LSE would not be the bf16 one).
+
+    A call with an attention mask or dropout, which FA3's forward cannot compute, runs in bf16
+    on torch's SDPA instead (`sdpa_bshd`: what diffusers' native backend computes). `precision=
+    "fp8"` switches whole regions, and one block often holds both kinds of call: LTX-2's
+    self-attentions are unmasked while its text cross-attentions take the prompt mask; every
+    HunyuanVideo-1.5 attention is masked; Qwen-Image's joint attention is masked only when
+    prompts of different lengths share a batch. Whether a call is masked is fixed per traced
+    graph (the mask is an argument or None), so the choice costs no graph break. The precision
+    step's report states this rule."""
+    if attn_mask is not None or dropout_p:
+        return sdpa_bshd(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    if _parallel_config is not None or return_lse:
+        raise ValueError("fp8 attention (fa3) takes no context parallelism and returns no LSE; "
+                         "for fp8 matmuls with bf16 attention, load without precision='fp8' and pass "
+                         "overrides={'precision': {<region>: {'matmul': 'fp8'}}}")
     if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
         raise RuntimeError("fp8 attention (fa3) is forward-only: use precision attention='bf16' and an "
                            "attention backend with a backward for training")

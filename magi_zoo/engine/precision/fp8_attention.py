@@ -1,6 +1,7 @@
 """fp8 attention: with ``attention = "fp8"`` a region's attention layers that the attention step
 put on fa3 are switched to FA3's fp8 path (`engine/kernels/fa3.py`: per-head scales, K and V
-smoothed over tokens); layers on other backends stay bf16 and the report says so."""
+smoothed over tokens); layers on other backends stay bf16 and the report says so. A switched
+layer's calls with an attention mask or dropout (which FA3 cannot compute) run in bf16 on SDPA."""
 
 from __future__ import annotations
 
@@ -44,7 +45,13 @@ def switch_to_fp8(key: str, targets, profile, backends: list) -> str:
                       "stay bf16 (fp8 attention runs on fa3 only)", RuntimeWarning, stacklevel=4)
     return (f"fp8 attention on {key or '<root>'} ({len(on_fa3) + len(promoted)} layers, fa3 e4m3, per-head scales, "
             f"K/V smoothed{f'; {len(promoted)} from the library default' if promoted else ''}"
-            + (f"; {kept} non-fa3 layer(s) kept bf16)" if kept else ")"))
+            + (f"; {kept} non-fa3 layer(s) kept bf16" if kept else "")
+            + f"; {MASKED_CALLS})")
+
+
+# What the fp8 path does with the calls FA3 cannot compute (kernels/fa3.py, `fa3_fp8_attention`):
+# stated in every report that switches a layer, since which calls carry a mask is the model's.
+MASKED_CALLS = "a call with a mask or dropout runs bf16 on SDPA"
 
 
 def undo_fp8(backends: list) -> None:
