@@ -169,8 +169,8 @@ PARALLEL = ("parallel/parallel_h100_2gpu.json", "parallel/parallel_h200_4gpu.jso
 # committed is listed as such, so the table says what is still unmeasured.
 FAMILIES = {"FLUX.2-dev": "flux/flux.2-dev-4L_768x1360_h100.json",
             "Qwen-Image": "qwen-image/qwen-image-20L_1328x1328_h100.json",
-            "HunyuanVideo-1.5": "hunyuanvideo-1.5-480p-t2v/hunyuanvideo-1.5-480p_480x848x121_h100.json",
-            "LTX-2": "ltx-2/ltx-2_512x768x121_h100.json"}
+            "HunyuanVideo-1.5": "hunyuanvideo-1.5-480p-t2v/hunyuanvideo-1.5-480p-6L_480x848x121_h100.json",
+            "LTX-2": "ltx-2/ltx-2-8L_512x768x121_h100.json"}
 
 
 # The baselines a speed claim may be made against (benchmarks/baselines.py): a bf16 row is compared
@@ -215,6 +215,14 @@ def harness(rel: str, strategies: list[str], link: Link) -> str:
     return table(head, rows) + note + "\n\n" + sources([r], link)
 
 
+def failure(error: str | None) -> str:
+    """The message of a failed row's exception, as recorded by the harness. An error raised in
+    a compiled region reaches it wrapped by dynamo, whose debug context quotes the message."""
+    text = (error or "no error recorded").strip()
+    quoted = re.search(r'raised exception \w+\(\[ConstantVariable\(str: "(.*?)"\)\]\)', text)
+    return quoted.group(1) if quoted else text.splitlines()[0]
+
+
 def families(link: Link) -> str:
     """One harness table per newer family with a committed run (the rows that run measured),
     then the families whose run is not committed yet."""
@@ -223,8 +231,15 @@ def families(link: Link) -> str:
         if not (RESULTS / rel).exists():
             missing.append(family)
             continue
-        measured = [x["strategy"] for x in load(rel).rows() if x.get("status") == "ok"]
-        parts.append(f"**{family}**\n\n" + harness(rel, measured, link))
+        r = load(rel)
+        measured = [x["strategy"] for x in r.rows() if x.get("status") == "ok"]
+        failed = [f"- {HARNESS_NAMES.get(x['strategy'], x['strategy'])}: {x.get('status')}: {failure(x.get('error'))}"
+                  for x in r.rows() if x.get("status") != "ok"]
+        if not r.data.get("complete", True):
+            failed.append(f"- incomplete run: it stopped after {len(r.rows())} of its strategies (the command names "
+                          "them all)")
+        parts.append(f"**{family}**\n\n" + harness(rel, measured, link)
+                     + ("\n\nNot measured in this run:\n\n" + "\n".join(failed) if failed else ""))
     if missing:
         parts.append(f"Not yet measured on a GPU: {', '.join(missing)}.")
     return "\n\n".join(parts)
