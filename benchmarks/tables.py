@@ -472,13 +472,32 @@ def unknown_commits(link: Link) -> str:
     return table(["results file", "why its commit is unknown"], rows)
 
 
+# The tables of published configs in an adapter package: data, not adapter code.
+CONFIG_MODULES = ("config.py", "configs.py")
+
+
+def adapter_sizes(link: Link) -> str:
+    """Lines of each family package under magi_zoo/adapters/: its code, and apart from it its
+    modules of published config tables (`CONFIG_MODULES`). Counted from the source, so the
+    contributor guide's sizes are never typed by hand. Physical lines, docstrings included."""
+    adapters = ROOT / "magi_zoo" / "adapters"
+    rows = []
+    for package in sorted(p for p in adapters.iterdir() if (p / "__init__.py").is_file()):
+        files = sorted(package.glob("*.py"))
+        lines = {f.name: len(f.read_text().splitlines()) for f in files}
+        code = sum(n for name, n in lines.items() if name not in CONFIG_MODULES)
+        tables_ = sum(n for name, n in lines.items() if name in CONFIG_MODULES)
+        rows.append([f"`{package.name}`", str(len(files)), num(code, 0), num(tables_, 0) if tables_ else "—"])
+    return table(["family package", "modules", "code lines", "config-table lines"], rows)
+
+
 TABLES: dict[str, Callable[[Link], str]] = {
     "headline": headline, "wan-1.3b": wan_13b, "wan-1.3b-fusions": wan_13b_fusions, "warm-start": warm_start,
     "flux": flux, "flux-baselines": flux_baselines, "i2v-14b-loop": i2v_loop,
     "offload": offload, "training": training, "training-multi-gpu": training_multi_gpu,
     "self-forcing": self_forcing, "multi-gpu": multi_gpu, "unknown-commits": unknown_commits,
     "gpu-tests": gpu_tests, "serve": serve, "families": families,
-    "video-write": video_write,
+    "video-write": video_write, "adapter-sizes": adapter_sizes,
 }
 
 

@@ -56,9 +56,11 @@ def test_the_generator_fills_the_readme_headline_and_every_table_of_docs_benchma
     assert "<!-- table:headline -->" in readme
     testing = (REPO / "docs" / "testing.md").read_text()
     assert "<!-- table:gpu-tests -->" in testing  # which commit last ran each GPU test
+    guide = (REPO / "docs" / "adding-a-model.md").read_text()
+    assert "<!-- table:adapter-sizes -->" in guide  # each family's code and config-table lines
     page = (REPO / "docs" / "benchmarks.md").read_text()
     named = {m.group(2) for m in tables.MARKER.finditer(page)}
-    assert named == set(tables.TABLES) - {"headline", "gpu-tests"}, set(tables.TABLES) ^ named
+    assert named == set(tables.TABLES) - {"headline", "gpu-tests", "adapter-sizes"}, set(tables.TABLES) ^ named
 
 
 def test_gpu_test_logs_are_summarised_from_pytest_own_line(tmp_path, monkeypatch):
