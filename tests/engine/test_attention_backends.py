@@ -118,8 +118,8 @@ def test_fa3_dispatches_through_diffusers_registry(wan, kernel, registry):
     # whose registry entry is the engine's function
     assert set(_backends(wan.pipe.transformer)) == {AttentionBackendName._FLASH_3}
     assert registry._backends[AttentionBackendName._FLASH_3] is fa3.fa3_attention
-    assert ("fa3 (fa3_fwd_interface in diffusers' _flash_3 slot; with gradients, cuDNN's attention backward) "
-            "on transformer (8 attention layers)") \
+    assert ("fa3 (fa3_fwd_interface in diffusers' _flash_3 slot; with gradients, cuDNN's attention backward; "
+            "calls with a mask or dropout on SDPA) on transformer (8 attention layers)") \
         in rep.step("attention").did
     out = _forward(wan)
     # 4 blocks x (self + cross attention) = 8 kernel calls in one forward
@@ -277,13 +277,26 @@ def test_fa3_wan_gradients_equal_native(wan, kernel):
         remove(wan.modules)
 
 
-def test_refusals(kernel):
+def test_masked_calls_run_on_sdpa_and_the_rest_is_refused(kernel):
+    """FA3's forward has no mask and no dropout: such a call runs on SDPA with them (exactly
+    SDPA's output, the kernel not called), directly and through diffusers' dispatch as a model
+    calls it -- a batch of Qwen-Image prompts of different lengths masks its padding under the
+    shipped `auto` (fa3) plan. What FA3 cannot serve at all is refused, saying what to use."""
     fa3.register()
-    q = torch.randn(1, 8, 2, 16, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="takes no attention mask"):
-        fa3.fa3_attention(q, q, q, attn_mask=torch.ones(8, 8, dtype=torch.bool))
-    with pytest.raises(ValueError, match="has no dropout"):
-        fa3.fa3_attention(q, q, q, dropout_p=0.1)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 8, 2, 16, generator=g).to(torch.bfloat16) for _ in range(3))
+    mask = torch.ones(1, 1, 1, 8, dtype=torch.bool)
+    mask[..., 5:] = False  # three padded keys
+    sdpa = fa3.sdpa_bshd(q, k, v, attn_mask=mask)
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2).float(), k.transpose(1, 2).float(), v.transpose(1, 2).float(), attn_mask=mask).transpose(1, 2)
+    assert _rel(sdpa, ref) < 1e-2  # the mask is applied: bf16 rounding apart, the fp32 masked result
+    assert _rel(sdpa, fa3.sdpa_bshd(q, k, v)) > 5e-2  # and it matters here
+    torch.testing.assert_close(fa3.fa3_attention(q, k, v, attn_mask=mask), sdpa, rtol=0, atol=0)
+    assert fa3.fa3_attention(q, k, v, dropout_p=0.5).shape == q.shape
+    assert CALLS["eager"] == 0  # neither call reached the kernel
+    with pytest.raises(ValueError, match="SDPA returns no LSE"):
+        fa3.fa3_attention(q, k, v, attn_mask=mask, return_lse=True)
     with pytest.raises(TypeError, match="bfloat16 only \\(got torch.float32\\)"):
         fa3.fa3_attention(q.float(), q.float(), q.float())
     with pytest.raises(ValueError, match="context parallelism"):
@@ -291,9 +304,9 @@ def test_refusals(kernel):
     # through diffusers' dispatch, as a model calls it
     from diffusers.models.attention_dispatch import AttentionBackendName, dispatch_attention_fn
 
-    with pytest.raises(ValueError, match="takes no attention mask"):
-        dispatch_attention_fn(q, q, q, attn_mask=torch.ones(8, 8, dtype=torch.bool),
-                              backend=AttentionBackendName._FLASH_3)
+    got = dispatch_attention_fn(q, k, v, attn_mask=mask, backend=AttentionBackendName._FLASH_3)
+    torch.testing.assert_close(got, sdpa, rtol=0, atol=0)
+    assert CALLS["eager"] == 0
     out, lse = fa3.fa3_attention(q, q, q, return_lse=True)
     assert out.shape == (1, 8, 2, 16) and lse.shape == (1, 8, 2)  # diffusers' (B, S, H) LSE
 

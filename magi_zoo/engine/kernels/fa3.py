@@ -35,10 +35,12 @@ cuDNN's backward cannot run (CPU, no cuDNN attention), the backward is the atten
 gradient written out in tensor ops from the same LSE (P = exp(scale * QK^T - LSE)),
 which is exact and slow. The recompute step counts the op in its "attention" group.
 
-What FA3 forward cannot do is refused with an error that says what to use instead:
-attention masks, dropout, dtypes other than bf16 (this build has fp16 off; fp32 is not an
-FA3 dtype; fp8 needs descales no diffusers caller passes), context parallelism; and, with
-gradients, fewer key/value heads than query heads and returning the LSE.
+A call with an attention mask or dropout, which FA3's forward cannot compute, runs on torch's
+SDPA with them (`sdpa_bshd`), as transformers' layers and this project's own do. What is
+refused, with an error that says what to use instead: dtypes other than bf16 (this build has
+fp16 off; fp32 is not an FA3 dtype; fp8 needs descales no diffusers caller passes), context
+parallelism (Ulysses and ring reach FA3 through `engine/parallel/fa3_cp.py`), an LSE for a
+masked call; and, with gradients, fewer key/value heads than query heads and returning the LSE.
 """
 
 from __future__ import annotations
@@ -115,7 +117,8 @@ def describe() -> str:
     """Which implementation the ``_flash_3`` slot dispatches to (for the report)."""
     if _official_fa3():
         return "flash_attn_interface, diffusers' own _flash_3"
-    return f"{MODULE} in diffusers' _flash_3 slot; with gradients, cuDNN's attention backward"
+    return (f"{MODULE} in diffusers' _flash_3 slot; with gradients, cuDNN's attention backward; "
+            "calls with a mask or dropout on SDPA")
 
 
 def _load_forward() -> None:
@@ -154,6 +157,18 @@ def _registered_forward():
     return _forward
 
 
+def sdpa_bshd(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None = None,
+              dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+              enable_gqa: bool = False) -> torch.Tensor:
+    """torch's SDPA on diffusers' (B, S, H, D) layout, in the inputs' dtype (what diffusers'
+    native backend computes): the calls FA3's forward cannot compute, handed back by
+    `fa3_attention` and `fa3_fp8_attention`."""
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), attn_mask=attn_mask,
+        dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+    return out.transpose(1, 2)
+
+
 def fa3_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -167,16 +182,22 @@ def fa3_attention(
     _parallel_config: Any = None,
 ) -> torch.Tensor:
     """Diffusers' dispatch signature (q, k, v as (batch, seq, heads, head_dim)) on the FA3
-    forward kernel. `enable_gqa` is accepted: FA3 handles fewer K/V heads natively."""
-    if attn_mask is not None:
-        raise ValueError("attention backend 'fa3' takes no attention mask (FlashAttention-3 forward has "
-                         "none); this layer passes one: use backend='native' for it")
-    if dropout_p:
-        raise ValueError(f"attention backend 'fa3' has no dropout (got dropout_p={dropout_p}); "
-                         "use backend='native'")
+    forward kernel. `enable_gqa` is accepted: FA3 handles fewer K/V heads natively.
+
+    A call with an attention mask or dropout, which FA3's forward has neither of, runs on
+    torch's SDPA (`sdpa_bshd`), as transformers' layers and this project's own do on `fa3`: a
+    model may mask some of its calls and not others (a batch of Qwen-Image prompts of different
+    lengths masks the padding; LTX-2 masks only its text cross-attentions), and the plan's
+    backend must not make such a call fail mid-generation. Whether a call is masked is fixed per
+    traced graph, so this costs no graph break."""
     if _parallel_config is not None:
         raise ValueError("attention backend 'fa3' does not support diffusers' context parallelism; "
                          "use backend='native' or a backend that supports it")
+    if attn_mask is not None or dropout_p:
+        if return_lse:
+            raise ValueError("attention backend 'fa3': this call has a mask or dropout, which runs on SDPA, and "
+                             "SDPA returns no LSE; use backend='_native_cudnn' or 'flash' where an LSE is needed")
+        return sdpa_bshd(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     if not (query.dtype == key.dtype == value.dtype == torch.bfloat16):
         raise TypeError(f"attention backend 'fa3' computes in bfloat16 only (got {query.dtype}): load the "
                         "model in bf16, or use backend='native'")
@@ -317,17 +338,6 @@ def fp8_reference(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     deq = lambda t, s: (t.float() * s[:, None, :, None]).transpose(1, 2)  # noqa: E731
     out = torch.nn.functional.scaled_dot_product_attention(deq(q8, qs), deq(k8, ks), deq(v8, vs), scale=scale)
     return (out.transpose(1, 2) + vm).to(query.dtype)
-
-
-def sdpa_bshd(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None = None,
-              dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
-              enable_gqa: bool = False) -> torch.Tensor:
-    """torch's SDPA on diffusers' (B, S, H, D) layout, in the inputs' dtype: the calls the fp8
-    path hands back (see `fa3_fp8_attention`)."""
-    out = torch.nn.functional.scaled_dot_product_attention(
-        query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), attn_mask=attn_mask,
-        dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
-    return out.transpose(1, 2)
 
 
 def fa3_fp8_attention(
