@@ -387,7 +387,7 @@ def test_fa3_on_bagel_mot_attention(kernel):
     try:
         layers = [m for m in model.modules() if type(m).__name__ == "MoTAttention"]
         assert {m.attention_backend for m in layers} == {"fa3"}
-        assert f"fa3 (fa3_fwd_interface" in rep.step("attention").did
+        assert "fa3 (fa3_fwd_interface" in rep.step("attention").did
         assert f"on MoTAttention ({len(layers)} attention layers)" in rep.step("attention").did
         CALLS["eager"] = 0
         model.prefill_text(model.empty_context(), pipe.text_ids("hi"))
