@@ -277,6 +277,29 @@ def test_fa3_wan_gradients_equal_native(wan, kernel):
         remove(wan.modules)
 
 
+def test_qwen_image_batch_of_unequal_prompts_runs_on_fa3(kernel):
+    """Qwen-Image's shipped h100 plan puts its joint attention on `auto` (fa3). One prompt is
+    unmasked (the pipeline drops an all-ones mask) and takes the kernel; a batch of prompts of
+    different lengths masks the shorter one's padding, and those calls run on SDPA: the same
+    output as the model on its native backend, the kernel not called."""
+    h = magi_zoo.load("qwen-image-tiny", gpu="cpu", dtype="bfloat16", compile=False)
+    kw = h.adapter.denoiser_inputs(h.pipe, h.variant, batch=2, text_len=8)
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[1, 5:] = 0  # the second prompt is 3 tokens shorter
+    blocks = len(h.pipe.transformer.transformer_blocks)
+    with torch.no_grad():
+        ref = h.pipe.transformer(**{**kw, "encoder_hidden_states_mask": mask})[0]
+        magi_zoo.apply(h.modules, {"attention": {"transformer": "fa3"}, "compile": NO_COMPILE}, gpu="h100")
+        try:
+            got = h.pipe.transformer(**{**kw, "encoder_hidden_states_mask": mask})[0]
+            assert CALLS["eager"] == 0  # every joint attention of the batch is masked
+            torch.testing.assert_close(got, ref, rtol=0, atol=0)
+            h.pipe.transformer(**kw)  # no mask: the kernel serves every block
+            assert CALLS["eager"] == blocks
+        finally:
+            remove(h.modules)
+
+
 def test_masked_calls_run_on_sdpa_and_the_rest_is_refused(kernel):
     """FA3's forward has no mask and no dropout: such a call runs on SDPA with them (exactly
     SDPA's output, the kernel not called), directly and through diffusers' dispatch as a model
