@@ -23,6 +23,7 @@ from magi_zoo.engine.compat import diffusers as diffusers_compat
 from magi_zoo.engine.kernels import fa3
 from magi_zoo.overrides import eager_compile, spec_layers, with_precision
 from magi_zoo.specs import PlanLayer, SpecFile
+from helpers.fa3_standins import fa3_fp8_forward
 
 # The h100 profile's fp8 flag on the CPU device: the precision step's checks pass and its ops run here.
 CPU_FP8 = magi_zoo.get_profile("cpu").model_copy(update={"fp8": True})
@@ -41,22 +42,11 @@ def _fp8_tiny():
 FP8 = _fp8_tiny()
 
 
-@torch.library.custom_op("magi_zoo_test::fa3_fp8_family_standin", mutates_args=(), device_types="cpu")
-def _fp8_standin(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_descale: torch.Tensor,
-                 k_descale: torch.Tensor, v_descale: torch.Tensor, softmax_scale: float,
-                 causal: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """FA3's fp8 forward op on the CPU: the operands dequantized with their descales, then SDPA."""
-    deq = lambda t, s: (t.float() * s[:, None, :, None]).transpose(1, 2)  # noqa: E731
-    out = torch.nn.functional.scaled_dot_product_attention(deq(q, q_descale), deq(k, k_descale), deq(v, v_descale),
-                                                           scale=softmax_scale, is_causal=causal).transpose(1, 2)
-    return out.to(torch.bfloat16).contiguous(), q.new_empty(0, dtype=torch.float32), q.new_empty(0), q.new_empty(0)
-
-
 @pytest.fixture
 def fp8_kernel(monkeypatch):
     """fa3 runnable here, its fp8 forward the stand-in; the registry slot put back afterwards."""
     monkeypatch.setattr(attention, "unavailable_reason", lambda name, profile: None)
-    monkeypatch.setattr(fa3, "_forward", _fp8_standin)
+    monkeypatch.setattr(fa3, "_forward", fa3_fp8_forward)
     member = diffusers_compat.fa3_hub_member()
     saved = diffusers_compat.backend_entry(member)
     yield

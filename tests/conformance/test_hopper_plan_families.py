@@ -11,46 +11,28 @@ preparation that breaks a family's forward. The kernel's speed and numerics are 
 
 from __future__ import annotations
 
-import sys
-import types
-from typing import Optional
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import magi_zoo
 from magi_zoo.adapters import all_adapters
 from magi_zoo.engine import remove
 from magi_zoo.engine.compat import diffusers as diffusers_compat
-from magi_zoo.engine.kernels import fa3
 from magi_zoo.engine.prepare import prepare
 from magi_zoo.overrides import eager_compile, spec_layers
 from magi_zoo.specs import PlanLayer, SpecFile
+from helpers.fa3_standins import install_fa3
 
 H100 = magi_zoo.get_profile("h100")
 ADAPTERS = all_adapters()
 TINY = [(a, next(v for v in a.variants.values() if v.tiny)) for a in ADAPTERS]
 
 
-@torch.library.custom_op("magi_zoo_test::fa3_plan_standin", mutates_args=(), device_types="cpu")
-def _standin(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: Optional[float] = None,
-             causal: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The fa3-fwd wheel's forward op on the CPU: SDPA, and the log-sum-exp it returns."""
-    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    out = F.scaled_dot_product_attention(qt, kt, vt, scale=softmax_scale, is_causal=causal,
-                                         enable_gqa=k.shape[2] != q.shape[2]).transpose(1, 2).contiguous()
-    return out, q.new_zeros(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32), q.new_empty(0), q.new_empty(0)
-
-
 @pytest.fixture
 def fa3_standin(monkeypatch):
-    """`import fa3_fwd_interface` finds the stand-in; the engine's kernel state and diffusers'
-    _flash_3 slot are put back afterwards."""
-    mod = types.ModuleType(fa3.MODULE)
-    mod._flash_attn_forward = _standin
-    monkeypatch.setitem(sys.modules, fa3.MODULE, mod)
-    monkeypatch.setattr(fa3, "_forward", None)
+    """fa3 'installed' as the CPU stand-in; diffusers' _flash_3 slot put back afterwards."""
+    install_fa3(monkeypatch)
     member = diffusers_compat.fa3_member()
     saved = diffusers_compat.backend_entry(member)
     yield

@@ -3,6 +3,7 @@ training (FA3 forward + cuDNN's backward; on CPU the tensor-op backward), and on
 region through diffusers' dispatch.
 
 The real kernel (`fa3_fwd_interface`, the `hopper` extra) needs CUDA. On CPU a stand-in
+(`tests/helpers/fa3_standins.py`)
 module of the same name is put in `sys.modules`: its `_flash_attn_forward` is a
 `torch.library` custom op with a fake, like the real one, computing SDPA on CPU. It
 counts its eager calls, so a count that grows on every compiled call proves the op sits
@@ -13,9 +14,7 @@ run once, at trace time). The GPU tests at the end use the real kernel.
 from __future__ import annotations
 
 import sys
-import types
 import warnings
-from typing import Optional, Tuple
 
 import pytest
 import torch
@@ -25,34 +24,9 @@ import magi_zoo
 from magi_zoo import PlanError
 from magi_zoo.engine import counters, remove
 from magi_zoo.engine.kernels import fa3
+from helpers.fa3_standins import CALLS, install_fa3
 
-# -- the CPU stand-in for fa3_fwd_interface ---------------------------------------------------
-
-CALLS = {"eager": 0}
-
-
-@torch.library.custom_op("magi_zoo_test::fa3_fwd_standin", mutates_args=(), device_types="cpu")
-def _standin_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: Optional[float] = None,
-                     causal: bool = False) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    CALLS["eager"] += 1
-    gqa = k.shape[2] != q.shape[2]  # FA3 takes fewer key/value heads natively
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                         scale=softmax_scale, is_causal=causal, enable_gqa=gqa).transpose(1, 2).contiguous()
-    # the softmax's natural-log LSE per (batch, head, query), as FA3 returns it
-    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
-    kr = k.repeat_interleave(q.shape[2] // k.shape[2], dim=2)
-    logits = scale * q.transpose(1, 2).float() @ kr.transpose(1, 2).float().transpose(-1, -2)
-    if causal:
-        logits = logits.masked_fill(torch.ones(logits.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
-    return out, torch.logsumexp(logits, dim=-1), q.new_empty(0), q.new_empty(0)
-
-
-@_standin_forward.register_fake
-def _(q, k, v, softmax_scale=None, causal=False):
-    b, s, h, _ = q.shape
-    return (q.new_empty(b, s, h, v.shape[-1]), q.new_empty(b, h, s, dtype=torch.float32),
-            q.new_empty(0), q.new_empty(0))
-
+# -- the CPU stand-in for fa3_fwd_interface (tests/helpers/fa3_standins.py) -----------------
 
 @pytest.fixture
 def registry():
@@ -68,11 +42,7 @@ def registry():
 @pytest.fixture
 def kernel(monkeypatch, registry):
     """fa3 'installed': the stand-in module is what `import fa3_fwd_interface` finds."""
-    mod = types.ModuleType(fa3.MODULE)
-    mod._flash_attn_forward = _standin_forward
-    monkeypatch.setitem(sys.modules, fa3.MODULE, mod)
-    CALLS["eager"] = 0
-    return mod
+    return install_fa3(monkeypatch)
 
 
 @pytest.fixture

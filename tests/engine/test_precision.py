@@ -13,6 +13,7 @@ from magi_zoo.engine import counters, remove
 from magi_zoo.engine.precision import Fp8Linear, reference_linear
 from magi_zoo.overrides import with_precision
 from magi_zoo.specs import PlanLayer
+from helpers.fa3_standins import fa3_fp8_forward
 
 # The CPU profile with fp8 switched on: the step's checks pass and its ops run on the CPU.
 CPU_FP8 = magi_zoo.get_profile("cpu").model_copy(update={"fp8": True})
@@ -175,22 +176,6 @@ def test_fp8_attention_quantization_is_exact_where_promised_and_smoothing_helps(
     assert err_smooth < 3e-2 and err_smooth < err_tensor / 3, (err_smooth, err_tensor)
 
 
-@torch.library.custom_op("magi_zoo_test::fa3_fp8_standin", mutates_args=(), device_types="cpu")
-def _fp8_standin(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_descale: torch.Tensor,
-                 k_descale: torch.Tensor, v_descale: torch.Tensor, softmax_scale: float,
-                 causal: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    deq = lambda t, s: (t.float() * s[:, None, :, None]).transpose(1, 2)  # noqa: E731
-    out = torch.nn.functional.scaled_dot_product_attention(deq(q, q_descale), deq(k, k_descale), deq(v, v_descale),
-                                                           scale=softmax_scale).transpose(1, 2)
-    return out.to(torch.bfloat16).contiguous(), q.new_empty(0, dtype=torch.float32), q.new_empty(0), q.new_empty(0)
-
-
-@_fp8_standin.register_fake
-def _(q, k, v, q_descale, k_descale, v_descale, softmax_scale, causal=False):
-    return (q.new_empty(q.shape, dtype=torch.bfloat16), q.new_empty(0, dtype=torch.float32),
-            q.new_empty(0), q.new_empty(0))
-
-
 def test_fp8_attention_switches_fa3_layers_traces_whole_and_undoes(wan, monkeypatch, fresh_dynamo):
     """On the fa3 layers of an fp8 region the precision step swaps in fp8 FA3 (a CPU stand-in
     of the kernel here: FA3's op signature, dequantize-then-SDPA), fullgraph, undone exactly."""
@@ -199,7 +184,7 @@ def test_fp8_attention_switches_fa3_layers_traces_whole_and_undoes(wan, monkeypa
     from magi_zoo.engine.kernels import fa3
 
     monkeypatch.setattr(fa3, "register", lambda: A._FLASH_3)
-    monkeypatch.setattr(fa3, "_forward", _fp8_standin)
+    monkeypatch.setattr(fa3, "_forward", fa3_fp8_forward)
     saved = R._backends.get(A._FLASH_3_HUB), R._constraints.get(A._FLASH_3_HUB), R._supported_arg_names.get(A._FLASH_3_HUB)
     procs = [m.processor for m in wan.pipe.transformer.modules() if hasattr(getattr(m, "processor", None), "_attention_backend")]
     prior = [p._attention_backend for p in procs]
@@ -244,7 +229,7 @@ def test_fp8_attention_hands_masked_calls_to_sdpa_in_one_graph(monkeypatch, fres
 
     def standin(*args, **kwargs):
         calls.append(args[0].shape)
-        return _fp8_standin(*args, **kwargs)
+        return fa3_fp8_forward(*args, **kwargs)
 
     monkeypatch.setattr(fa3, "_forward", standin)
     q, k, v = (t.to(torch.bfloat16) for t in _attn_inputs(offset=0.0))
