@@ -272,6 +272,11 @@ class Adapter:
         call, `check_run` before the build. `name(key)` words the argument (a CLI flag)."""
         check_call(variant.name, call, self.call_limits(variant), name=name, device_gib=device_gib)
 
+    def image_to_video(self, variant: Variant) -> bool:
+        """Whether `variant` makes a video from a first frame it requires (`--image` on the CLI,
+        `image=` in the API, `input_reference` in the server's videos API). Default: no."""
+        return False
+
     def out_suffixes(self, variant: Variant, given: dict[str, Any]) -> tuple[str, ...]:
         """The `--out` suffixes valid for these options (default: `output_suffixes`)."""
         return self.output_suffixes

@@ -1,8 +1,9 @@
 """The endpoints. OpenAI's shapes where a family fits them:
 
     POST /v1/images/generations        image models (Flux, BAGEL): waits, answers b64_json or a url
-    POST /v1/images/edits              BAGEL: a multipart form with the image
-    POST /v1/videos                    video models (Wan, Self-Forcing): a job; JSON or form
+    POST /v1/images/edits              BAGEL (edit), FLUX.2 (a conditioning image): a multipart form with the image
+    POST /v1/videos                    video models (Wan, Self-Forcing, HunyuanVideo-1.5, LTX-2): a job; JSON
+                                       or form; image-to-video variants take the first frame as `input_reference`
     GET  /v1/videos/{id}               its status and progress (percent)
     GET  /v1/videos/{id}/content       the .mp4
     DELETE /v1/videos/{id}             cancel it (and delete its file)
@@ -126,11 +127,19 @@ def image_answer(request: Request, job: Job, response_format: str) -> dict:
 @router.post("/v1/videos")
 async def create_video(request: Request):
     data, upload = await body(request)
-    if upload is not None:
-        raise RequestError(400, "input_reference is not supported: the served video models make video from text",
-                           param="input_reference")
     served = serve_state(request).model(data.get("model") if isinstance(data, dict) else None)
-    job = serve_state(request).submit(served.video_job(validated(VideoRequest, data)))
+    # the first frame of an image-to-video variant: the form's file (what `openai` sends), or
+    # a data: URL in a JSON body; nothing is fetched
+    reference = upload[1] if upload is not None else (data.pop("input_reference", None) if isinstance(data, dict)
+                                                      else None)
+    if upload is not None and upload[0] != "input_reference":
+        raise RequestError(400, f"send the first frame as the file field 'input_reference' (got {upload[0]!r})",
+                           param=upload[0])
+    req = validated(VideoRequest, data)
+    from .served import decode_image  # lazy: PIL, only for image-to-video
+
+    image = None if reference is None else decode_image(reference, "input_reference")
+    job = serve_state(request).submit(served.video_job(req, image=image))
     return video_object(request, job)
 
 

@@ -72,6 +72,9 @@ class JobRequest(Options):
     max_new_tokens: Annotated[Count, Field(ge=1, le=8192)] | None = None
     voice: Annotated[str, Field(max_length=64)] | None = None
     speech: bool = False  # a .wav of the reply too (models that speak)
+    # a data: URL: the first frame of an image-to-video variant, or the image an image model
+    # edits or conditions on (the body's size limit bounds it)
+    image: str | None = None
 
 
 class TextPart(Strict):

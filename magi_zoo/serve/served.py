@@ -36,7 +36,10 @@ class ServedModel:
         a, v = self.adapter, self.variant
         self.images = ".png" in a.out_suffixes(v, {})
         self.video = ".mp4" in a.out_suffixes(v, {})
-        self.edits = self.images and "image" in a.run_options and "task" in a.run_options
+        # an image to edit (BAGEL's edit task) or to condition on (FLUX.2): /v1/images/edits
+        self.edits = self.images and "image" in a.run_options
+        # a first frame, required: image-to-video variants take `input_reference` on /v1/videos
+        self.first_frame = self.video and a.image_to_video(v)
         self.chat = ".txt" in a.out_suffixes(v, {}) or ".txt" in a.out_suffixes(v, {"task": "understand"})
         self.speaks = "audio_out" in a.run_options
         self.fps = v.config.get("fps", getattr(a, "fps", None)) or 16
@@ -47,7 +50,8 @@ class ServedModel:
         return {"id": self.name, "object": "model", "created": 0, "owned_by": "magi-zoo",
                 "family": a.family, "outputs": [k for k, on in (("image", self.images), ("video", self.video),
                                                                  ("text", self.chat)) if on],
-                "speaks": self.speaks, "edits": self.edits, "options": list(a.run_options),
+                "speaks": self.speaks, "edits": self.edits, "first_frame": self.first_frame,
+                "options": list(a.run_options),
                 "defaults": {k: x for k, x in a.call_defaults(v).items() if isinstance(x, (int, float, str))}}
 
     # -- requests -> jobs -------------------------------------------------------------------
@@ -61,13 +65,16 @@ class ServedModel:
         try:
             a.check_call(v, {**a.call_defaults(v), **given}, name=field, device_gib=self.device_gib)
             out = Path("out" + {"image": ".png", "video": ".mp4", "text": ".txt"}[kind])
-            return a.check_run(v, given, out)
+            checked = a.check_run(v, given, out)
+            a.check_inputs(checked)  # an input image's own limits (FLUX.2: 64 px a side)
+            return checked
         except (ValueError, TypeError) as e:
             text = " ".join(str(e).split())
             for key, flag in sorted(FLAGS.items(), key=lambda kv: -len(kv[1])):  # --steps names steps
                 if flag in text:
                     text = text.replace(flag, field(key))
-            param = next((field(k) for k in given if field(k) in text), None)
+            # the field the message names: a given one, or one left out that is required
+            param = next((field(k) for k in (*given, *options) if field(k) in text), None)
             raise RequestError(400, text, param=param, code="invalid_value") from None
 
     def image_job(self, req: ImageRequest, image=None) -> Job:
@@ -75,12 +82,20 @@ class ServedModel:
         height, width = parse_size(req.size)
         opts = dict(num_inference_steps=req.num_inference_steps, seed=req.seed, height=height, width=width)
         if image is not None:
-            opts.update(image=image, task="edit", height=None, width=None)
+            opts["image"] = image
+            if "task" in self.adapter.run_options:  # BAGEL: an edit keeps the image's size
+                opts.update(task="edit", height=None, width=None)
         names = {"height": "size", "width": "size", "image": "image"}
         return Job(self.name, "image", req.prompt, self.check(opts, kind="image", names=names))
 
-    def video_job(self, req: VideoRequest) -> Job:
+    def video_job(self, req: VideoRequest, image=None) -> Job:
+        """A video job; `image`: the first frame (`input_reference`), which an image-to-video
+        variant requires and any other refuses."""
         self.need(self.video, "videos")
+        if image is not None and not self.first_frame:
+            raise RequestError(400, f"{self.name} makes video from text; it takes no input_reference (the served "
+                               "image-to-video variants do: GET /v1/models, \"first_frame\": true)",
+                               param="input_reference")
         if req.seconds is not None and req.num_frames is not None:
             raise RequestError(400, "give seconds or num_frames, not both", param="seconds")
         frames = req.num_frames
@@ -88,8 +103,9 @@ class ServedModel:
             frames = 1 + 4 * max(1, round(req.seconds * self.fps / 4))
         height, width = parse_size(req.size)
         opts = dict(num_inference_steps=req.num_inference_steps, seed=req.seed, height=height, width=width,
-                    num_frames=frames)
-        names = {"height": "size", "width": "size", "num_frames": "seconds" if req.seconds else "num_frames"}
+                    num_frames=frames, image=image)
+        names = {"height": "size", "width": "size", "num_frames": "seconds" if req.seconds else "num_frames",
+                 "image": "input_reference"}
         return Job(self.name, "video", req.prompt, self.check(opts, kind="video", names=names))
 
     def chat_job(self, req: ChatRequest) -> Job:
@@ -132,7 +148,13 @@ class ServedModel:
         kind = "video" if self.video else "image" if self.images else "text"
         if req.speech and not self.speaks:
             raise RequestError(400, f"{self.name} does not speak", param="speech")
-        opts = req.model_dump(exclude={"model", "prompt", "speech"})
+        opts = req.model_dump(exclude={"model", "prompt", "speech", "image"})
+        if req.image is not None:
+            if not (self.edits or self.first_frame):
+                raise RequestError(400, f"{self.name} takes no image", param="image")
+            opts["image"] = decode_image(req.image, "image")
+            if "task" in self.adapter.run_options:  # BAGEL: an image to edit
+                opts["task"] = "edit"
         if req.speech:
             opts["audio_out"] = "speech.wav"
         given = self.check(opts, kind=kind, names={"audio_out": "speech"})

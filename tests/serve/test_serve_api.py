@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures
+import io
 import json
 import os
 import signal
@@ -18,6 +19,19 @@ import pytest
 from helpers.serve_server import Server, call, wait_job
 
 openai = pytest.importorskip("openai")
+
+
+
+def _png_url() -> str:
+    """A 64x64 PNG as a data: URL (a first frame or an image sent inline)."""
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (64, 64), (200, 30, 30)).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+PNG_URL = _png_url()
 
 KEY = "test-key-123"
 
@@ -126,6 +140,10 @@ def test_bagel_image_edit_and_understanding(client):
     ("/v1/chat/completions", {"model": "qwen3-omni-tiny", "messages": [{"role": "user", "content": "x"}],
                               "stream": True}, 400, "stream"),
     ("/v1/jobs", {"model": "qwen3-omni-tiny", "prompt": "x", "voice": "Nobody", "speech": True}, 400, "voice"),
+    # a first frame for a text-to-video model; one that is not an image
+    ("/v1/videos", {"model": "wan2.1-tiny", "prompt": "x", "input_reference": PNG_URL}, 400, "input_reference"),
+    ("/v1/videos", {"model": "wan2.1-tiny", "prompt": "x", "input_reference": "data:image/png;base64,AAAA"}, 400,
+     "input_reference"),
 ])
 def test_bad_inputs_are_4xx_naming_the_field(server, path, body, status, param):
     got, err = call(server, "POST", path, body)
@@ -221,8 +239,11 @@ def test_web_page_in_headless_chromium(server):
             page.fill("#key", KEY)
             page.dispatch_event("#key", "change")
             page.wait_for_function("document.querySelectorAll('#model option').length === 4")
+            page.select_option("#model", "bagel-tiny")
+            assert page.is_visible("[data-option=image]")  # BAGEL edits an image: the page takes one
             page.select_option("#model", "flux-tiny")
             assert page.is_hidden("[data-option=num_frames]")  # a video option, not shown for an image model
+            assert page.is_hidden("[data-option=image]")  # FLUX.1 takes no image
             # enough steps that the job outlasts several of the page's 150 ms polls and the worker's
             # progress reports even on a loaded machine (20 steps once finished between two polls)
             page.fill("#num_inference_steps", "300")

@@ -4,6 +4,7 @@ raised at the next update, a job ending once, the job table's eviction, the requ
 from __future__ import annotations
 
 import asyncio
+import base64
 import io
 import sys
 
@@ -77,6 +78,58 @@ def test_request_checks_name_the_field_before_any_work():
     with pytest.raises(RequestError) as e:
         flux.video_job(VideoRequest(model="flux-tiny", prompt="x"))
     assert e.value.param == "model" and e.value.code == "unsupported_model"
+
+
+def test_image_inputs_go_where_the_variant_takes_them():
+    """A first frame (`input_reference`) is required by an image-to-video variant and refused
+    by a text-to-video one; an image to edit or condition on goes to every image model that
+    takes one (BAGEL's edit task, FLUX.2's conditioning image), its own limits checked before
+    a job exists. The variants are looked up, never built."""
+    from PIL import Image
+
+    frame = Image.new("RGB", (96, 64))
+    i2v = ServedModel("hunyuanvideo-1.5-480p-i2v")
+    assert i2v.first_frame and i2v.card()["first_frame"]
+    job = i2v.video_job(VideoRequest(model=i2v.name, prompt="x", num_inference_steps=2), image=frame)
+    assert job.options["image"] is frame and job.options["num_inference_steps"] == 2
+    with pytest.raises(RequestError) as e:  # no first frame: named as the request's field
+        i2v.video_job(VideoRequest(model=i2v.name, prompt="x"))
+    assert e.value.param == "input_reference" and "image-to-video" in e.value.message
+    with pytest.raises(RequestError) as e:  # its size comes from the frame
+        i2v.video_job(VideoRequest(model=i2v.name, prompt="x", size="832x480"), image=frame)
+    assert e.value.param == "size"
+    assert ServedModel("wan2.1-i2v-14b-480p").first_frame
+    t2v = ServedModel("wan2.1-tiny")
+    assert not t2v.first_frame
+    with pytest.raises(RequestError) as e:
+        t2v.video_job(VideoRequest(model="wan2.1-tiny", prompt="x"), image=frame)
+    assert e.value.param == "input_reference" and "makes video from text" in e.value.message
+
+    flux2 = ServedModel("flux.2-tiny")
+    assert flux2.edits and flux2.card()["edits"]
+    job = flux2.image_job(ImageRequest(model="flux.2-tiny", prompt="x", size="64x64"), image=frame)
+    assert job.options["image"] is frame and job.options["height"] == 64 and "task" not in job.options
+    with pytest.raises(RequestError) as e:  # FLUX.2 conditions on 64 px a side or more
+        flux2.image_job(ImageRequest(model="flux.2-tiny", prompt="x"), image=Image.new("RGB", (32, 80)))
+    assert e.value.param == "image" and "64x64" in e.value.message
+    bagel = ServedModel("bagel-tiny").image_job(ImageRequest(model="bagel-tiny", prompt="x"), image=frame)
+    assert bagel.options["task"] == "edit" and bagel.options["image"] is frame
+    assert not ServedModel("flux-tiny").edits
+
+    # the jobs API (the web page): the image as a data: URL
+    buf = io.BytesIO()
+    frame.save(buf, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    job = i2v.any_job(JobRequest(model=i2v.name, prompt="x", image=url))
+    assert job.kind == "video" and job.options["image"].size == (96, 64)
+    job = ServedModel("bagel-tiny").any_job(JobRequest(model="bagel-tiny", prompt="x", image=url))
+    assert job.options["task"] == "edit"
+    with pytest.raises(RequestError) as e:
+        ServedModel("flux-tiny").any_job(JobRequest(model="flux-tiny", prompt="x", image=url))
+    assert e.value.param == "image" and "takes no image" in e.value.message
+    with pytest.raises(RequestError) as e:
+        i2v.any_job(JobRequest(model=i2v.name, prompt="x", image="https://example.invalid/a.png"))
+    assert e.value.param == "image" and "fetches nothing" in e.value.message
 
 
 def test_a_job_runs_the_cli_run_path_writes_its_file_and_a_cancel_leaves_nothing(tmp_path, monkeypatch):

@@ -4,6 +4,7 @@ and appends its tokens to the image sequence). The numbers and their sources are
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -87,15 +88,22 @@ class Flux2Adapter(DiffusersPipelineAdapter):
         return _random_pipeline(variant, dtype, device)
 
     def check_inputs(self, given: dict[str, Any]) -> None:
-        """`--image` also has the size Flux2Pipeline accepts (>= 64 px a side), before the build."""
+        """`--image` (a file, or a PIL image in the API and the server) also has the size
+        Flux2Pipeline accepts (>= 64 px a side), before the build."""
         super().check_inputs(given)
-        if given.get("image") is not None:
+        image = given.get("image")
+        if image is None:
+            return
+        if isinstance(image, (str, Path)):
             from PIL import Image  # lazy: PIL costs ~15 ms; only image inputs need it
 
-            with Image.open(given["image"]) as img:
-                if min(img.size) < 64:
-                    raise ValueError(f"--image {str(given['image'])!r}: {img.size[0]}x{img.size[1]}; FLUX.2 "
-                                     "takes conditioning images of at least 64x64 pixels")
+            with Image.open(image) as img:
+                size, what = img.size, f"--image {str(image)!r}"
+        else:
+            size, what = image.size, "the conditioning image"
+        if min(size) < 64:
+            raise ValueError(f"{what}: {size[0]}x{size[1]}; FLUX.2 takes conditioning images of at least "
+                             "64x64 pixels")
 
     def call_limits(self, variant: Variant) -> CallLimits:
         """Pixels divide by the VAE's downsampling (2 per level after the first: 8 published)

@@ -17,7 +17,6 @@ import torch
 from .._tokenizers import byte_bpe_tokenizer
 from ..base import CallLimits, Variant, check_input_file, init_on, keep_fp32_modules
 from ..diffusers_pipeline import DiffusersPipelineAdapter, same_layout_preparation
-from . import config as C
 from .config import VARIANTS
 
 # Qwen2.5's chat markup (the pipeline formats every prompt as a system + user conversation).
@@ -72,10 +71,14 @@ class HunyuanVideo15Adapter(DiffusersPipelineAdapter):
     def build_random(self, variant: Variant, dtype: torch.dtype, device: torch.device):
         return _random_pipeline(variant, dtype, device)
 
+    def image_to_video(self, variant: Variant) -> bool:
+        return "image_encoder" in variant.config  # HunyuanVideo15ImageToVideoPipeline: SigLIP encodes the frame
+
     def check_run(self, variant: Variant, options: dict[str, Any], out=None) -> dict[str, Any]:
-        """Image-to-video variants need `--image` (the first frame; its size sets the video's)
-        and take no --height / --width; text-to-video ones refuse `--image`."""
-        if "image_encoder" not in variant.config:
+        """Image-to-video variants need `--image` (the first frame: a file, or a PIL image in the
+        API; its size sets the video's) and take no --height / --width; text-to-video ones refuse
+        `--image`."""
+        if not self.image_to_video(variant):
             return super().check_run(variant, options, out)
         if options.get("image") is None:
             raise ValueError(f"{variant.name} is image-to-video: pass --image FILE (the first frame)")
@@ -83,7 +86,8 @@ class HunyuanVideo15Adapter(DiffusersPipelineAdapter):
         if bad:
             raise ValueError(f"{variant.name} takes the video's size from --image; drop {' and '.join(bad)}")
         given = super().check_run(variant, {k: v for k, v in options.items() if k != "image"}, out)
-        check_input_file(options["image"], "--image", image=True)
+        if isinstance(options["image"], (str, Path)):
+            check_input_file(options["image"], "--image", image=True)
         return {**given, "image": options["image"]}
 
     def generate(self, handle, *, prompt: str, progress: bool = True, **options):
@@ -134,6 +138,6 @@ class HunyuanVideo15Adapter(DiffusersPipelineAdapter):
                     encoder_attention_mask_2=torch.zeros(batch, n_glyph, device=p.device, dtype=p.dtype),
                     # text-to-video: all-zero SigLIP tokens (the forward masks them out); image-to-video: the image's
                     image_embeds=rnd(batch, pipe.vision_num_semantic_tokens, cfg.image_embed_dim)
-                    if "image_encoder" in variant.config else
+                    if self.image_to_video(variant) else
                     torch.zeros(batch, pipe.vision_num_semantic_tokens, cfg.image_embed_dim, device=p.device,
                                 dtype=p.dtype), return_dict=False)
