@@ -43,6 +43,10 @@ class ServedModel:
         self.chat = ".txt" in a.out_suffixes(v, {}) or ".txt" in a.out_suffixes(v, {"task": "understand"})
         self.speaks = "audio_out" in a.run_options
         self.fps = v.config.get("fps", getattr(a, "fps", None)) or 16
+        limits = a.call_limits(v)
+        # a video's frames are 1 + k * step (its VAE's temporal factor): what `seconds` rounds to.
+        # A family that states none (Self-Forcing: its own block rule, checked after) gets Wan's 4
+        self.frame_step = (limits.frame_step if limits is not None else None) or 4
 
     def card(self) -> dict[str, Any]:
         """The model as `/v1/models` lists it (OpenAI's fields, then what the web page needs)."""
@@ -99,8 +103,9 @@ class ServedModel:
         if req.seconds is not None and req.num_frames is not None:
             raise RequestError(400, "give seconds or num_frames, not both", param="seconds")
         frames = req.num_frames
-        if req.seconds is not None:  # 1 + 4 k frames: the VAE's temporal step of Wan-like models
-            frames = 1 + 4 * max(1, round(req.seconds * self.fps / 4))
+        if req.seconds is not None:  # 1 + k * step frames: the variant's VAE temporal step (Wan 4, LTX-2 8)
+            step = self.frame_step
+            frames = 1 + step * max(1, round(req.seconds * self.fps / step))
         height, width = parse_size(req.size)
         opts = dict(num_inference_steps=req.num_inference_steps, seed=req.seed, height=height, width=width,
                     num_frames=frames, image=image)

@@ -99,6 +99,11 @@ def test_image_inputs_go_where_the_variant_takes_them():
         i2v.video_job(VideoRequest(model=i2v.name, prompt="x", size="832x480"), image=frame)
     assert e.value.param == "size"
     assert ServedModel("wan2.1-i2v-14b-480p").first_frame
+    # seconds -> frames on the variant's own temporal step: LTX-2's VAE takes 1 + 8 k frames at 24 fps
+    ltx = ServedModel("ltx-2").video_job(VideoRequest(model="ltx-2", prompt="x", seconds=4.5))
+    assert ltx.options["num_frames"] == 1 + 8 * 14  # 4.5 s x 24 fps = 108 frames = 13.5 steps of 8, rounded
+    wan = ServedModel("wan2.1-t2v-1.3b").video_job(VideoRequest(model="wan2.1-t2v-1.3b", prompt="x", seconds=5))
+    assert wan.options["num_frames"] == 81  # 5 s x 16 fps = 80 = 20 steps of 4
     t2v = ServedModel("wan2.1-tiny")
     assert not t2v.first_frame
     with pytest.raises(RequestError) as e:
