@@ -167,3 +167,14 @@ def test_every_cited_results_path_exists():
             if text[m.end():m.end() + 1] not in ("<", "*", "{") and not (REPO / m.group(0)).exists():
                 dangling.append(f"{rel.as_posix()}: {m.group(0)}")
     assert not dangling, dangling
+
+
+def test_a_failed_row_is_named_by_its_own_message():
+    """The families table names why a row was not measured: the exception's message, also when
+    dynamo wrapped it (an error raised inside a compiled region), never the traceback's code."""
+    wrapped = ('Unsupported: Observed exception\n  Developer debug context: raised exception '
+               'ValueError([ConstantVariable(str: "fp8 attention (fa3) takes no mask")])\n'
+               '    raise ValueError("fp8 attention (fa3) takes no mask"')
+    assert tables.failure(wrapped) == "fp8 attention (fa3) takes no mask"
+    assert tables.failure("RuntimeError: CUDA out of memory\n  File x.py") == "RuntimeError: CUDA out of memory"
+    assert tables.failure(None) == "no error recorded"
