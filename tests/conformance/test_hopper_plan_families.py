@@ -4,13 +4,14 @@ present as a CPU stand-in (the wheel's op signature, SDPA inside), runs every en
 gives the bf16 eager output.
 
 What this catches is a plan the card would fail on mid-generation although every key resolves
-(the conformance suite's meta-device check): an attention call the chosen backend cannot take
-(a masked call on fa3 refused -- Qwen-Image's batch of unequal prompts did), a fusion or
-preparation that breaks a family's forward. The kernel's speed and numerics are the GPU suite's.
+(the conformance suite's meta-device check): an attention call of the example inputs that the
+chosen backend cannot take, a fusion or preparation that breaks a family's forward. (A call
+the example inputs do not make, such as Qwen-Image's masked batch of unequal prompts, is its
+own test: tests/engine/test_attention_backends.py.) The kernel's speed and numerics are the GPU
+suite's.
 """
 
 from __future__ import annotations
-
 
 import pytest
 import torch

@@ -21,7 +21,6 @@ from helpers.serve_server import Server, call, wait_job
 openai = pytest.importorskip("openai")
 
 
-
 def _png_url() -> str:
     """A 64x64 PNG as a data: URL (a first frame or an image sent inline)."""
     from PIL import Image
