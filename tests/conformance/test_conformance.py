@@ -36,6 +36,7 @@ from magi_zoo.engine import counters, preview
 from magi_zoo.engine.prepare import prepare
 from magi_zoo.specs import SpecFile, get_profile
 from magi_zoo.overrides import spec_layers
+from helpers.entry_calls import call_entry, tensors
 
 ADAPTERS = all_adapters()
 VARIANTS = [(a, v) for a in ADAPTERS for v in a.variants.values()]
@@ -56,21 +57,6 @@ def _ids(rows) -> list[str]:
 
 
 # -- helpers --------------------------------------------------------------------------------
-def tensors(out: Any, where: str = "out") -> list[tuple[str, torch.Tensor]]:
-    """Every tensor in an entry point's output, with its place: tensors, tuples and lists,
-    dicts (transformers' ModelOutput is one), dataclasses. Anything else (a KV-cache
-    object, None, a number) is not an output to compare."""
-    if torch.is_tensor(out):
-        return [(where, out)]
-    if isinstance(out, dict):
-        return [t for k, v in out.items() for t in tensors(v, f"{where}.{k}")]
-    if dataclasses.is_dataclass(out) and not isinstance(out, type):
-        return [t for f in dataclasses.fields(out) for t in tensors(getattr(out, f.name), f"{where}.{f.name}")]
-    if isinstance(out, (tuple, list)):
-        return [t for i, v in enumerate(out) for t in tensors(v, f"{where}[{i}]")]
-    return []
-
-
 def assert_same_outputs(got: Any, ref: Any, rel: float, what: str) -> float:
     """Same tensors (places, shapes, dtypes) with max |got - ref| <= rel * max |ref| each;
     returns the worst relative error."""
@@ -88,16 +74,6 @@ def assert_same_outputs(got: Any, ref: Any, rel: float, what: str) -> float:
         worst = max(worst, err)
         assert err <= rel, f"{what}: {k} max |diff| / max |ref| = {err:.2e} > {rel:.0e}"
     return worst
-
-
-def call_entry(handle, entry: str, **shape) -> Any:
-    """One call of an entry point on fresh example inputs (a call may consume state it is
-    given, e.g. a KV cache, so identical calls get identical fresh inputs)."""
-    a = handle.adapter
-    module, method = a.entry(handle.pipe, entry)
-    kwargs = a.example_inputs(handle.pipe, handle.variant, entry, **shape)
-    with torch.no_grad():
-        return getattr(module, method)(**kwargs)
 
 
 def load_eager(name: str, **kw):

@@ -23,6 +23,7 @@ from magi_zoo.engine.compat import diffusers as diffusers_compat
 from magi_zoo.engine.kernels import fa3
 from magi_zoo.overrides import eager_compile, spec_layers, with_precision
 from magi_zoo.specs import PlanLayer, SpecFile
+from helpers.entry_calls import call_entry, tensors
 from helpers.fa3_standins import fa3_fp8_forward
 
 # The h100 profile's fp8 flag on the CPU device: the precision step's checks pass and its ops run here.
@@ -57,26 +58,13 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm().clamp(min=1e-12))
 
 
-def _first_tensor(out):
-    if torch.is_tensor(out):
-        return out
-    if isinstance(out, (tuple, list)):
-        return next(t for t in (_first_tensor(x) for x in out) if t is not None)
-    if isinstance(out, dict):
-        return next(t for t in (_first_tensor(x) for x in out.values()) if t is not None)
-    return getattr(out, "sample", None)
-
-
 @pytest.mark.parametrize("tiny", FP8, ids=[v.name for _, v in FP8])
 def test_fp8_plan_runs_every_entry_point(tiny, fp8_kernel):
     adapter, variant = tiny
     h = magi_zoo.load(variant.name, gpu="cpu", dtype="bfloat16", compile=False)
 
-    def run(entry):
-        module, method = adapter.entry(h.pipe, entry)
-        kwargs = adapter.example_inputs(h.pipe, h.variant, entry)
-        with torch.no_grad():
-            return _first_tensor(getattr(module, method)(**kwargs))
+    def run(entry):  # the output's first tensor: the denoiser's prediction
+        return tensors(call_entry(h, entry))[0][1]
 
     refs = {e: run(e) for e in adapter.entry_points}
     # the spec's own layers (its preparations and precision regions), nothing compiled: this

@@ -23,6 +23,7 @@ from magi_zoo.engine.compat import diffusers as diffusers_compat
 from magi_zoo.engine.prepare import prepare
 from magi_zoo.overrides import eager_compile, spec_layers
 from magi_zoo.specs import PlanLayer, SpecFile
+from helpers.entry_calls import call_entry, tensors
 from helpers.fa3_standins import install_fa3
 
 H100 = magi_zoo.get_profile("h100")
@@ -40,21 +41,9 @@ def fa3_standin(monkeypatch):
     diffusers_compat.restore_backend_entry(member, saved)
 
 
-def _tensors(out) -> list[torch.Tensor]:
-    if torch.is_tensor(out):
-        return [out]
-    if isinstance(out, dict):
-        return [t for v in out.values() for t in _tensors(v)]
-    if isinstance(out, (tuple, list)):
-        return [t for v in out for t in _tensors(v)]
-    return [t for t in (getattr(out, "sample", None),) if t is not None]
-
-
-def _run(adapter, h, entry):
-    module, method = adapter.entry(h.pipe, entry)
-    kwargs = adapter.example_inputs(h.pipe, h.variant, entry)
-    with torch.no_grad():
-        return [t.float() for t in _tensors(getattr(module, method)(**kwargs)) if t.is_floating_point()]
+def _run(h, entry) -> list[torch.Tensor]:
+    """The floating-point tensors of one entry-point call, in fp32 for comparing."""
+    return [t.float() for _, t in tensors(call_entry(h, entry)) if t.is_floating_point()]
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -68,7 +57,7 @@ def test_hopper_plan_runs_every_entry_point(tiny, fa3_standin):
     # the eager reference with the adapter's preparations, which keep values and may add the
     # method an entry point names (Qwen3-Omni's prefill / decode_step)
     prepare(h.modules, adapter.preparations(h.pipe))
-    refs = {e: _run(adapter, h, e) for e in adapter.entry_points}
+    refs = {e: _run(h, e) for e in adapter.entry_points}
     # every h100 section as shipped, its compile regions eager (inductor on a CPU would test
     # the CPU compiler, not the plan)
     off = PlanLayer(compile=eager_compile(SpecFile.from_toml(adapter.spec_path())))
@@ -76,7 +65,7 @@ def test_hopper_plan_runs_every_entry_point(tiny, fa3_standin):
                    preparations=adapter.preparations(h.pipe))
     try:
         for entry, ref in refs.items():
-            got = _run(adapter, h, entry)
+            got = _run(h, entry)
             assert [t.shape for t in got] == [t.shape for t in ref], f"{variant.name}:{entry}"
             worst = max(_rel(g, r) for g, r in zip(got, ref))
             # measured: 0 where only the backend changes (the stand-in is SDPA), 1.9e-3 on
