@@ -32,6 +32,7 @@ from .errors import RequestError, parse_json
 from .jobs import Job
 from .metrics import CONTENT_TYPE_LATEST
 from .schemas import ChatRequest, ImageRequest, JobRequest, VideoRequest
+from .served import decode_image
 
 router = APIRouter()
 MEDIA = {"image": "image/png", "video": "video/mp4", "text": "text/plain; charset=utf-8", "audio": "audio/wav"}
@@ -105,8 +106,6 @@ async def images(request: Request):
 
 @router.post("/v1/images/edits")
 async def image_edits(request: Request):
-    from .served import decode_image  # lazy: PIL, only for edits
-
     data, upload = await body(request)
     served = serve_state(request).model(data.get("model"))
     if upload is None:
@@ -136,8 +135,6 @@ async def create_video(request: Request):
         raise RequestError(400, f"send the first frame as the file field 'input_reference' (got {upload[0]!r})",
                            param=upload[0])
     req = validated(VideoRequest, data)
-    from .served import decode_image  # lazy: PIL, only for image-to-video
-
     image = None if reference is None else decode_image(reference, "input_reference")
     job = serve_state(request).submit(served.video_job(req, image=image))
     return video_object(request, job)
