@@ -3,6 +3,8 @@ until every model's worker is ready, stopped (SIGTERM, then SIGKILL) at the end.
 
 from __future__ import annotations
 
+import base64
+import io
 import os
 import signal
 import subprocess
@@ -11,6 +13,13 @@ import tempfile
 import time
 
 from magi_zoo.serve.pool import free_port
+
+
+def png_data_url(image) -> str:
+    """A PIL image as the inline `data:image/png;base64,...` URL a request sends."""
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
 class Server:

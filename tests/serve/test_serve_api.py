@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures
-import io
 import json
 import os
 import signal
@@ -15,22 +14,15 @@ import urllib.error
 import urllib.request
 
 import pytest
+from PIL import Image
 
-from helpers.serve_server import Server, call, wait_job
+from helpers.serve_server import Server, call, png_data_url, wait_job
 
 openai = pytest.importorskip("openai")
 
 
-def _png_url() -> str:
-    """A 64x64 PNG as a data: URL (a first frame or an image sent inline)."""
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.new("RGB", (64, 64), (200, 30, 30)).save(buf, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
-
-
-PNG_URL = _png_url()
+# a 64x64 PNG as a data: URL (a first frame or an image sent inline)
+PNG_URL = png_data_url(Image.new("RGB", (64, 64), (200, 30, 30)))
 
 KEY = "test-key-123"
 

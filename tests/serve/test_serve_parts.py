@@ -4,7 +4,6 @@ raised at the next update, a job ending once, the job table's eviction, the requ
 from __future__ import annotations
 
 import asyncio
-import base64
 import io
 import sys
 
@@ -17,6 +16,7 @@ from magi_zoo.serve.pool import death_message
 from magi_zoo.serve.schemas import ImageRequest, JobRequest, VideoRequest
 from magi_zoo.serve.served import ServedModel, parse_size
 from magi_zoo.serve.worker import JobCancelled, ProgressTap
+from helpers.serve_server import png_data_url
 
 
 def test_progress_is_read_off_a_real_tqdm_bar_and_a_cancel_raises_at_the_next_update():
@@ -122,9 +122,7 @@ def test_image_inputs_go_where_the_variant_takes_them():
     assert not ServedModel("flux-tiny").edits
 
     # the jobs API (the web page): the image as a data: URL
-    buf = io.BytesIO()
-    frame.save(buf, format="PNG")
-    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    url = png_data_url(frame)
     job = i2v.any_job(JobRequest(model=i2v.name, prompt="x", image=url))
     assert job.kind == "video" and job.options["image"].size == (96, 64)
     job = ServedModel("bagel-tiny").any_job(JobRequest(model="bagel-tiny", prompt="x", image=url))
