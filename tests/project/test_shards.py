@@ -2,12 +2,11 @@
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from helpers.shards import parse_shard, shard_files
 
-REPO = Path(__file__).resolve().parents[2]
+from helpers import REPO
+from helpers.shards import parse_shard, shard_files
 
 
 def test_shards_partition_the_files():
