@@ -13,6 +13,12 @@ a ratio against these rows measures the engine's own work and nothing else.
   same FlashAttention-3 forward kernel magi_zoo calls), the slot is pointed at that kernel.
   ``set_attention_backend("_flash_3")`` would refuse there (it checks for the official
   package), so the processors' backend is set directly: the same effect, the same dispatch.
+- ``diffusers_regional_fa3_varlen``: the same with every processor on diffusers'
+  ``_flash_varlen_3`` backend, diffusers' FlashAttention-3 for key-padding masks (a boolean mask
+  read as which keys are valid): what a user picks for a model that pads its prompt, where
+  ``_flash_3`` cannot take the mask (HunyuanVideo-1.5). Where the official package is absent,
+  the slot is pointed at the same kernel through the engine's fa3_varlen function
+  (`engine/kernels/fa3_varlen.py`: ``seqused_k``), as ``_flash_3`` is above.
 - ``diffusers_fp8``: the above, plus torchao's float8 dynamic quantization with one scale per
   row (activations) and per output channel (weights) on every ``nn.Linear`` inside the
   repeated blocks (``quantize_(..., Float8DynamicActivationFloat8WeightConfig(PerRow()))``, the
@@ -29,7 +35,7 @@ from __future__ import annotations
 
 from typing import Any
 
-BASELINES = ("diffusers_regional_fa3", "diffusers_fp8")
+BASELINES = ("diffusers_regional_fa3", "diffusers_regional_fa3_varlen", "diffusers_fp8")
 FP8_BASELINES = ("diffusers_fp8",)
 TORCHAO = "torchao"
 
@@ -61,6 +67,14 @@ def fa3_member():
     from magi_zoo.engine.kernels import fa3
 
     return fa3.register()
+
+
+def fa3_varlen_member():
+    """diffusers' ``_flash_varlen_3`` member, dispatching to FA3 with a key-padding mask (the
+    official package's where installed, else the fa3-fwd wheel's kernel, as magi_zoo runs it)."""
+    from magi_zoo.engine.kernels import fa3_varlen
+
+    return fa3_varlen.register()
 
 
 def set_attention_backend(module, member) -> int:
@@ -145,6 +159,9 @@ def prepare(strategy: str, module, compile_kwargs: dict[str, Any]) -> dict[str, 
         done["fp8_linears"] = _quantize_block_linears(module)
         done["attention_layers"] = set_attention_backend(module, _fp8_attention_member())
         done["attention"] = "FA3 fp8, one scale per tensor"
+    elif strategy == "diffusers_regional_fa3_varlen":
+        done["attention_layers"] = set_attention_backend(module, fa3_varlen_member())
+        done["attention"] = "FA3 bf16, boolean masks as key padding (diffusers _flash_varlen_3 slot)"
     else:
         done["attention_layers"] = set_attention_backend(module, fa3_member())
         done["attention"] = "FA3 bf16 (diffusers _flash_3 slot)"

@@ -36,9 +36,10 @@ CPU), batch 1 unless `--shape batch=N`. Strategies are the real thing:
                       only a diffusers model's forward with `_repeated_blocks`; for any other
                       entry (BAGEL, Qwen3-Omni) it is refused before any process starts, and
                       the refusal is recorded (status "refused", with the reason);
-- diffusers_regional_fa3 / diffusers_fp8: diffusers' regional compile with the same FA3 kernel
-                      as attention, and with torchao's float8 per-row linears + per-tensor fp8
-                      FA3 on top: the baselines a diligent user composes on Hopper
+- diffusers_regional_fa3 / diffusers_regional_fa3_varlen / diffusers_fp8: diffusers' regional
+                      compile with the same FA3 kernel as attention (varlen: diffusers' FA3
+                      backend for key-padding masks), and with torchao's float8 per-row linears
+                      + per-tensor fp8 FA3 on top: the baselines a diligent user composes on Hopper
                       (benchmarks/baselines.py says exactly what each does); refused with the
                       reason where their pieces cannot run;
 - magi_zoo:           `magi_zoo.load(model, weights="random", gpu=<card>)` with its shipped

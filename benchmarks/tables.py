@@ -143,6 +143,8 @@ def sources(results: list[Result], link: Link) -> str:
 
 HARNESS_NAMES = {"eager": "eager", "diffusers_regional": "diffusers `compile_repeated_blocks` (SDPA)",
                  "diffusers_regional_fa3": "diffusers `compile_repeated_blocks`, FA3 (the same kernel)",
+                 "diffusers_regional_fa3_varlen": "diffusers `compile_repeated_blocks`, FA3 varlen (the same kernel, "
+                                                  "masks as key padding)",
                  "diffusers_fp8": "diffusers `compile_repeated_blocks`, FA3, torchao fp8 (per-row) + fp8 FA3 (per-tensor)",
                  "magi_zoo_unfused": "magi_zoo, fusions off", "magi_zoo": "**magi_zoo**",
                  "magi_zoo_fp8": "**magi_zoo, fp8**"}
@@ -167,15 +169,16 @@ SELF_FORCING_DEFAULT = "self_forcing/self_forcing_h100.json"
 PARALLEL = ("parallel/parallel_h100_2gpu.json", "parallel/parallel_h200_4gpu.json")
 # The newer families' harness runs, at the stems docs/models.md's commands write: a run not yet
 # committed is listed as such, so the table says what is still unmeasured.
-FAMILIES = {"FLUX.2-dev": "flux/flux.2-dev-4L_768x1360_h100.json",
-            "Qwen-Image": "qwen-image/qwen-image-20L_1328x1328_h100.json",
-            "HunyuanVideo-1.5": "hunyuanvideo-1.5-480p-t2v/hunyuanvideo-1.5-480p-6L_480x848x121_h100.json",
-            "LTX-2": "ltx-2/ltx-2-8L_512x768x121_h100.json"}
+FAMILIES = {"FLUX.2-dev": ("flux/flux.2-dev-4L_768x1360_h100.json",),
+            "Qwen-Image": ("qwen-image/qwen-image-20L_1328x1328_h100.json",),
+            "HunyuanVideo-1.5": ("hunyuanvideo-1.5-480p-t2v/hunyuanvideo-1.5-480p-6L_480x848x121_h100.json",
+                                 "hunyuanvideo-1.5-480p-t2v/hunyuanvideo-1.5-480p-6L_480x848x121_h200.json"),
+            "LTX-2": ("ltx-2/ltx-2-8L_512x768x121_h100.json", "ltx-2/ltx-2-8L_512x768x121_h200.json")}
 
 
 # The baselines a speed claim may be made against (benchmarks/baselines.py): a bf16 row is compared
 # with the fastest bf16 baseline in its run, an fp8 row with the fastest of all of them.
-BF16_BASELINES = ("diffusers_regional", "diffusers_regional_fa3")
+BF16_BASELINES = ("diffusers_regional", "diffusers_regional_fa3", "diffusers_regional_fa3_varlen")
 FP8_BASELINES = ("diffusers_fp8",)
 
 
@@ -227,22 +230,27 @@ def families(link: Link) -> str:
     """One harness table per newer family with a committed run (the rows that run measured),
     then the families whose run is not committed yet."""
     parts, missing = [], []
-    for family, rel in FAMILIES.items():
-        if not (RESULTS / rel).exists():
+    for family, rels in FAMILIES.items():
+        present = [rel for rel in rels if (RESULTS / rel).exists()]
+        if not present:
             missing.append(family)
-            continue
-        r = load(rel)
-        measured = [x["strategy"] for x in r.rows() if x.get("status") == "ok"]
-        failed = [f"- {HARNESS_NAMES.get(x['strategy'], x['strategy'])}: {x.get('status')}: {failure(x.get('error'))}"
-                  for x in r.rows() if x.get("status") != "ok"]
-        if not r.data.get("complete", True):
-            failed.append(f"- incomplete run: it stopped after {len(r.rows())} of its strategies (the command names "
-                          "them all)")
-        parts.append(f"**{family}**\n\n" + harness(rel, measured, link)
-                     + ("\n\nNot measured in this run:\n\n" + "\n".join(failed) if failed else ""))
+        parts.extend(_family_run(family, rel, link) for rel in present)
     if missing:
         parts.append(f"Not yet measured on a GPU: {', '.join(missing)}.")
     return "\n\n".join(parts)
+
+
+def _family_run(family: str, rel: str, link: Link) -> str:
+    """One family's harness run: its table, then the rows it did not measure, with why."""
+    r = load(rel)
+    measured = [x["strategy"] for x in r.rows() if x.get("status") == "ok"]
+    failed = [f"- {HARNESS_NAMES.get(x['strategy'], x['strategy'])}: {x.get('status')}: {failure(x.get('error'))}"
+              for x in r.rows() if x.get("status") != "ok"]
+    if not r.data.get("complete", True):
+        failed.append(f"- incomplete run: it stopped after {len(r.rows())} of its strategies (the command names "
+                      "them all)")
+    return (f"**{family}** ({r.card})\n\n" + harness(rel, measured, link)
+            + ("\n\nNot measured in this run:\n\n" + "\n".join(failed) if failed else ""))
 
 
 def baseline_rows(rel: str, link: Link) -> str:

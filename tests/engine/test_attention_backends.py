@@ -697,7 +697,7 @@ def test_auto_gives_transformers_layers_native_when_only_the_official_fa3_is_ins
     # The official flash_attn_interface serves diffusers' layers (auto picks fa3 for them), but
     # transformers' layers call the fa3-fwd wheel's op: without the wheel they get SDPA, with
     # one warning naming the wheel -- not an error halfway through apply.
-    monkeypatch.setattr(fa3, "_official_fa3", lambda: True)
+    monkeypatch.setattr(fa3, "official_fa3", lambda: True)
     from magi_zoo.engine.attention import auto_backend
 
     assert auto_backend(FA3_FIRST)[0] == "fa3"

@@ -44,6 +44,11 @@ CASES = [
     ("qwen-image", 2, dict(height=1328, width=1328), ("bf16", "fp8")),
     ("flux.2-dev", 2, dict(height=768, width=1360), ("bf16", "fp8")),
     ("flux.2-klein-4b", 2, dict(height=1024, width=1024), ("bf16", "fp8")),
+    # HunyuanVideo-1.5 at 480p with 33 frames (9 latent frames: 14,310 video tokens), every
+    # attention masked (the padded prompt): fa3_varlen on Hopper. LTX-2: masked (additive) text
+    # cross-attentions beside unmasked self-attentions, in the same blocks.
+    ("hunyuanvideo-1.5-480p-t2v", 2, dict(height=480, width=848, frames=33), ("bf16", "fp8")),
+    ("ltx-2", 2, dict(height=512, width=768, frames=121), ("bf16", "fp8")),
     ("bagel-7b-mot", 2, {}, ("bf16",)),
     ("self-forcing", 2, {}, ("bf16",)),
 ]

@@ -6,7 +6,8 @@ that grows on every compiled call proves the op sits in the graph (a Python side
 into a graph would run once, at trace time).
 
 - `fa3_forward`: the wheel's `_flash_attn_forward` -- SDPA, and the softmax's natural-log LSE
-  per (batch, head, query) as FA3 returns it.
+  per (batch, head, query) as FA3 returns it; ``seqused_k`` uses only each batch element's
+  first keys, as FA3 does.
 - `fa3_fp8_forward`: its fp8 call (q, k, v in e4m3 with per-(batch, head) descales) --
   dequantize, then SDPA.
 - `install_fa3(monkeypatch)`: `import fa3_fwd_interface` finds a module whose forward is
@@ -29,21 +30,26 @@ CALLS = {"eager": 0}
 
 @torch.library.custom_op("magi_zoo_test::fa3_fwd_standin", mutates_args=(), device_types="cpu")
 def fa3_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: Optional[float] = None,
-                causal: bool = False) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                causal: bool = False, seqused_k: Optional[torch.Tensor] = None
+                ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     CALLS["eager"] += 1
     gqa = k.shape[2] != q.shape[2]  # FA3 takes fewer key/value heads natively
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+    # seqused_k: only the first seqused_k[b] keys of batch element b are used (FA3's meaning)
+    used = None if seqused_k is None else (torch.arange(k.shape[1]) < seqused_k[:, None])[:, None, None, :]
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=used,
                                          scale=softmax_scale, is_causal=causal, enable_gqa=gqa).transpose(1, 2).contiguous()
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
     kr = k.repeat_interleave(q.shape[2] // k.shape[2], dim=2)
     logits = scale * q.transpose(1, 2).float() @ kr.transpose(1, 2).float().transpose(-1, -2)
     if causal:
         logits = logits.masked_fill(torch.ones(logits.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+    if used is not None:
+        logits = logits.masked_fill(~used, float("-inf"))
     return out, torch.logsumexp(logits, dim=-1), q.new_empty(0), q.new_empty(0)
 
 
 @fa3_forward.register_fake
-def _(q, k, v, softmax_scale=None, causal=False):
+def _(q, k, v, softmax_scale=None, causal=False, seqused_k=None):
     b, s, h, _ = q.shape
     return (q.new_empty(b, s, h, v.shape[-1]), q.new_empty(b, h, s, dtype=torch.float32),
             q.new_empty(0), q.new_empty(0))

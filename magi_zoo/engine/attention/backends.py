@@ -2,7 +2,7 @@
 diffusers member (or engine kernel) a name resolves to.
 
 Backend names are diffusers' (`AttentionBackendName` values) plus the engine's own kernels
-(`ENGINE_BACKENDS`: ``fa3``), each a module under `engine/kernels/` that registers a function in
+(`ENGINE_BACKENDS`: ``fa3``, ``fa3_varlen``), each a module under `engine/kernels/` that registers a function in
 diffusers' dispatch registry; its kernel loads only when a plan names it. ``auto`` takes the first
 of the GPU profile's `attention_backends` that can run here.
 """
@@ -19,13 +19,17 @@ from ..resolve import PlanError
 # (returns the diffusers member that now dispatches to it) and `describe()`; for transformers'
 # attention layers `register_transformers()` and `transformers_missing_reason()`. They need CUDA.
 # Every backend here trains: diffusers' have backwards, and fa3 (whose wheel is forward-only)
-# pairs FA3's forward with cuDNN's attention backward (kernels/fa3.py, "Training").
-ENGINE_BACKENDS = {"fa3": "magi_zoo.engine.kernels.fa3"}
+# pairs FA3's forward with cuDNN's attention backward (kernels/fa3.py, "Training"; fa3_varlen's
+# masked calls that need gradients run on SDPA). ``fa3_varlen`` reads a boolean mask as key
+# padding (diffusers' varlen contract), so only a spec whose model masks padding names it; `auto`
+# never picks it (no GPU profile lists it).
+ENGINE_BACKENDS = {"fa3": "magi_zoo.engine.kernels.fa3", "fa3_varlen": "magi_zoo.engine.kernels.fa3_varlen"}
 
 # transformers' attention layers (Qwen3-Omni's) take 'native' (transformers' SDPA) or an engine
 # backend, whose kernel module registers a function in transformers' attention interface. The
-# other diffusers names have no transformers counterpart.
-TRANSFORMERS_NAMES = ("native", *ENGINE_BACKENDS)
+# other diffusers names have no transformers counterpart, nor has fa3_varlen (transformers' layers
+# build their own masks; the engine's transformers function already takes padding-free calls to FA3).
+TRANSFORMERS_NAMES = ("native", "fa3")
 
 # Short names for torch SDPA's kernels (diffusers spells them with a leading underscore).
 # ``flash`` is *not* one: in diffusers it is the flash-attn package; SDPA's flash kernel is

@@ -48,6 +48,9 @@ def attention_step(ctx: StepContext) -> StepRecord:
                 name = auto[0]
                 note = f"; auto: {'; '.join(auto[1])}" if auto[1] else ""
             name = check_name(name)
+            if name == "fa3" and targets[0].spec.masks == "padding":
+                # the spec says this region's masks only pad keys: FA3 can take them (seqused_k)
+                name, note = "fa3_varlen", note + "; masks are padding: fa3 as fa3_varlen"
             n, label = 0, None
             for t in targets:
                 procs, layers = processors(t.module), engine_layers(t.module)

@@ -35,6 +35,13 @@ def fa3_hub_member() -> Any:
     return _dispatch().AttentionBackendName._FLASH_3_HUB
 
 
+def fa3_varlen_member() -> Any:
+    """`AttentionBackendName._FLASH_VARLEN_3`, diffusers' FlashAttention-3 backend for key-padding
+    masks, the slot the engine's fa3_varlen kernel serves (kernels/fa3_varlen.py). Why private: as
+    `fa3_member`. checked on: diffusers 0.42.1"""
+    return _dispatch().AttentionBackendName._FLASH_VARLEN_3
+
+
 def official_fa3_available() -> bool:
     """Whether diffusers' own `_flash_3` entry works (the official `flash_attn_interface` package is
     installed). Why private: diffusers keeps the answer in the module flag `_CAN_USE_FLASH_ATTN_3`

@@ -65,7 +65,7 @@ INSTALL = f"pip install 'magi-zoo[{EXTRA}]'"
 _forward: Any = None
 
 
-def _official_fa3() -> bool:
+def official_fa3() -> bool:
     """Whether diffusers' own ``_flash_3`` entry works (official ``flash_attn_interface``)."""
     return diffusers_compat.official_fa3_available()
 
@@ -86,7 +86,7 @@ def wheel_forward():
 
 def missing_reason() -> str | None:
     """None when fa3 can run here, else why not and what to install (one line)."""
-    return None if _official_fa3() else _wheel_missing_reason()
+    return None if official_fa3() else _wheel_missing_reason()
 
 
 def _wheel_missing_reason() -> str | None:
@@ -115,13 +115,13 @@ def transformers_missing_reason() -> str | None:
 
 def describe() -> str:
     """Which implementation the ``_flash_3`` slot dispatches to (for the report)."""
-    if _official_fa3():
+    if official_fa3():
         return "flash_attn_interface, diffusers' own _flash_3"
     return (f"{MODULE} in diffusers' _flash_3 slot; with gradients, cuDNN's attention backward; "
             "calls with a mask or dropout on SDPA")
 
 
-def _load_forward() -> None:
+def load_forward() -> None:
     """Set `_forward` to the fa3-fwd wheel's forward op (idempotent); RuntimeError naming the
     extra when the wheel does not load (the official package alone does not do: its forward has
     another signature)."""
@@ -138,9 +138,9 @@ def register():
     """Make diffusers' ``_FLASH_3`` dispatch to FA3 and return that member. Idempotent.
     Raises RuntimeError naming the extra when the kernel is missing."""
     member = diffusers_compat.fa3_member()
-    if _official_fa3():
+    if official_fa3():
         return member
-    _load_forward()
+    load_forward()
     if diffusers_compat.registered_backend(member) is not fa3_attention:
         # The constraints run only with DIFFUSERS_ATTN_CHECKS=1 (diffusers' debug checks);
         # the refusals that matter are in `fa3_attention` itself, which always runs them.
@@ -149,7 +149,7 @@ def register():
     return member
 
 
-def _registered_forward():
+def registered_forward():
     """The FA3 forward op `register()` set, or an error saying to register first."""
     if _forward is None:
         raise RuntimeError(f"attention backend 'fa3' was dispatched before its kernel was registered; "
@@ -201,7 +201,7 @@ def fa3_attention(
     if not (query.dtype == key.dtype == value.dtype == torch.bfloat16):
         raise TypeError(f"attention backend 'fa3' computes in bfloat16 only (got {query.dtype}): load the "
                         "model in bf16, or use backend='native'")
-    forward = _registered_forward()
+    forward = registered_forward()
     # The softmax scale is passed explicitly (1/sqrt(head_dim) as SDPA's default), as
     # flash_attn_func does, rather than relying on the C++ default.
     softmax_scale = scale if scale is not None else query.shape[-1] ** -0.5
@@ -231,7 +231,7 @@ def fa3_attention_trainable(query: torch.Tensor, key: torch.Tensor, value: torch
                             causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """FA3's forward as a differentiable op: (out (B, S, H, D), LSE (B, H, S) fp32) from q, k, v
     (B, S, H, D). Its backward is `attention_backward` (cuDNN's kernel where it runs)."""
-    out, lse, *_ = _registered_forward()(query, key, value, softmax_scale=scale, causal=causal)
+    out, lse, *_ = registered_forward()(query, key, value, softmax_scale=scale, causal=causal)
     return out, lse
 
 
@@ -398,7 +398,7 @@ def register_fp8():
                            "`kernels` package serves here; uninstall `kernels` or keep precision "
                            "attention='bf16'")
     global _forward
-    if _forward is None and not _official_fa3():
+    if _forward is None and not official_fa3():
         register()  # sets _forward, or raises naming the extra
     elif _forward is None:  # diffusers' official FA3 serves _flash_3; fp8 needs fa3-fwd's op
         try:
@@ -466,6 +466,6 @@ def register_transformers() -> str:
     extra when the kernel is missing."""
     from transformers import AttentionInterface  # lazy: transformers is heavy; only a transformers model asks
 
-    _load_forward()
+    load_forward()
     AttentionInterface.register(TRANSFORMERS_NAME, transformers_attention)
     return TRANSFORMERS_NAME
