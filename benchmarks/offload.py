@@ -13,7 +13,7 @@ GPU rows (random weights at the published configs, bf16, batch 1, regional compi
 - Qwen-Image at 1328^2 and FLUX.2-dev at 768x1360, 24 GiB.
 
 Strategies, each in its own process (so peaks and caps are honest):
-- resident:   `magi_zoo.load(model, gpu="h100")` with its shipped spec (everything on the card,
+- resident:   `magi_zoo.load(model, gpu="auto")` with its shipped spec (everything on the card,
               no cap: the speed the others are measured against);
 - magi_zoo:   the same with `memory_budget_gib=B`, under a hard cap of B GiB set *before* the
               build (`torch.cuda.set_per_process_memory_fraction`), so placing the weights is
@@ -115,7 +115,7 @@ def worker(args) -> dict[str, Any]:
 
     cuda = args.device == "cuda"
     dev = torch.device(args.device)
-    gpu = "h100" if cuda else "cpu"
+    gpu = "auto" if cuda else "cpu"  # the plan of the card it runs on (h100, h200, ...)
     shape = json.loads(args.shape)
     budget = None if args.strategy == "resident" else args.budget
     _cap(budget)  # before anything touches the card: the cap must hold for the build too
