@@ -161,6 +161,12 @@ OFFLOAD_I2V = ("offload/offload_h100_wan2.1-i2v-14b-480p_16_24gib.json",
                "offload/offload_h100_wan2.1-i2v-14b-480p_16_40gib.json",
                "offload/offload_h100_wan2.1-i2v-14b-480p_12gib_diffusers.json",
                "offload/offload_h100_wan2.1-i2v-14b-480p_24gib_diffusers.json")
+# The newer families' largest published variants under 24 GiB (`benchmarks.offload --models ...`,
+# issue 33): a file not yet committed is listed as unmeasured.
+OFFLOAD_FAMILIES = {"Qwen-Image": ("offload/offload_h100_qwen-image.json", "offload/offload_h200_qwen-image.json"),
+                    "FLUX.2-dev": ("offload/offload_h100_flux.2-dev.json", "offload/offload_h200_flux.2-dev.json"),
+                    "HunyuanVideo-1.5": ("offload/offload_h200_hunyuanvideo-1.5-480p-t2v.json",),
+                    "LTX-2": ("offload/offload_h100_ltx-2.json", "offload/offload_h200_ltx-2.json")}
 TRAIN = "train/train_wan2.1-t2v-1.3b_h100_noopt.json"
 TRAIN_MULTI = ("train/train_dp_wan2.1-t2v-1.3b_h100.json", "train/train_fsdp_wan2.1-t2v-14b_h100.json",
                "train/train_fsdp_wan2.1-t2v-14b_h100_cpuoffload.json")
@@ -334,6 +340,18 @@ def offload(link: Link) -> str:
             + sources(files, link))
 
 
+def offload_families(link: Link) -> str:
+    """The newer families under a 24 GiB cap: each committed run's rows, the card named, then
+    the families with no run yet."""
+    present = {family: [rel for rel in rels if (RESULTS / rel).exists()] for family, rels in OFFLOAD_FAMILIES.items()}
+    files = [load(rel) for rels in present.values() for rel in rels]
+    rows = [[*row[:-1], f.card] for f in files for row in _offload_rows(f)]
+    head = ["model", "strategy", "budget GiB", "ms / forward", "vs resident (same run)", "peak reserved GiB", "card"]
+    missing = [family for family, rels in present.items() if not rels]
+    return ((table(head, rows) + "\n\n" + sources(files, link) if files else "")
+            + (f"\n\nNot yet measured under the cap: {', '.join(missing)}." if missing else ""))
+
+
 def training(link: Link) -> str:
     """Capped rows only: a training row counts where its process was held to its budget
     (benchmarks.train's hard cap); a row measured on the whole card is not shown -- except
@@ -504,7 +522,7 @@ def adapter_sizes(link: Link) -> str:
 TABLES: dict[str, Callable[[Link], str]] = {
     "headline": headline, "wan-1.3b": wan_13b, "wan-1.3b-fusions": wan_13b_fusions, "warm-start": warm_start,
     "flux": flux, "flux-baselines": flux_baselines, "i2v-14b-loop": i2v_loop,
-    "offload": offload, "training": training, "training-multi-gpu": training_multi_gpu,
+    "offload": offload, "offload-families": offload_families, "training": training, "training-multi-gpu": training_multi_gpu,
     "self-forcing": self_forcing, "multi-gpu": multi_gpu, "unknown-commits": unknown_commits,
     "gpu-tests": gpu_tests, "serve": serve, "families": families,
     "video-write": video_write, "adapter-sizes": adapter_sizes,
