@@ -24,7 +24,8 @@ a ratio against these rows measures the engine's own work and nothing else.
   repeated blocks (``quantize_(..., Float8DynamicActivationFloat8WeightConfig(PerRow()))``, the
   recipe torchao documents for inference on Hopper), and FA3's fp8 attention fed with one
   scale per tensor for Q, K and V -- the simplest fp8 attention a user gets from the kernel's
-  public descale arguments (magi_zoo's own fp8 attention uses per-head scales and smooths K and
+  public descale arguments; a masked call, which fp8 FA3 cannot take, runs in bf16 on the varlen
+  FA3 backend above (magi_zoo's own fp8 attention uses per-head scales and smooths K and
   V; that difference is the engine's work and shows in the error column).
 
 Both refuse, with the reason, where their pieces cannot run (no CUDA, no FA3 kernel, no
@@ -107,13 +108,16 @@ def _per_tensor_fp8(x):
 
 def per_tensor_fp8_attention(forward):
     """FA3 forward `forward` (the wheel's custom op) in fp8 with per-tensor scales, as a function
-    in diffusers' dispatch signature ((B, S, H, D) inputs; no mask, no dropout -- as the bf16
-    ``_flash_3`` entry). The op is bound here, outside the compiled region."""
+    in diffusers' dispatch signature ((B, S, H, D) inputs). The op is bound here, outside the
+    compiled region. A call with a mask or dropout, which fp8 FA3 cannot take, runs in bf16 on
+    what a user would pick for it in diffusers: the varlen FA3 backend (``_flash_varlen_3``,
+    the same kernel, a boolean mask read as key padding; it runs a bias or dropout on SDPA)."""
+    from magi_zoo.engine.kernels import fa3_varlen
 
     def attention(query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False,
                   scale: float | None = None, **_: Any):
         if attn_mask is not None or dropout_p:
-            raise ValueError("per-tensor fp8 FA3 takes no mask or dropout")
+            return fa3_varlen.fa3_varlen_attention(query, key, value, attn_mask, dropout_p, is_causal, scale)
         q8, qs = _per_tensor_fp8(query)
         k8, ks = _per_tensor_fp8(key)
         v8, vs = _per_tensor_fp8(value)
@@ -129,8 +133,9 @@ def _fp8_attention_member():
     """diffusers' ``_flash_3_hub`` slot, pointed at `per_tensor_fp8_attention` (a slot the bf16
     baseline does not use, so both can be registered in one process)."""
     from magi_zoo.engine.compat import diffusers as diffusers_compat
-    from magi_zoo.engine.kernels import fa3
+    from magi_zoo.engine.kernels import fa3, fa3_varlen
 
+    fa3_varlen.register()  # the masked calls' kernel
     member = diffusers_compat.fa3_hub_member()
     diffusers_compat.register_backend(member, per_tensor_fp8_attention(fa3.wheel_forward()))
     return member

@@ -95,6 +95,23 @@ def test_calls_the_contract_does_not_cover_run_on_sdpa_or_are_refused(kernel):
         fa3_varlen.fa3_varlen_attention(q, k, v, attn_mask=VALID, _parallel_config=object())
 
 
+def test_fp8_baseline_runs_masked_calls_in_bf16_on_the_varlen_kernel(kernel):
+    """The harness's diffusers_fp8 baseline (per-tensor fp8 FA3) cannot take a mask: a padding
+    mask goes to the bf16 varlen kernel, as a diffusers user would route it, instead of failing
+    (HunyuanVideo-1.5 and LTX-2 mask their prompts)."""
+    from benchmarks.baselines import per_tensor_fp8_attention
+    from helpers.fa3_standins import fa3_fp8_forward
+
+    fa3_varlen.register()
+    attention = per_tensor_fp8_attention(fa3_fp8_forward)
+    q, k, v = _qkv()
+    torch.testing.assert_close(attention(q, k, v, attn_mask=VALID),
+                               fa3_varlen.fa3_varlen_attention(q, k, v, attn_mask=VALID), rtol=0, atol=0)
+    assert CALLS["eager"] == 2  # both on the bf16 kernel
+    unmasked = attention(q, k, v)  # fp8, per-tensor scales: close to bf16, not equal
+    assert CALLS["eager"] == 2 and 0 < _rel(unmasked, fa3.fa3_attention(q, k, v)) < 0.1
+
+
 def test_official_package_keeps_diffusers_own_varlen_entry(monkeypatch, kernel):
     from diffusers.models import attention_dispatch as ad
 
