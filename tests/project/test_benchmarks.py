@@ -493,3 +493,19 @@ def test_layer_configs_for_every_published_variant_of_a_layered_family():
                     assert all(derived.config[c][k] == 1 for c, k in DEPTH_KEYS[variant.family])
             seen.add(variant.name)
     assert {"flux.2-klein-4b", "flux.2-dev", "wan2.1-t2v-1.3b", "flux.1-dev"} <= seen
+
+
+def test_fp8_sensitivity_smoke_has_a_row_per_group_of_block_linears(tmp_path):
+    """CPU, tiny LTX-2 (no fp8 matmuls there: the plumbing only, and the record says so): bf16
+    eager, the plan, then the plan with each child of the block that holds linears kept bf16
+    through the spec's keep_bf16 (a pattern matching no linear would raise)."""
+    from benchmarks.fp8_sensitivity import main
+
+    assert main(["--model", "ltx-2-tiny", "--smoke", "--out", str(tmp_path)]) == 0
+    rec = json.loads((tmp_path / "fp8_sensitivity_ltx-2-tiny_cpu.json").read_text())
+    assert rec["groups"] == ["attn1", "audio_attn1", "attn2", "audio_attn2", "audio_to_video_attn",
+                             "video_to_audio_attn", "ff", "audio_ff"]
+    rows = [r["row"] for r in rec["rows"]]
+    assert rows[:3] == ["bf16 eager", "bf16 (smoke) plan", "bf16 (smoke), attn1 kept bf16"]
+    assert len(rows) == 2 + len(rec["groups"]) and "PLUMBING ONLY" in rec["note"]
+    assert all(r["distance"] > 0 for r in rec["rows"])
