@@ -160,6 +160,34 @@ def test_spec_masks_padding_puts_hunyuan_masked_attention_on_the_kernel(kernel, 
             remove(h.modules)
 
 
+def test_qwen_image_batch_of_unequal_prompts_stays_on_the_kernel_under_its_shipped_plan(kernel):
+    """Qwen-Image's h100 table says its masks are padding: a batch of prompts of different lengths
+    (the shorter one's padding masked) runs every joint attention on the kernel, with the output
+    of the model on its native backend (bf16 tolerance), and one prompt stays unmasked on it."""
+    from magi_zoo import SpecFile
+    from magi_zoo.overrides import eager_compile, spec_layers
+
+    h = magi_zoo.load("qwen-image-tiny", gpu="cpu", dtype="bfloat16", compile=False)
+    kw = h.adapter.denoiser_inputs(h.pipe, h.variant, batch=2, text_len=8)
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[1, 5:] = 0  # the second prompt is 3 tokens shorter
+    blocks = len(h.pipe.transformer.transformer_blocks)
+    profile = magi_zoo.get_profile("h100")
+    off = magi_zoo.PlanLayer(compile=eager_compile(SpecFile.from_toml(h.adapter.spec_path())))
+    layers = [*spec_layers(h.adapter, profile), ("user", off)]  # the shipped plan, nothing compiled
+    with torch.no_grad():
+        ref = h.pipe.transformer(**{**kw, "encoder_hidden_states_mask": mask})[0]
+        rep = magi_zoo.apply(h.modules, layers=layers, gpu=profile)
+        try:
+            assert "fa3_varlen" in str(rep)
+            got = h.pipe.transformer(**{**kw, "encoder_hidden_states_mask": mask})[0]
+            assert CALLS["eager"] == blocks
+            assert _rel(got, ref) < 1e-2
+            assert _rel(got, h.pipe.transformer(**kw)[0]) > 1e-2  # the padding mattered
+        finally:
+            remove(h.modules)
+
+
 def test_shipped_hopper_plan_for_hunyuan_names_padding_masks():
     from magi_zoo import SpecFile
     from magi_zoo.specs import spec_path
