@@ -71,8 +71,8 @@ def valid_keys_first(key: torch.Tensor, value: torch.Tensor, valid: torch.Tensor
     """(key, value) with each batch element's valid keys moved to the front in their order, and
     the count of valid keys per batch element (int32): FA3's ``seqused_k``. Key and value are
     (B, Lk, H, D); `valid` is (B, Lk) bool."""
-    # A stable sort on "is padding" keeps the valid keys' order (softmax does not care, but the
-    # result then equals the unmasked kernel on the trimmed sequence bit for bit).
+    # A stable sort on "is padding" keeps the valid keys in their order: softmax does not care,
+    # but the kernel then sums in the order it would over the trimmed sequence.
     order = torch.sort((~valid).to(torch.int8), dim=1, stable=True).indices
     index = order[:, :, None, None]
     key = key.gather(1, index.expand_as(key))
