@@ -47,7 +47,8 @@ def main(argv=None) -> int:
     from benchmarks import run
     from magi_zoo import adapters
     from magi_zoo.engine import apply, remove
-    from magi_zoo.overrides import spec_layers
+    from magi_zoo import SpecFile
+    from magi_zoo.overrides import eager_compile, spec_layers
     from magi_zoo.specs import get_profile
 
     cuda = not args.smoke
@@ -63,7 +64,10 @@ def main(argv=None) -> int:
     inputs = adapter.example_inputs(handle.pipe, handle.variant, adapter.entry_points[0])
     call = lambda kw: run._first_tensor(getattr(module, method)(**kw)).double()  # noqa: E731
     precision = "fp8" if profile.fp8 else None
-    base = spec_layers(adapter, profile, precision=precision)
+    # --smoke checks the plumbing, not compiled code: its regions run eager (a CPU compile of each
+    # of the ~10 plans would be most of the test's time)
+    compile_kw = {"compile": eager_compile(SpecFile.from_toml(adapter.spec_path()))} if args.smoke else {}
+    base = spec_layers(adapter, profile, precision=precision, **compile_kw)
     regions = list(dict.fromkeys(k for _, layer in base for k in layer.entries("precision")))
     blocks = [m for m in module.modules() if type(m).__name__ in regions]
     groups = _groups(blocks[0]) if blocks else []
@@ -78,7 +82,7 @@ def main(argv=None) -> int:
         rows.append({"row": "bf16 eager", "distance": eager})
         for group in [None, *groups]:
             keep = None if group is None else {"precision": {r: {"keep_bf16": [f"{group}.*"]} for r in regions}}
-            layers = spec_layers(adapter, profile, precision=precision, overrides=keep)
+            layers = spec_layers(adapter, profile, precision=precision, overrides=keep, **compile_kw)
             torch.compiler.reset()
             apply(handle.modules, layers=layers, gpu=profile, preparations=adapter.preparations(handle.pipe))
             try:
