@@ -86,10 +86,10 @@ def wheel_forward():
 
 def missing_reason() -> str | None:
     """None when fa3 can run here, else why not and what to install (one line)."""
-    return None if official_fa3() else _wheel_missing_reason()
+    return None if official_fa3() else wheel_missing_reason()
 
 
-def _wheel_missing_reason() -> str | None:
+def wheel_missing_reason() -> str | None:
     """None when the fa3-fwd wheel's module loads here, else why not and what to install."""
     try:
         _import_kernel()
@@ -110,7 +110,7 @@ def transformers_missing_reason() -> str | None:
     """None when transformers' attention layers can run fa3 here, else why not: they call the
     fa3-fwd wheel's op (`transformers_attention`), which the official package alone does not
     provide, so `auto` can pick fa3 for diffusers' layers and still not for these."""
-    return _wheel_missing_reason()
+    return wheel_missing_reason()
 
 
 def describe() -> str:
@@ -128,7 +128,7 @@ def load_forward() -> None:
     global _forward
     if _forward is not None:
         return
-    why = _wheel_missing_reason()
+    why = wheel_missing_reason()
     if why is not None:
         raise RuntimeError(f"attention backend {NAME!r}: {why}; or choose backend='native'")
     _forward = wheel_forward()
@@ -137,14 +137,22 @@ def load_forward() -> None:
 def register():
     """Make diffusers' ``_FLASH_3`` dispatch to FA3 and return that member. Idempotent.
     Raises RuntimeError naming the extra when the kernel is missing."""
-    member = diffusers_compat.fa3_member()
+    return take_slot(diffusers_compat.fa3_member(), fa3_attention)
+
+
+def take_slot(member, function):
+    """Point diffusers' FlashAttention-3 registry slot `member` at `function` (this kernel's, in
+    diffusers' dispatch signature) and return `member`. Idempotent. Where the official
+    ``flash_attn_interface`` package is installed, diffusers' own entry in the slot works and is
+    left alone (a working library backend is never replaced). Raises RuntimeError naming the
+    extra when the kernel is missing."""
     if official_fa3():
         return member
     load_forward()
-    if diffusers_compat.registered_backend(member) is not fa3_attention:
+    if diffusers_compat.registered_backend(member) is not function:
         # The constraints run only with DIFFUSERS_ATTN_CHECKS=1 (diffusers' debug checks);
-        # the refusals that matter are in `fa3_attention` itself, which always runs them.
-        diffusers_compat.register_backend(member, fa3_attention,
+        # the refusals that matter are in the function itself, which always runs them.
+        diffusers_compat.register_backend(member, function,
                                           constraints=diffusers_compat.fa3_constraints(bf16_only=True))
     return member
 

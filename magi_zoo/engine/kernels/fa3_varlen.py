@@ -124,7 +124,7 @@ def fa3_varlen_attention(
 def missing_reason() -> str | None:
     """None when fa3_varlen can run here, else why not and what to install: it calls the fa3-fwd
     wheel's op (``seqused_k``), so the wheel must load even where the official package is present."""
-    return fa3.transformers_missing_reason()
+    return fa3.wheel_missing_reason()
 
 
 def register():
@@ -133,14 +133,7 @@ def register():
     ``flash_attn_interface`` package is absent), so a working library backend is never replaced;
     where it can, that entry serves (the same kernel, diffusers' packing). Raises RuntimeError
     naming the extra when the kernel is missing."""
-    member = diffusers_compat.fa3_varlen_member()
-    if fa3.official_fa3():
-        return member
-    fa3.load_forward()
-    if diffusers_compat.registered_backend(member) is not fa3_varlen_attention:
-        diffusers_compat.register_backend(member, fa3_varlen_attention,
-                                          constraints=diffusers_compat.fa3_constraints(bf16_only=True))
-    return member
+    return fa3.take_slot(diffusers_compat.fa3_varlen_member(), fa3_varlen_attention)
 
 
 def describe() -> str:
