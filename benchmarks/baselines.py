@@ -133,9 +133,9 @@ def _fp8_attention_member():
     """diffusers' ``_flash_3_hub`` slot, pointed at `per_tensor_fp8_attention` (a slot the bf16
     baseline does not use, so both can be registered in one process)."""
     from magi_zoo.engine.compat import diffusers as diffusers_compat
-    from magi_zoo.engine.kernels import fa3, fa3_varlen
+    from magi_zoo.engine.kernels import fa3
 
-    fa3_varlen.register()  # the masked calls' kernel
+    fa3.load_forward()  # the masked calls run on the bf16 kernel (fa3_varlen_attention calls it)
     member = diffusers_compat.fa3_hub_member()
     diffusers_compat.register_backend(member, per_tensor_fp8_attention(fa3.wheel_forward()))
     return member
