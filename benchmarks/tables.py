@@ -234,12 +234,17 @@ def failure(error: str | None) -> str:
     return quoted.group(1) if quoted else text.splitlines()[0]
 
 
+def committed(rels: tuple[str, ...]) -> list[str]:
+    """The results files of `rels` that are committed (a run not yet made is listed as such)."""
+    return [rel for rel in rels if (RESULTS / rel).exists()]
+
+
 def families(link: Link) -> str:
     """One harness table per newer family with a committed run (the rows that run measured),
     then the families whose run is not committed yet."""
     parts, missing = [], []
     for family, rels in FAMILIES.items():
-        present = [rel for rel in rels if (RESULTS / rel).exists()]
+        present = committed(rels)
         if not present:
             missing.append(family)
         parts.extend(_family_run(family, rel, link) for rel in present)
@@ -343,7 +348,7 @@ def offload(link: Link) -> str:
 def offload_families(link: Link) -> str:
     """The newer families under a 24 GiB cap: each committed run's rows, the card named, then
     the families with no run yet."""
-    present = {family: [rel for rel in rels if (RESULTS / rel).exists()] for family, rels in OFFLOAD_FAMILIES.items()}
+    present = {family: committed(rels) for family, rels in OFFLOAD_FAMILIES.items()}
     files = [load(rel) for rels in present.values() for rel in rels]
     rows = [[*row[:-1], f.card] for f in files for row in _offload_rows(f)]
     head = ["model", "strategy", "budget GiB", "ms / forward", "vs resident (same run)", "peak reserved GiB", "card"]
