@@ -1,9 +1,11 @@
-"""Wan's q/k RMSNorm + rotary embedding in one pass (`magi_zoo::rms_norm_rope`, the precision
+"""Wan's, Flux's and Qwen-Image's q/k RMSNorm + rotary embedding in one pass (`magi_zoo::rms_norm_rope`, the precision
 section's `fuse_norm_rope`, the Wan adapter's attention processor): the op's definition against
 diffusers' own processor, the model path (op calls per forward, exact on CPU, undo, the switch
 off), shape errors, and (GPU) the Triton kernel against the definition."""
 
 from __future__ import annotations
+
+import warnings
 
 import pytest
 import torch
@@ -274,3 +276,106 @@ def test_flux_split_proj_out_only_for_a_plain_linear(monkeypatch):
     monkeypatch.setattr(single_blocks, "_split_linear", lambda *a: split.append(1) or real(*a))
     forward(h)
     assert len(split) == len(h.pipe.transformer.single_transformer_blocks)
+
+
+# -- Qwen-Image: diffusers' RMSNorm, a complex rotary table, the text mask -----------------------
+
+def _qwen_plan(**fields):
+    # gelu_epilogue off: this checks the norm + rope alone
+    return {"compile": {"": False}, "precision": {"QwenImageTransformerBlock": dict(gelu_epilogue=False, **fields)}}
+
+
+def _qwen_fused(h):
+    return [m for m in h.pipe.transformer.modules()
+            if type(getattr(m, "processor", None)).__name__ == "NormRopeQwenAttnProcessor"]
+
+
+def test_qwen_image_attention_runs_fused_and_undoes(monkeypatch):
+    """The processor's real-arithmetic rotation of the joint sequence equals diffusers' complex
+    one (fp32 on CPU: the op's definition), two op calls per block, and `remove` undoes it exactly."""
+    h = magi_zoo.load("qwen-image-tiny", gpu="cpu", compile=False)
+    tr = h.pipe.transformer
+    ref = forward(h)
+    rep = magi_zoo.apply(h.modules, _qwen_plan(), gpu="cpu", preparations=h.adapter.preparations(h.pipe))
+    blocks = len(tr.transformer_blocks)
+    assert "magi_zoo::rms_norm_rope_heads" in rep.step("prepare").did
+    assert f"({blocks} attention layer(s) whose processor fuses them)" in rep.step("precision").did
+    assert len(_qwen_fused(h)) == blocks
+    calls = count_calls(monkeypatch, norm_rope, "rms_norm_rope_heads")
+    out = forward(h)
+    assert len(calls) == 2 * blocks  # q and k of every block, text joined in front
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    assert_undone_exactly(h, ref, calls, lambda: [m for m in tr.modules() if NORM_ROPE_MARK in m.__dict__]
+                          + _qwen_fused(h))
+
+
+def test_qwen_image_masked_batch_and_bf16_take_the_fused_path(monkeypatch):
+    """A batch of prompts of different lengths (the text mask diffusers' processor turns into the
+    joint mask) in bf16: fused, and equal to diffusers' processor within bf16 rounding."""
+    h = magi_zoo.load("qwen-image-tiny", gpu="cpu", dtype="bfloat16", compile=False)
+    kw = h.adapter.denoiser_inputs(h.pipe, h.variant, batch=2, text_len=8)
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[1, 5:] = 0
+    kw["encoder_hidden_states_mask"] = mask
+    with torch.inference_mode():
+        ref = h.pipe.transformer(**kw)[0]
+        unmasked = h.pipe.transformer(**{**kw, "encoder_hidden_states_mask": None})[0]
+    magi_zoo.apply(h.modules, _qwen_plan(), gpu="cpu", preparations=h.adapter.preparations(h.pipe))
+    calls = count_calls(monkeypatch, norm_rope, "rms_norm_rope_heads")
+    with torch.inference_mode():
+        out = h.pipe.transformer(**kw)[0]
+    assert len(calls) == 2 * len(h.pipe.transformer.transformer_blocks)
+    assert _rel(out, ref) < 1e-2 < _rel(unmasked, ref)  # the mask mattered, and the fused path kept it
+
+
+def test_qwen_image_fuse_norm_rope_false_keeps_diffusers_path(monkeypatch):
+    h = magi_zoo.load("qwen-image-tiny", gpu="cpu", compile=False)
+    rep = magi_zoo.apply(h.modules, _qwen_plan(fuse_norm_rope=False), gpu="cpu",
+                         preparations=h.adapter.preparations(h.pipe))
+    assert "RoPE in one pass" not in rep.step("precision").did
+    calls = count_calls(monkeypatch, norm_rope, "rms_norm_rope_heads")
+    forward(h)
+    assert calls == []
+
+
+def test_qwen_image_norm_with_a_bias_or_other_eps_takes_the_class_path(monkeypatch):
+    """The kernel computes a bias-free RMSNorm of one eps: a layer whose norms differ is not fused
+    (diffusers' own call), the others are."""
+    h = magi_zoo.load("qwen-image-tiny", gpu="cpu", compile=False)
+    tr = h.pipe.transformer
+    tr.transformer_blocks[0].attn.norm_added_k.eps = 1e-3
+    ref = forward(h)
+    magi_zoo.apply(h.modules, _qwen_plan(), gpu="cpu", preparations=h.adapter.preparations(h.pipe))
+    calls = count_calls(monkeypatch, norm_rope, "rms_norm_rope_heads")
+    out = forward(h)
+    assert len(calls) == 2 * (len(tr.transformer_blocks) - 1)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_rms_norm_width_reads_torch_and_diffusers_norms():
+    from diffusers.models.normalization import RMSNorm
+
+    from magi_zoo.engine.precision.fusions import rms_norm_width
+
+    assert rms_norm_width(torch.nn.RMSNorm(64)) == 64
+    assert rms_norm_width(torch.nn.RMSNorm((4, 64))) is None  # over two dims: not the kernels' norm
+    assert rms_norm_width(RMSNorm(128, eps=1e-6)) == 128
+    assert rms_norm_width(RMSNorm(128, eps=1e-6, elementwise_affine=False)) == 128
+    assert rms_norm_width(RMSNorm(128, eps=1e-6, bias=True)) is None  # the kernels add no bias
+    assert rms_norm_width(torch.nn.LayerNorm(128)) is None
+
+
+def test_compiled_qwen_image_with_the_fusion_equals_eager_without_breaks(fresh_dynamo):
+    h = magi_zoo.load("qwen-image-tiny", gpu="cpu", compile=False)
+    ref = forward(h)
+    before = counters.snapshot()  # the shipped plan for the cpu profile: inductor, the fusion on
+    rep = magi_zoo.apply(h.modules, layers=spec_layers(h.adapter, magi_zoo.get_profile("cpu")), gpu="cpu",
+                         preparations=h.adapter.preparations(h.pipe))
+    assert "RoPE in one pass" in rep.step("precision").did
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = forward(h)
+    counters.expect(counters.delta(before), frames=1, breaks=0, recompiles=0)  # one graph for the block class
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    # diffusers' complex rotation is what inductor cannot generate code for (it warns, and runs it eager)
+    assert not [w for w in caught if "complex operators" in str(w.message)]

@@ -1,6 +1,6 @@
 """Qwen-Image (text-to-image, 20B MMDiT with a Qwen2.5-VL text encoder) over diffusers'
 QwenImagePipeline: `config` (the published and tiny configs), `adapter` (variants, build, the
-denoiser's inputs)."""
+denoiser's inputs), `attention` (the q/k norm + rope fusion's processor)."""
 
 from .adapter import VARIANTS, QwenImageAdapter
 

@@ -8,9 +8,11 @@ from typing import Any
 import torch
 
 from .._tokenizers import byte_bpe_tokenizer
+from ...engine import Preparation
 from ..base import CallLimits, Variant, init_on
 from ..diffusers_pipeline import DiffusersPipelineAdapter
 from . import config as C
+from .attention import norm_rope_preparation
 
 VARIANTS = {v.name: v for v in [
     Variant(name="qwen-image", family="qwen_image", config=C.PUBLISHED, hub_id="Qwen/Qwen-Image",
@@ -58,6 +60,9 @@ class QwenImageAdapter(DiffusersPipelineAdapter):
 
     def build_random(self, variant: Variant, dtype: torch.dtype, device: torch.device):
         return _random_pipeline(variant, dtype, device)
+
+    def preparations(self, pipe) -> list[Preparation]:
+        return [norm_rope_preparation(pipe.transformer)]
 
     def call_limits(self, variant: Variant) -> CallLimits:
         """Pixels divide by the VAE's downsampling (2 per temporal-downsample entry: 8 published)

@@ -8,6 +8,8 @@ Every change is appended to the step's undo list as (parent, name, prior module 
 
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.nn as nn
 
@@ -17,17 +19,33 @@ from ..kernels import gelu_linear
 # feeds you may run you in its epilogue". Only an adapter knows which linear feeds a bare
 # activation (Flux's single blocks: proj_mlp -> act_mlp), so its forward reads the mark.
 GELU_EPILOGUE_MARK = "gelu_epilogue"
-# Set on an attention layer's q/k nn.RMSNorms (fuse_norm_rope) that its processor names in
+# Set on an attention layer's q/k RMSNorms (fuse_norm_rope) that its processor names in
 # FUSES_NORM_ROPE: "your output may be computed with the rotary embedding that follows in one
-# pass" -- only the processor knows the pairing (Wan's and Flux's, installed by their adapters).
+# pass" -- only the processor knows the pairing (Wan's, Flux's and Qwen-Image's, installed by
+# their adapters).
 NORM_ROPE_MARK = "norm_rope_fusion"
 
 
+def rms_norm_width(norm) -> int | None:
+    """The width `norm` normalises over when it is an RMSNorm the fused kernels compute (x /
+    sqrt(mean(x^2) + eps) over the last dim, times an optional weight; its `eps` and `weight`):
+    torch's nn.RMSNorm over one dim, or diffusers' RMSNorm without a bias (the one diffusers'
+    `Attention` builds for ``qk_norm="rms_norm"``: Qwen-Image's). Else None."""
+    if isinstance(norm, nn.RMSNorm):
+        shape = tuple(norm.normalized_shape)
+    else:
+        # diffusers' class can only be an instance's class once its module is imported: no import here
+        normalization = sys.modules.get("diffusers.models.normalization")
+        if normalization is None or not isinstance(norm, normalization.RMSNorm) or norm.bias is not None:
+            return None
+        shape = tuple(norm.dim)
+    return shape[0] if len(shape) == 1 else None
+
+
 def marked_norm(norm, width: int) -> bool:
-    """Whether `norm` is an nn.RMSNorm over `width` channels that the precision step marked for
-    the norm + rope fusion (NORM_ROPE_MARK): what an adapter's processor checks before fusing."""
-    return (isinstance(norm, nn.RMSNorm) and bool(getattr(norm, NORM_ROPE_MARK, False))
-            and tuple(norm.normalized_shape) == (width,))
+    """Whether `norm` is an RMSNorm (`rms_norm_width`) over `width` channels that the precision step
+    marked for the norm + rope fusion (NORM_ROPE_MARK): what an adapter's processor checks before fusing."""
+    return bool(getattr(norm, NORM_ROPE_MARK, False)) and rms_norm_width(norm) == width
 
 
 class GeluLinear(nn.Module):
@@ -68,12 +86,12 @@ def gelu_epilogues(root: nn.Module, epilogues: list) -> tuple[int, int]:
 def mark_norm_rope(root: nn.Module, undo: list) -> int:
     """Mark the RMSNorms of every attention layer under `root` whose processor declares it fuses
     them with the rotary embedding (class attribute FUSES_NORM_ROPE: the names of the norms, e.g.
-    ("norm_q", "norm_k"); Wan's and Flux's processors, installed by their adapters). Returns how
+    ("norm_q", "norm_k"); Wan's, Flux's and Qwen-Image's processors, installed by their adapters). Returns how
     many layers."""
     n = 0
     for m in root.modules():
         names = getattr(getattr(m, "processor", None), "FUSES_NORM_ROPE", ())
-        norms = [x for x in (getattr(m, name, None) for name in names) if isinstance(x, nn.RMSNorm)]
+        norms = [x for x in (getattr(m, name, None) for name in names) if rms_norm_width(x) is not None]
         for x in norms:
             _set_mark(x, NORM_ROPE_MARK, undo)
         n += bool(norms)
