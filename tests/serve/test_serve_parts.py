@@ -10,7 +10,9 @@ import sys
 import pytest
 from tqdm import tqdm
 
-from magi_zoo.serve.errors import RequestError
+pytest.importorskip("fastapi")  # the serve extra: magi_zoo.serve's error responses are FastAPI's
+
+from magi_zoo.serve.errors import RequestError  # noqa: E402 -- after the skip above
 from magi_zoo.serve.jobs import Job, JobTable
 from magi_zoo.serve.pool import death_message
 from magi_zoo.serve.schemas import ImageRequest, JobRequest, VideoRequest
