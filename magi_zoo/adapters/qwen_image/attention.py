@@ -31,7 +31,7 @@ import functools
 import torch
 import torch.nn as nn
 
-from ...engine import Preparation, apply_norm_rope_heads, marked_norm, swap_processors
+from ...engine import Preparation, apply_norm_rope_heads, marked_norm, register_custom_op, swap_processors
 
 
 @functools.lru_cache(maxsize=None)
@@ -77,10 +77,21 @@ def _processor_class():
     return NormRopeQwenAttnProcessor
 
 
+def _joint_cos_sin_fake(image_freqs: torch.Tensor, text_freqs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    shape = (text_freqs.shape[0] + image_freqs.shape[0], 2 * image_freqs.shape[1])
+    return (image_freqs.new_empty(shape, dtype=torch.float32), image_freqs.new_empty(shape, dtype=torch.float32))
+
+
+@register_custom_op("qwen_image_rope_table", fake=_joint_cos_sin_fake)
 def joint_cos_sin(image_freqs: torch.Tensor, text_freqs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """diffusers' complex rotary tables (image (S, D/2), text (T, D/2): e^(i t_j) per token and pair)
-    as the kernel's real (cos, sin) of (T + S, D), text first, each angle repeated over its pair."""
-    # real views before the join: inductor generates no code for complex ops (a complex cat would run eager)
+    as the kernel's real (cos, sin) of (T + S, D), text first, each angle repeated over its pair.
+
+    An opaque op, so that inductor never sees complex tensors here: torch 2.11's inductor, fusing
+    the (T + S, D/2, 2) real view of these tables into a neighbouring kernel, failed in its
+    tiling code (an internal TypeError, CantSplit, at 1328^2 in the shipped-path GPU test). Its
+    cost is a few small kernels per block on tables of (T + S) x D fp32 values (7,145 x 128 at
+    1328^2: 3.7 MB each)."""
     angles = torch.cat([torch.view_as_real(text_freqs), torch.view_as_real(image_freqs)]).float()  # (T+S, D/2, 2)
     cos, sin = angles.unbind(-1)
     return cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
