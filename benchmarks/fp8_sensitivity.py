@@ -2,17 +2,25 @@
 each group of block linears kept bf16, one group at a time.
 
     python -m benchmarks.fp8_sensitivity --model ltx-2 --layers 2
+    python -m benchmarks.fp8_sensitivity --model ltx-2 --layers 2 --cpu-fp8 --frames 25   # no GPU: fp8 numerics on CPU
     python -m benchmarks.fp8_sensitivity --model ltx-2-tiny --smoke --out /tmp/fp8-sens   # CPU: the script works
 
 The published config with `--layers` of its repeated blocks (`benchmarks.run`'s derivation),
-random weights, bf16, the family's denoiser entry on its example inputs. Measured, as the
-shipped-path gate measures (tests/gpu/test_shipped_path.py): the relative L2 distance from an
-fp32 eager forward of bf16 eager, of the spec's fp8 plan, and of that plan with one group kept
-bf16 through the precision spec's ``keep_bf16`` -- a group is the linears under one child of
-the block (``attn1``, ``ff``, ``audio_attn1``, ...). The gate is fp8 <= 3x bf16 eager's
-distance; a group whose bf16 row falls under it is where the loss is. On the CPU (`--smoke`)
-there are no fp8 matmuls: every row is bf16 (the plumbing only, and the record says so).
-Writes ``fp8_sensitivity_<model>_<card>.{json,md}``.
+random weights, bf16, the family's denoiser entry on its example inputs (`--height`, `--width`,
+`--frames` change the shape). Measured, as the shipped-path gate measures
+(tests/gpu/test_shipped_path.py): the relative L2 distance from an fp32 eager forward of bf16
+eager, of the spec's fp8 plan, and of that plan with one more group kept bf16 -- the spec's own
+``keep_bf16`` patterns stay, and a group is the linears under one child of the block (``attn1``,
+``ff``, ``audio_attn1``, ...). So the rows answer "what else to keep". The gate is fp8 <= 3x
+bf16 eager's distance; a group whose row falls under it is where the loss is.
+
+`--cpu-fp8` measures the same rows without a GPU: the fp8 linears run on the CPU through torch's
+CPU ``_scaled_mm`` (the same e4m3 rounding and the same per-row scales as on a card; only the
+fp32 accumulation order differs, and CUDA's fast accumulation is not modelled), and every region
+runs eager (compiled fp8 differs from eager fp8 by inductor's fusion of the same quantization).
+Its numbers are the plan's numerics, not its speed, and the record says where they were taken.
+On the CPU without it (`--smoke`) there are no fp8 matmuls: every row is bf16 (the plumbing
+only, and the record says so). Writes ``fp8_sensitivity_<model>_<card>.{json,md}``.
 """
 
 from __future__ import annotations
@@ -41,6 +49,12 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--out", type=Path, default=common.results_dir("quality"))
     ap.add_argument("--smoke", action="store_true", help="CPU (pass a tiny variant), bf16 only")
+    ap.add_argument("--cpu-fp8", action="store_true",
+                    help="CPU, fp8 linears through torch's CPU _scaled_mm, regions eager: the numerics without a GPU")
+    ap.add_argument("--height", type=int, default=None)
+    ap.add_argument("--width", type=int, default=None)
+    ap.add_argument("--frames", type=int, default=None)
+    ap.add_argument("--stem", default=None, help="results file name (default fp8_sensitivity_<model>_<card>)")
     common.add_commit_argument(ap)
     args = ap.parse_args(argv)
 
@@ -51,24 +65,35 @@ def main(argv=None) -> int:
     from magi_zoo.overrides import eager_compile, spec_layers
     from magi_zoo.specs import get_profile
 
-    cuda = not args.smoke
+    if args.smoke and args.cpu_fp8:
+        ap.error("--smoke (bf16 plumbing) and --cpu-fp8 (fp8 numerics on the CPU) exclude each other")
+    cuda = not (args.smoke or args.cpu_fp8)
     device = torch.device("cuda" if cuda else "cpu")
     env = common.environment(device)
     adapter, variant = adapters.lookup(args.model)
     derived = variant if variant.tiny else run.LAYER_VARIANTS[adapter.family](variant, args.layers)[0]
     profile = get_profile("auto" if cuda else "cpu")
+    if args.cpu_fp8:
+        # the CPU profile declares no fp8 (no user should run fp8 on a CPU: it is slow); this
+        # measurement wants its numerics, which torch's CPU _scaled_mm computes
+        profile = profile.model_copy(update={"fp8": True})
     torch.manual_seed(0)
     handle, _ = run._assemble(adapter, derived, gpu=profile.name, dtype=torch.bfloat16, device=device,
                               compiled=False, backend=None, cache_dir=None, derived=True)
     module, method = adapter.entry(handle.pipe, adapter.entry_points[0])
-    inputs = adapter.example_inputs(handle.pipe, handle.variant, adapter.entry_points[0])
+    shape = {k: v for k, v in (("height", args.height), ("width", args.width), ("frames", args.frames)) if v}
+    inputs = adapter.example_inputs(handle.pipe, handle.variant, adapter.entry_points[0], **shape)
     call = lambda kw: run._first_tensor(getattr(module, method)(**kw)).double()  # noqa: E731
     precision = "fp8" if profile.fp8 else None
-    # --smoke checks the plumbing, not compiled code: its regions run eager (a CPU compile of each
-    # of the ~10 plans would be most of the test's time)
-    compile_kw = {"compile": eager_compile(SpecFile.from_toml(adapter.spec_path()))} if args.smoke else {}
+    # On the CPU the regions run eager: --smoke checks the plumbing, not compiled code, and a CPU
+    # compile of each of the ~10 plans would be most of the run's time
+    compile_kw = {} if cuda else {"compile": eager_compile(SpecFile.from_toml(adapter.spec_path()))}
     base = spec_layers(adapter, profile, precision=precision, **compile_kw)
     regions = list(dict.fromkeys(k for _, layer in base for k in layer.entries("precision")))
+    # what the spec already keeps bf16, per region: the last layer that sets the field wins, as when
+    # a plan's layers merge (a layer's entry sets only the fields it names)
+    spec_keep = {r: e.keep_bf16 for _, layer in base for r, e in layer.entries("precision").items()
+                 if "keep_bf16" in e.model_fields_set}
     blocks = [m for m in module.modules() if type(m).__name__ in regions]
     groups = _groups(blocks[0]) if blocks else []
 
@@ -81,7 +106,8 @@ def main(argv=None) -> int:
         eager = distance(call(inputs))
         rows.append({"row": "bf16 eager", "distance": eager})
         for group in [None, *groups]:
-            keep = None if group is None else {"precision": {r: {"keep_bf16": [f"{group}.*"]} for r in regions}}
+            keep = None if group is None else {"precision": {
+                r: {"keep_bf16": list(dict.fromkeys([*spec_keep.get(r, ()), f"{group}.*"]))} for r in regions}}
             layers = spec_layers(adapter, profile, precision=precision, overrides=keep, **compile_kw)
             torch.compiler.reset()
             apply(handle.modules, layers=layers, gpu=profile, preparations=adapter.preparations(handle.pipe))
@@ -93,13 +119,18 @@ def main(argv=None) -> int:
             rows.append({"row": f"{plan} plan" if group is None else f"{plan}, {group} kept bf16", "distance": d,
                          "x_eager": d / eager, "within_gate": d <= FP8_GATE * eager})
             print(f"[bench] {rows[-1]}", flush=True)
-    note = "" if profile.fp8 else ("SMOKE / PLUMBING ONLY: no fp8 matmuls on this profile, every row is bf16")
-    md = [f"# {args.model}: fp8 distance from fp32 by group kept bf16 ({args.layers} blocks)", "",
+    kept = sorted({p for ps in spec_keep.values() for p in ps})
+    note = ("SMOKE / PLUMBING ONLY: no fp8 matmuls on this profile, every row is bf16" if not profile.fp8 else
+            "fp8 numerics on the CPU (torch's CPU _scaled_mm, regions eager), not a GPU's" if args.cpu_fp8 else "")
+    if kept:
+        note = (note + "; " if note else "") + f"every row also keeps the spec's keep_bf16: {', '.join(kept)}"
+    md = [f"# {args.model}: fp8 distance from fp32 by group kept bf16 ({args.layers} blocks"
+          + "".join(f", {k} {v}" for k, v in shape.items()) + ")", "",
           common.env_line(env), "", *([note, ""] if note else []),
           common.results_table(rows, ["row", "distance", "x_eager", "within_gate"])]
-    record = {"environment": env, "model": args.model, "layers": args.layers, "gate": FP8_GATE, "groups": groups,
-              "note": note, "rows": rows}
-    stem = f"fp8_sensitivity_{args.model}_{common.card_tag(env, cuda)}"
+    record = {"environment": env, "model": args.model, "layers": args.layers, "shape": shape, "gate": FP8_GATE,
+              "groups": groups, "spec_keep_bf16": kept, "cpu_fp8": args.cpu_fp8, "note": note, "rows": rows}
+    stem = args.stem or f"fp8_sensitivity_{args.model}_{common.card_tag(env, cuda)}"
     common.publish(args.out, stem, record, "\n".join(md))
     return 0
 
