@@ -167,7 +167,15 @@ ENCODER_KEYS: dict[str, tuple[tuple[str, str], ...]] = {
     "qwen_image": (("text", "num_hidden_layers"), ("vision", "depth")),
     "flux2": (("text", "num_hidden_layers"), ("vision", "num_hidden_layers")),
     "hunyuanvideo15": (("text_encoder", "num_hidden_layers"), ("text_encoder_2", "num_layers")),
-    # ltx2: none; the connectors read all of Gemma's hidden states (text_proj_in_factor = layers + 1)
+    # ltx2: Gemma-3-12B (22.7 GiB in bf16, more than a 24 GiB host holds beside the rest) and its
+    # vision tower; the connectors read all of Gemma's hidden states, so their input width follows
+    # (ENCODER_TIES)
+    "ltx2": (("text_encoder", "num_hidden_layers"), ("vision", "num_hidden_layers")),
+}
+# Config values that must follow an encoder's depth: (component, key) -> f(config) after the cut.
+ENCODER_TIES: dict[str, dict[tuple[str, str], Callable[[dict], int]]] = {
+    # LTX2TextConnectors project Gemma's stacked hidden states: one per layer plus the embeddings
+    "ltx2": {("connectors", "text_proj_in_factor"): lambda c: c["text_encoder"]["num_hidden_layers"] + 1},
 }
 
 
@@ -177,6 +185,8 @@ def _one_layer_encoders(family: str, config: dict) -> None:
     for component, key in ENCODER_KEYS.get(family, ()):
         if component in config:
             config[component][key] = 1
+    for (component, key), follow in ENCODER_TIES.get(family, {}).items():
+        config[component][key] = follow(config)
 
 
 def _denoiser_layers(variant, n: int | None):
