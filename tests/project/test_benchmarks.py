@@ -509,3 +509,43 @@ def test_fp8_sensitivity_smoke_has_a_row_per_group_of_block_linears(tmp_path):
     assert rows[:3] == ["bf16 eager", "bf16 (smoke) plan", "bf16 (smoke), attn1 kept bf16"]
     assert len(rows) == 2 + len(rec["groups"]) and "PLUMBING ONLY" in rec["note"]
     assert all(r["distance"] > 0 for r in rec["rows"])
+
+
+def test_ltx2_one_layer_gemma_keeps_the_connectors_reading_its_hidden_states():
+    """LTX-2's connectors project Gemma's stacked hidden states (one per layer, plus the
+    embeddings): cutting Gemma to one layer must narrow their input to match (ENCODER_TIES), or
+    the pipeline's own prompt path fails. Checked on the tiny config, through the pipeline's
+    encode_prompt and its connectors."""
+    import dataclasses
+
+    import torch
+
+    from benchmarks.run import _one_layer_encoders
+    from magi_zoo import adapters
+
+    adapter, variant = adapters.lookup("ltx-2-tiny")
+    config = {k: dict(v) if isinstance(v, dict) else v for k, v in variant.config.items()}
+    _one_layer_encoders("ltx2", config)
+    assert config["text_encoder"]["num_hidden_layers"] == 1 and config["connectors"]["text_proj_in_factor"] == 2
+    pipe = adapter.build_random(dataclasses.replace(variant, config=config), torch.float32, torch.device("cpu"))
+    with torch.no_grad():
+        embeds, mask, *_ = pipe.encode_prompt("a cat", do_classifier_free_guidance=False, max_sequence_length=128,
+                                              device=torch.device("cpu"))
+        video, audio, _ = pipe.connectors(embeds, mask, padding_side="left")
+    assert video.shape[0] == audio.shape[0] == 1 and torch.isfinite(video).all()
+
+
+def test_fp8_sensitivity_on_the_cpu_measures_fp8_and_keeps_the_specs_own_keeps(tmp_path):
+    """--cpu-fp8: the fp8 linears run (torch's CPU _scaled_mm), so the plan's distance differs
+    from bf16 eager's; every group row keeps the spec's keep_bf16 too, so keeping the group the
+    spec already keeps is the plan itself, to the bit."""
+    from benchmarks.fp8_sensitivity import main
+
+    assert main(["--model", "ltx-2-tiny", "--cpu-fp8", "--out", str(tmp_path), "--stem", "s"]) == 0
+    rec = json.loads((tmp_path / "s.json").read_text())
+    rows = {r["row"]: r for r in rec["rows"]}
+    assert rec["cpu_fp8"] and "CPU _scaled_mm" in rec["note"] and rec["spec_keep_bf16"] == ["audio_to_video_attn.*"]
+    plan = rows["fp8 plan"]["distance"]
+    assert plan != rows["bf16 eager"]["distance"]
+    assert rows["fp8, audio_to_video_attn kept bf16"]["distance"] == plan
+    assert rows["fp8, ff kept bf16"]["distance"] != plan
