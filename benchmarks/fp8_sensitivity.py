@@ -3,6 +3,7 @@ each group of block linears kept bf16, one group at a time.
 
     python -m benchmarks.fp8_sensitivity --model ltx-2 --layers 2
     python -m benchmarks.fp8_sensitivity --model ltx-2 --layers 2 --cpu-fp8 --frames 25   # no GPU: fp8 numerics on CPU
+    python -m benchmarks.fp8_sensitivity --model ltx-2 --layers 8 --groups ff,audio_ff   # only these rows
     python -m benchmarks.fp8_sensitivity --model ltx-2-tiny --smoke --out /tmp/fp8-sens   # CPU: the script works
 
 The published config with `--layers` of its repeated blocks (`benchmarks.run`'s derivation),
@@ -55,6 +56,8 @@ def main(argv=None) -> int:
     ap.add_argument("--width", type=int, default=None)
     ap.add_argument("--frames", type=int, default=None)
     ap.add_argument("--stem", default=None, help="results file name (default fp8_sensitivity_<model>_<card>)")
+    ap.add_argument("--groups", default=None,
+                    help="comma-separated block children to try (default: every child that holds linears)")
     common.add_commit_argument(ap)
     args = ap.parse_args(argv)
 
@@ -77,13 +80,6 @@ def main(argv=None) -> int:
         # the CPU profile declares no fp8 (no user should run fp8 on a CPU: it is slow); this
         # measurement wants its numerics, which torch's CPU _scaled_mm computes
         profile = profile.model_copy(update={"fp8": True})
-    torch.manual_seed(0)
-    handle, _ = run._assemble(adapter, derived, gpu=profile.name, dtype=torch.bfloat16, device=device,
-                              compiled=False, backend=None, cache_dir=None, derived=True)
-    module, method = adapter.entry(handle.pipe, adapter.entry_points[0])
-    shape = {k: v for k, v in (("height", args.height), ("width", args.width), ("frames", args.frames)) if v}
-    inputs = adapter.example_inputs(handle.pipe, handle.variant, adapter.entry_points[0], **shape)
-    call = lambda kw: run._first_tensor(getattr(module, method)(**kw)).double()  # noqa: E731
     precision = "fp8" if profile.fp8 else None
     # On the CPU the regions run eager: --smoke checks the plumbing, not compiled code, and a CPU
     # compile of each of the ~10 plans would be most of the run's time
@@ -94,8 +90,27 @@ def main(argv=None) -> int:
     # a plan's layers merge (a layer's entry sets only the fields it names)
     spec_keep = {r: e.keep_bf16 for _, layer in base for r, e in layer.entries("precision").items()
                  if "keep_bf16" in e.model_fields_set}
-    blocks = [m for m in module.modules() if type(m).__name__ in regions]
-    groups = _groups(blocks[0]) if blocks else []
+
+    def block_groups(pipe) -> list[str]:
+        entry_module = adapter.entry(pipe, adapter.entry_points[0])[0]
+        blocks = [m for m in entry_module.modules() if type(m).__name__ in regions]
+        return _groups(blocks[0]) if blocks else []
+
+    asked = [g.strip() for g in args.groups.split(",") if g.strip()] if args.groups else None
+    if asked:  # checked on a weightless build (the meta device) before the real one
+        known = block_groups(adapter.build_random(derived, torch.bfloat16, torch.device("meta")))
+        unknown = [g for g in asked if g not in known]
+        if unknown:
+            ap.error(f"--groups {', '.join(unknown)}: not a child of the block that holds linears; "
+                     f"those are: {', '.join(known)}")
+    torch.manual_seed(0)
+    handle, _ = run._assemble(adapter, derived, gpu=profile.name, dtype=torch.bfloat16, device=device,
+                              compiled=False, backend=None, cache_dir=None, derived=True)
+    module, method = adapter.entry(handle.pipe, adapter.entry_points[0])
+    shape = {k: v for k, v in (("height", args.height), ("width", args.width), ("frames", args.frames)) if v}
+    inputs = adapter.example_inputs(handle.pipe, handle.variant, adapter.entry_points[0], **shape)
+    call = lambda kw: run._first_tensor(getattr(module, method)(**kw)).double()  # noqa: E731
+    groups = asked or block_groups(handle.pipe)
 
     def distance(out) -> float:
         return float((out - ref).norm() / ref.norm())

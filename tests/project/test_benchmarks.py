@@ -549,3 +549,20 @@ def test_fp8_sensitivity_on_the_cpu_measures_fp8_and_keeps_the_specs_own_keeps(t
     assert plan != rows["bf16 eager"]["distance"]
     assert rows["fp8, audio_to_video_attn kept bf16"]["distance"] == plan
     assert rows["fp8, ff kept bf16"]["distance"] != plan
+
+
+def test_fp8_sensitivity_groups_are_checked_before_the_build(tmp_path, monkeypatch):
+    """--groups names block children; a wrong one is refused, naming the real ones, before any
+    weights are made (the meta device only); a right one limits the rows to it."""
+    from benchmarks import fp8_sensitivity, run
+
+    built = []
+    real = run._assemble
+    monkeypatch.setattr(run, "_assemble", lambda *a, **k: built.append(1) or real(*a, **k))
+    with pytest.raises(SystemExit):
+        fp8_sensitivity.main(["--model", "ltx-2-tiny", "--smoke", "--groups", "ff,nope", "--out", str(tmp_path)])
+    assert built == []
+    assert fp8_sensitivity.main(["--model", "ltx-2-tiny", "--smoke", "--groups", "ff", "--out", str(tmp_path),
+                                 "--stem", "g"]) == 0
+    rows = [r["row"] for r in json.loads((tmp_path / "g.json").read_text())["rows"]]
+    assert rows == ["bf16 eager", "bf16 (smoke) plan", "bf16 (smoke), ff kept bf16"]
