@@ -31,7 +31,7 @@ from .offload import streams as offload_streams
 from .parallel import cfg_parallel_active
 from .precision import GELU_EPILOGUE_MARK, Fp8Linear, marked_norm
 from .precision import eligible as fp8_eligible
-from .prepare import instance_forwards, swap_processors
+from .prepare import instance_forwards, processor_preparation, swap_processors
 
 __all__ = ["apply", "remove", "preview", "needs_streaming", "STEP_ORDER", "installed", "register_custom_op", "custom_op_info",
            "list_custom_ops", "CustomOpInfo", "Preparation", "Report", "StepRecord", "format_table", "counters",
@@ -39,4 +39,4 @@ __all__ = ["apply", "remove", "preview", "needs_streaming", "STEP_ORDER", "insta
            # adapters' names
            "fa3_attention", "fa3_missing_reason", "fa3_wheel_forward", "apply_gelu_linear", "apply_norm_rope",
            "apply_norm_rope_heads", "Fp8Linear", "fp8_eligible", "offload_hold", "offload_streams", "cfg_parallel_active", "GELU_EPILOGUE_MARK",
-           "marked_norm", "instance_forwards", "swap_processors", "progress_stage", "progress_rename"]
+           "marked_norm", "instance_forwards", "processor_preparation", "swap_processors", "progress_stage", "progress_rename"]

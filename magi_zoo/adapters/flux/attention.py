@@ -18,7 +18,7 @@ import functools
 import torch
 import torch.nn as nn
 
-from ...engine import Preparation, apply_norm_rope_heads, marked_norm, swap_processors
+from ...engine import Preparation, apply_norm_rope_heads, marked_norm, processor_preparation
 from ...engine.compat.diffusers import flux_qkv_projections
 
 
@@ -78,12 +78,7 @@ def fusable(attn: nn.Module, encoder_hidden_states, image_rotary_emb) -> bool:
 def norm_rope_preparation(transformer: nn.Module) -> Preparation:
     """Install `NormRopeFluxAttnProcessor` in place of every diffusers `FluxAttnProcessor`;
     undo restores the original processors (their state included)."""
-
-    def install(root: nn.Module):
-        cls = _processor_class()
-        return swap_processors([transformer], cls.__base__, cls)
-
-    return Preparation("fused q/k norm + rope",
-                       "Flux's attention normalises q and k per head, joins the text and image streams and "
-                       "applies the rotary embedding in one kernel (magi_zoo::rms_norm_rope_heads) where the "
-                       "precision step's fuse_norm_rope marks its norms", install)
+    return processor_preparation("fused q/k norm + rope",
+                                 "Flux's attention normalises q and k per head, joins the text and image streams and "
+                                 "applies the rotary embedding in one kernel (magi_zoo::rms_norm_rope_heads) where "
+                                 "the precision step's fuse_norm_rope marks its norms", [transformer], _processor_class)

@@ -31,7 +31,7 @@ import functools
 import torch
 import torch.nn as nn
 
-from ...engine import Preparation, apply_norm_rope_heads, marked_norm, register_custom_op, swap_processors
+from ...engine import Preparation, apply_norm_rope_heads, marked_norm, processor_preparation, register_custom_op
 
 
 @functools.lru_cache(maxsize=None)
@@ -116,13 +116,8 @@ def fusable(attn: nn.Module, hidden_states, encoder_hidden_states, image_rotary_
 def norm_rope_preparation(transformer: nn.Module) -> Preparation:
     """Install `NormRopeQwenAttnProcessor` in place of every diffusers `QwenDoubleStreamAttnProcessor2_0`;
     undo restores the original processors (their state included)."""
-
-    def install(root: nn.Module):
-        cls = _processor_class()
-        return swap_processors([transformer], cls.__base__, cls)
-
-    return Preparation("fused q/k norm + rope",
-                       "Qwen-Image's attention normalises q and k per head, joins the text and image streams "
-                       "and applies the rotary embedding in real arithmetic in one kernel "
-                       "(magi_zoo::rms_norm_rope_heads) where the precision step's fuse_norm_rope marks its "
-                       "norms", install)
+    return processor_preparation("fused q/k norm + rope",
+                                 "Qwen-Image's attention normalises q and k per head, joins the text and image "
+                                 "streams and applies the rotary embedding in real arithmetic in one kernel "
+                                 "(magi_zoo::rms_norm_rope_heads) where the precision step's fuse_norm_rope marks "
+                                 "its norms", [transformer], _processor_class)

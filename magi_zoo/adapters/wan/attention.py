@@ -16,7 +16,7 @@ import functools
 
 import torch.nn as nn
 
-from ...engine import Preparation, apply_norm_rope, marked_norm, swap_processors
+from ...engine import Preparation, apply_norm_rope, marked_norm, processor_preparation
 from ...engine.compat.diffusers import wan_qkv_projections
 
 
@@ -59,13 +59,8 @@ def fusable(attn: nn.Module, encoder_hidden_states, rotary_emb) -> bool:
 def norm_rope_preparation(*transformers: nn.Module) -> Preparation:
     """Install `NormRopeWanAttnProcessor` in place of every diffusers `WanAttnProcessor` under
     `transformers`; undo restores the original processors (their state included)."""
-
-    def install(root: nn.Module):
-        cls = _processor_class()
-        return swap_processors(transformers, cls.__base__, cls)
-
-    return Preparation("fused q/k norm + rope",
-                       "Wan's self-attention normalises q and k and applies the rotary embedding in one kernel "
-                       "(magi_zoo::rms_norm_rope) where the precision step's fuse_norm_rope marks its norms",
-                       install)
+    return processor_preparation("fused q/k norm + rope",
+                                 "Wan's self-attention normalises q and k and applies the rotary embedding in one "
+                                 "kernel (magi_zoo::rms_norm_rope) where the precision step's fuse_norm_rope marks "
+                                 "its norms", transformers, _processor_class)
 

@@ -8,7 +8,7 @@ They run before the plan is resolved, because a plan key may name a method they 
 `step` holds `Preparation` and `prepare` (the step); `rewrites` the rewrites preparations use.
 """
 
-from .rewrites import instance_forwards, swap_processors
+from .rewrites import instance_forwards, processor_preparation, swap_processors
 from .step import Preparation, prepare
 
-__all__ = ["Preparation", "prepare", "instance_forwards", "swap_processors"]
+__all__ = ["Preparation", "prepare", "instance_forwards", "processor_preparation", "swap_processors"]

@@ -8,6 +8,8 @@ from typing import Callable
 
 import torch.nn as nn
 
+from .step import Preparation
+
 
 def instance_forwards(modules, make: Callable[[nn.Module], Callable]) -> Callable[[], None]:
     """Give each module an instance `forward` (`make(module)`), which shadows its class's (nn.Module
@@ -51,3 +53,16 @@ def swap_processors(transformers, base: type, cls: type) -> Callable[[], None]:
             m.processor = proc
 
     return undo
+
+
+def processor_preparation(name: str, why: str, transformers, processor_class: Callable[[], type]) -> Preparation:
+    """A preparation that swaps a processor class in (`swap_processors`): `processor_class()`, called
+    at install (so a diffusers module the class subclasses is imported only when a plan installs
+    it), returns a subclass of exactly one diffusers processor class, which it replaces under
+    `transformers`; the undo restores the original processors."""
+
+    def install(root: nn.Module):
+        cls = processor_class()
+        return swap_processors(transformers, cls.__base__, cls)
+
+    return Preparation(name, why, install)
