@@ -177,9 +177,11 @@ def test_qwen_image_batch_of_unequal_prompts_stays_on_the_kernel_under_its_shipp
     layers = [*spec_layers(h.adapter, profile), ("user", off)]  # the shipped plan, nothing compiled
     with torch.no_grad():
         ref = h.pipe.transformer(**{**kw, "encoder_hidden_states_mask": mask})[0]
-        rep = magi_zoo.apply(h.modules, layers=layers, gpu=profile)
+        # with the adapter's preparations, as load() applies the plan: the fused norm + rope
+        # processor builds the same joint mask and hands it to the same dispatch
+        rep = magi_zoo.apply(h.modules, layers=layers, gpu=profile, preparations=h.adapter.preparations(h.pipe))
         try:
-            assert "fa3_varlen" in str(rep)
+            assert "fa3_varlen" in str(rep) and "RoPE in one pass" in rep.step("precision").did
             got = h.pipe.transformer(**{**kw, "encoder_hidden_states_mask": mask})[0]
             assert CALLS["eager"] == blocks
             assert _rel(got, ref) < 1e-2
