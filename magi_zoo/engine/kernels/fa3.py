@@ -165,6 +165,37 @@ def registered_forward():
     return _forward
 
 
+def refuse_context_parallel(backend: str, parallel_config: Any) -> None:
+    """ValueError for a call with diffusers' context-parallel config: these dispatch functions compute
+    one device's attention (Ulysses and ring reach FA3 through `engine/parallel/fa3_cp.py`)."""
+    if parallel_config is not None:
+        raise ValueError(f"attention backend {backend!r} does not support diffusers' context parallelism; "
+                         "use backend='native' or a backend that supports it")
+
+
+def require_bf16(backend: str, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
+    """TypeError unless q, k and v are bf16, the one dtype this build of the kernel computes in."""
+    if not (query.dtype == key.dtype == value.dtype == torch.bfloat16):
+        raise TypeError(f"attention backend {backend!r} computes in bfloat16 only (got {query.dtype}): load the "
+                        "model in bf16, or use backend='native'")
+
+
+def softmax_scale(query: torch.Tensor, scale: float | None) -> float:
+    """The scale the kernel is passed: the call's, else 1/sqrt(head_dim) (SDPA's default). Passed
+    explicitly, as flash_attn_func does, rather than relying on the C++ default."""
+    return scale if scale is not None else query.shape[-1] ** -0.5
+
+
+def run_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None, causal: bool,
+                return_lse: bool, **kernel_kwargs):
+    """The registered forward op (no gradients) in diffusers' return convention: the output, and
+    with `return_lse` its LSE as (B, S, H), as diffusers' own _flash_3 and its context-parallel
+    merge take it. `kernel_kwargs` go to the op (``seqused_k``)."""
+    out, lse, *_ = registered_forward()(query, key, value, softmax_scale=softmax_scale(query, scale), causal=causal,
+                                        **kernel_kwargs)
+    return (out, lse.permute(0, 2, 1)) if return_lse else out
+
+
 def sdpa_bshd(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None = None,
               dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
               enable_gqa: bool = False) -> torch.Tensor:
@@ -198,21 +229,14 @@ def fa3_attention(
     lengths masks the padding; LTX-2 masks only its text cross-attentions), and the plan's
     backend must not make such a call fail mid-generation. Whether a call is masked is fixed per
     traced graph, so this costs no graph break."""
-    if _parallel_config is not None:
-        raise ValueError("attention backend 'fa3' does not support diffusers' context parallelism; "
-                         "use backend='native' or a backend that supports it")
+    refuse_context_parallel(NAME, _parallel_config)
     if attn_mask is not None or dropout_p:
         if return_lse:
             raise ValueError("attention backend 'fa3': this call has a mask or dropout, which runs on SDPA, and "
                              "SDPA returns no LSE; use backend='_native_cudnn' or 'flash' where an LSE is needed")
         return sdpa_bshd(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    if not (query.dtype == key.dtype == value.dtype == torch.bfloat16):
-        raise TypeError(f"attention backend 'fa3' computes in bfloat16 only (got {query.dtype}): load the "
-                        "model in bf16, or use backend='native'")
-    forward = registered_forward()
-    # The softmax scale is passed explicitly (1/sqrt(head_dim) as SDPA's default), as
-    # flash_attn_func does, rather than relying on the C++ default.
-    softmax_scale = scale if scale is not None else query.shape[-1] ** -0.5
+    require_bf16(NAME, query, key, value)
+    registered_forward()  # the error that says to register first, before either path below
     if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
         if return_lse or key.shape[2] != query.shape[2] or (is_causal and key.shape[1] != query.shape[1]):
             # FA3 aligns a causal mask bottom-right when the lengths differ, cuDNN's backward
@@ -220,11 +244,9 @@ def fa3_attention(
             raise ValueError("attention backend 'fa3' with gradients takes equal query and key/value head "
                              "counts, equal lengths when causal, and returns no LSE (its backward is cuDNN's); "
                              "use backend='native' here")
-        out, _ = fa3_attention_trainable(query, key, value, softmax_scale, is_causal)
+        out, _ = fa3_attention_trainable(query, key, value, softmax_scale(query, scale), is_causal)
         return out
-    out, lse, *_ = forward(query, key, value, softmax_scale=softmax_scale, causal=is_causal)
-    # diffusers' LSE convention (its own _flash_3 and the context-parallel merge): (B, S, H)
-    return (out, lse.permute(0, 2, 1)) if return_lse else out
+    return run_forward(query, key, value, scale, is_causal, return_lse)
 
 
 # -- training: FA3's forward, cuDNN's backward ---------------------------------------------------
@@ -384,9 +406,8 @@ def fa3_fp8_attention(
     if _forward is None:
         raise RuntimeError(f"fp8 attention was dispatched before the fa3 kernel was registered ({INSTALL})")
     q8, qs, k8, ks, v8, vs, vm = _quantize_qkv(query, key, value)
-    softmax_scale = scale if scale is not None else query.shape[-1] ** -0.5
     out, *_ = _forward(q8, k8, v8, q_descale=qs, k_descale=ks, v_descale=vs,
-                       softmax_scale=softmax_scale, causal=is_causal)
+                       softmax_scale=softmax_scale(query, scale), causal=is_causal)
     return (out.float() + vm).to(query.dtype)
 
 

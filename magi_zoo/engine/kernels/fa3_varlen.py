@@ -99,9 +99,7 @@ def fa3_varlen_attention(
     if attn_mask is None:
         return fa3.fa3_attention(query, key, value, None, dropout_p, is_causal, scale, enable_gqa, return_lse,
                                  _parallel_config)
-    if _parallel_config is not None:
-        raise ValueError(f"attention backend {NAME!r} does not support diffusers' context parallelism; "
-                         "use backend='native' or a backend that supports it")
+    fa3.refuse_context_parallel(NAME, _parallel_config)
     if attn_mask.dtype != torch.bool:  # a bias may be anything (ALiBi, ...): SDPA with it, as fa3 runs it
         return fa3.fa3_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                                  return_lse)
@@ -109,14 +107,9 @@ def fa3_varlen_attention(
     if dropout_p or is_causal or needs_grad:  # SDPA, with the mask read as the contract reads it
         return fa3.fa3_attention(query, key, value, valid[:, None, None, :], dropout_p, is_causal, scale,
                                  enable_gqa, return_lse)
-    if not (query.dtype == key.dtype == value.dtype == torch.bfloat16):
-        raise TypeError(f"attention backend {NAME!r} computes in bfloat16 only (got {query.dtype}): load the "
-                        "model in bf16, or use backend='native'")
+    fa3.require_bf16(NAME, query, key, value)
     key, value, used = valid_keys_first(key, value, valid)
-    softmax_scale = scale if scale is not None else query.shape[-1] ** -0.5
-    out, lse, *_ = fa3.registered_forward()(query, key, value, seqused_k=used, softmax_scale=softmax_scale,
-                                              causal=False)
-    return (out, lse.permute(0, 2, 1)) if return_lse else out
+    return fa3.run_forward(query, key, value, scale, False, return_lse, seqused_k=used)
 
 
 # -- the backend interface the attention step reads (engine/attention/backends.py) ----------------
