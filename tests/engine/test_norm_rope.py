@@ -126,6 +126,43 @@ def _flux_plan(**fields):
     return {"compile": {"": False}, "precision": {b: dict(gelu_epilogue=False, **fields) for b in FLUX_BLOCKS}}
 
 
+def _qwen_plan(**fields):
+    # gelu_epilogue off: this checks the norm + rope alone
+    return {"compile": {"": False}, "precision": {"QwenImageTransformerBlock": dict(gelu_epilogue=False, **fields)}}
+
+
+# The models whose joint attention runs on the per-head op: (tiny model, plan of the fusion's
+# switches, how many layers it fuses once block 0's norms differ, tolerance against diffusers'
+# processor: Flux's op is diffusers' math op for op on CPU, Qwen-Image's rotation is not complex)
+JOINT = [("flux-tiny", _flux_plan, lambda tr: len(tr.transformer_blocks) - 1 + len(tr.single_transformer_blocks), 0.0),
+         ("qwen-image-tiny", _qwen_plan, lambda tr: len(tr.transformer_blocks) - 1, 1e-5)]
+
+
+@pytest.mark.parametrize("name, plan", [c[:2] for c in JOINT], ids=[c[0] for c in JOINT])
+def test_joint_fuse_norm_rope_false_keeps_diffusers_path(name, plan, monkeypatch):
+    h = magi_zoo.load(name, gpu="cpu", compile=False)
+    rep = magi_zoo.apply(h.modules, plan(fuse_norm_rope=False), gpu="cpu", preparations=h.adapter.preparations(h.pipe))
+    assert "RoPE in one pass" not in rep.step("precision").did
+    calls = count_calls(monkeypatch, norm_rope, "rms_norm_rope_heads")
+    forward(h)
+    assert calls == []
+
+
+@pytest.mark.parametrize("name, plan, fused, tol", JOINT, ids=[c[0] for c in JOINT])
+def test_joint_norms_of_different_eps_take_the_class_path(name, plan, fused, tol, monkeypatch):
+    """The op takes one eps: a layer whose norms differ is not fused (diffusers' own call), the
+    others are, and the output is diffusers'."""
+    h = magi_zoo.load(name, gpu="cpu", compile=False)
+    tr = h.pipe.transformer
+    tr.transformer_blocks[0].attn.norm_added_k.eps = 1e-3
+    ref = forward(h)
+    magi_zoo.apply(h.modules, plan(), gpu="cpu", preparations=h.adapter.preparations(h.pipe))
+    calls = count_calls(monkeypatch, norm_rope, "rms_norm_rope_heads")
+    out = forward(h)
+    assert len(calls) == 2 * fused(tr)
+    torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
+
+
 def test_flux_attention_runs_fused_exactly_and_undoes(monkeypatch):
     h = magi_zoo.load("flux-tiny", gpu="cpu", compile=False)
     tr = h.pipe.transformer
@@ -144,28 +181,6 @@ def test_flux_attention_runs_fused_exactly_and_undoes(monkeypatch):
     procs = lambda: [m.processor for m in tr.modules() if hasattr(m, "processor")]
     assert_undone_exactly(h, ref, calls, lambda: [m for m in tr.modules() if NORM_ROPE_MARK in m.__dict__]
                           + [p for p, o in zip(procs(), originals) if p is not o])
-
-
-def test_flux_fuse_norm_rope_false_keeps_diffusers_path(monkeypatch):
-    h = magi_zoo.load("flux-tiny", gpu="cpu", compile=False)
-    rep = magi_zoo.apply(h.modules, _flux_plan(fuse_norm_rope=False), gpu="cpu",
-                         preparations=h.adapter.preparations(h.pipe))
-    assert "RoPE in one pass" not in rep.step("precision").did
-    calls = count_calls(monkeypatch, norm_rope, "rms_norm_rope_heads")
-    forward(h)
-    assert calls == []
-
-
-def test_flux_norms_of_different_eps_take_the_class_path(monkeypatch):
-    h = magi_zoo.load("flux-tiny", gpu="cpu", compile=False)
-    tr = h.pipe.transformer
-    tr.transformer_blocks[0].attn.norm_added_k.eps = 1e-3  # the op takes one eps: this layer is not fused
-    ref = forward(h)
-    magi_zoo.apply(h.modules, _flux_plan(), gpu="cpu", preparations=h.adapter.preparations(h.pipe))
-    calls = count_calls(monkeypatch, norm_rope, "rms_norm_rope_heads")
-    out = forward(h)
-    assert len(calls) == 2 * (len(tr.transformer_blocks) - 1 + len(tr.single_transformer_blocks))
-    torch.testing.assert_close(out, ref, rtol=0, atol=0)
 
 
 def test_processor_swap_leaves_a_users_own_processor_alone():
@@ -280,11 +295,6 @@ def test_flux_split_proj_out_only_for_a_plain_linear(monkeypatch):
 
 # -- Qwen-Image: diffusers' RMSNorm, a complex rotary table, the text mask -----------------------
 
-def _qwen_plan(**fields):
-    # gelu_epilogue off: this checks the norm + rope alone
-    return {"compile": {"": False}, "precision": {"QwenImageTransformerBlock": dict(gelu_epilogue=False, **fields)}}
-
-
 def _qwen_fused(h):
     return [m for m in h.pipe.transformer.modules()
             if type(getattr(m, "processor", None)).__name__ == "NormRopeQwenAttnProcessor"]
@@ -326,30 +336,6 @@ def test_qwen_image_masked_batch_and_bf16_take_the_fused_path(monkeypatch):
         out = h.pipe.transformer(**kw)[0]
     assert len(calls) == 2 * len(h.pipe.transformer.transformer_blocks)
     assert _rel(out, ref) < 1e-2 < _rel(unmasked, ref)  # the mask mattered, and the fused path kept it
-
-
-def test_qwen_image_fuse_norm_rope_false_keeps_diffusers_path(monkeypatch):
-    h = magi_zoo.load("qwen-image-tiny", gpu="cpu", compile=False)
-    rep = magi_zoo.apply(h.modules, _qwen_plan(fuse_norm_rope=False), gpu="cpu",
-                         preparations=h.adapter.preparations(h.pipe))
-    assert "RoPE in one pass" not in rep.step("precision").did
-    calls = count_calls(monkeypatch, norm_rope, "rms_norm_rope_heads")
-    forward(h)
-    assert calls == []
-
-
-def test_qwen_image_norm_with_a_bias_or_other_eps_takes_the_class_path(monkeypatch):
-    """The kernel computes a bias-free RMSNorm of one eps: a layer whose norms differ is not fused
-    (diffusers' own call), the others are."""
-    h = magi_zoo.load("qwen-image-tiny", gpu="cpu", compile=False)
-    tr = h.pipe.transformer
-    tr.transformer_blocks[0].attn.norm_added_k.eps = 1e-3
-    ref = forward(h)
-    magi_zoo.apply(h.modules, _qwen_plan(), gpu="cpu", preparations=h.adapter.preparations(h.pipe))
-    calls = count_calls(monkeypatch, norm_rope, "rms_norm_rope_heads")
-    out = forward(h)
-    assert len(calls) == 2 * (len(tr.transformer_blocks) - 1)
-    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
 def test_rms_norm_width_reads_torch_and_diffusers_norms():
