@@ -63,7 +63,7 @@ def main(argv=None) -> int:
 
     from benchmarks import run
     from magi_zoo import adapters
-    from magi_zoo.engine import apply, remove
+    from magi_zoo.engine import apply, preview, remove
     from magi_zoo import SpecFile
     from magi_zoo.overrides import eager_compile, spec_layers
     from magi_zoo.specs import get_profile
@@ -86,10 +86,6 @@ def main(argv=None) -> int:
     compile_kw = {} if cuda else {"compile": eager_compile(SpecFile.from_toml(adapter.spec_path()))}
     base = spec_layers(adapter, profile, precision=precision, **compile_kw)
     regions = list(dict.fromkeys(k for _, layer in base for k in layer.entries("precision")))
-    # what the spec already keeps bf16, per region: the last layer that sets the field wins, as when
-    # a plan's layers merge (a layer's entry sets only the fields it names)
-    spec_keep = {r: e.keep_bf16 for _, layer in base for r, e in layer.entries("precision").items()
-                 if "keep_bf16" in e.model_fields_set}
 
     def block_groups(pipe) -> list[str]:
         entry_module = adapter.entry(pipe, adapter.entry_points[0])[0]
@@ -111,6 +107,9 @@ def main(argv=None) -> int:
     inputs = adapter.example_inputs(handle.pipe, handle.variant, adapter.entry_points[0], **shape)
     call = lambda kw: run._first_tensor(getattr(module, method)(**kw)).double()  # noqa: E731
     groups = asked or block_groups(handle.pipe)
+    # what the plan already keeps bf16, per region, as the engine resolves the layers it is made of
+    resolved = preview(handle.modules, base, adapter.preparations(handle.pipe)).section("precision")
+    spec_keep = {key: targets[0].spec.keep_bf16 for (key, _), targets in resolved.regions().items()}
 
     def distance(out) -> float:
         return float((out - ref).norm() / ref.norm())
