@@ -169,8 +169,9 @@ def run_row(row: str, args) -> dict[str, Any]:
                  callback_on_step_end=on_step_end)
         frames = list(out.frames[0])
         t_write = time.perf_counter()
-        tmp = Path(tempfile.mkdtemp(prefix="whole_generation_"))
-        write_output(Output("video", frames, fps=16), tmp / f"{row}.mp4")
+        if not args.no_write:
+            tmp = Path(tempfile.mkdtemp(prefix="whole_generation_"))
+            write_output(Output("video", frames, fps=16), tmp / f"{row}.mp4")
         end = time.perf_counter()
     # step 1 starts when the last phase before the loop ended (the VAE encode of the first frame
     # for I2V, else the text encoder; the latents' set-up counts to step 1), every later step at
@@ -184,7 +185,7 @@ def run_row(row: str, args) -> dict[str, Any]:
         **{k: round(v, 3) for k, v in timer.seconds.items()},
         "denoise_s": round(sum(steps_s), 2),
         "s_per_step_median": round(float(np.median(steps_s)), 3) if steps_s else None,
-        "write_frames_s": round(end - t_write, 3),
+        "write_frames_s": None if args.no_write else round(end - t_write, 3),
         "steps_s": [round(s, 3) for s in steps_s],
         "warmup_call_s": round(warm_s, 1), "build_s": round(build_s, 1),
         "peak_gib": common.gib(torch.cuda.max_memory_allocated()) if cuda else None,
@@ -197,6 +198,17 @@ def run_row(row: str, args) -> dict[str, Any]:
     row_rec["frames_file"] = str(frames_file)
     timer.remove()
     return row_rec
+
+
+def mp4_writer_missing() -> str | None:
+    """Why an .mp4 cannot be written here (neither imageio's ffmpeg nor PyAV), else None."""
+    import importlib.util
+
+    if importlib.util.find_spec("av") is not None:
+        return None
+    if importlib.util.find_spec("imageio_ffmpeg") is not None:
+        return None
+    return "needs ffmpeg: pip install imageio-ffmpeg, or the `av` extra"
 
 
 def _quality(rows: dict[str, dict]) -> None:
@@ -220,6 +232,29 @@ def _quality(rows: dict[str, dict]) -> None:
             cached[f"ssim_vs_{ref}"] = q["ssim_mean"]
 
 
+def _publish(args, argv, env, out: Path, stem: str, rows: list[str], results: dict[str, dict], *,
+             complete: bool) -> None:
+    """The record of the rows run so far (the cached row's distance to the uncached ones where
+    both ran), as JSON and markdown; `complete` False marks a run still going or cut short."""
+    _quality(results)
+    ordered = [results[r] for r in rows if r in results]
+    cols = ["row", "status", "whole_s", "text_encoder_s", "image_encoder_s", "vae_encode_s", "denoise_s",
+            "s_per_step_median", "steps", "vae_decode_s", "write_frames_s", "psnr_vs_fp8_db", "ssim_vs_fp8",
+            "psnr_vs_bf16_db", "recompiles", "peak_gib"]
+    md = (f"# Whole generation: {args.model}, LightX2V's workload\n\n{common.env_line(env)}\n\n"
+          f"command: `python -m benchmarks.whole_generation {' '.join(argv if argv is not None else sys.argv[1:])}`"
+          + ("" if complete else f" (incomplete: {len(ordered)} of {len(rows)} rows run so far)")
+          + f"\n\nweights: {args.weights or 'random (tiny)'}; distilled: {args.distill_model} ({args.distill_weights})"
+          + ("; frames not written (--no-write): `whole_s` has no write phase" if args.no_write else "")
+          + f"\n\n{common.results_table(ordered, cols)}\n\n"
+          + "\n".join(f"- {r['row']}: {r.get('what') or r.get('error')}" for r in ordered) + "\n")
+    record = {"what": "one whole I2V generation per row, per phase (docs: benchmarks/whole_generation.py)",
+              "complete": complete, "model": args.model, "weights": args.weights,
+              "distill_model": args.distill_model, "cache": args.cache, "seed": args.seed, "smoke": args.smoke,
+              "frames_written": not args.no_write, "environment": env, "rows": ordered}
+    common.publish(out, stem, record, md)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="wan2.1-i2v-14b-480p")
@@ -232,6 +267,10 @@ def main(argv=None) -> int:
     ap.add_argument("--cache", default="first_block:0.1", help="the fp8_cache row's step cache (--step-cache syntax)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None, help="results folder (default: the model's topic)")
+    ap.add_argument("--label", default=None,
+                    help="a word in the results file's name, so runs of different rows do not overwrite each other")
+    ap.add_argument("--no-write", action="store_true",
+                    help="do not write the .mp4 (a machine without an H.264 encoder); the record says so")
     ap.add_argument("--smoke", action="store_true", help="CPU, wan2.1-tiny, rows in this process")
     ap.add_argument("--row", default=None, help=argparse.SUPPRESS)  # a child process: this row only
     ap.add_argument("--result-file", default=None, help=argparse.SUPPRESS)
@@ -256,6 +295,11 @@ def main(argv=None) -> int:
         Path(args.result_file).write_text(json.dumps(rec, default=str))
         return 0
     common.measured_commit()  # refused before anything is measured where the commit cannot be known
+    if args.label is not None and not args.label.replace("-", "").isalnum():
+        raise SystemExit(f"--label {args.label!r}: letters, digits and '-' only (it names the results file)")
+    if not args.no_write and (why := mp4_writer_missing()) is not None:  # before any model is built
+        raise SystemExit(f"the rows end by writing an .mp4, which {why}; install it, or pass --no-write "
+                         "(the record then says the frames were not written)")
     import torch
 
     cuda = torch.cuda.is_available() and not args.smoke
@@ -264,6 +308,15 @@ def main(argv=None) -> int:
     print(f"[bench] {common.env_line(env)}", flush=True)
     work = Path(tempfile.mkdtemp(prefix="whole_generation_"))
     args.frames_dir = str(work)
+    tag = common.card_tag(env, cuda)
+    # named by the undistilled rows' step count (the distilled row runs its own 4), known before
+    # any row runs: the file is rewritten after every row under the same name
+    from magi_zoo.adapters import lookup
+
+    adapter, variant = lookup(args.model)
+    steps = args.steps or adapter.call_defaults(variant).get("num_inference_steps", "default")
+    stem = f"whole_generation_{args.model}_{steps}steps{'_' + args.label if args.label else ''}_{tag}"
+    out = args.out or common.results_dir(common.model_topic(args.model))
     results: dict[str, dict] = {}
     for i, row in enumerate(rows):
         print(f"[bench] [{i + 1}/{len(rows)}] {row}", flush=True)
@@ -281,26 +334,9 @@ def main(argv=None) -> int:
                                                result_file=work / f"{row}.json")
             results[row].setdefault("row", row)
         print(f"[bench] {row}: {results[row].get('whole_s', results[row].get('error'))}", flush=True)
-    _quality(results)
-    ordered = [results[r] for r in rows]
-    cols = ["row", "status", "whole_s", "text_encoder_s", "image_encoder_s", "vae_encode_s", "denoise_s",
-            "s_per_step_median", "steps", "vae_decode_s", "write_frames_s", "psnr_vs_fp8_db", "ssim_vs_fp8",
-            "psnr_vs_bf16_db", "recompiles", "peak_gib"]
-    tag = common.card_tag(env, cuda)
-    # named by the undistilled rows' step count (the distilled row runs its own 4)
-    steps = next((r["steps"] for r in ordered if r.get("row") != "distill" and r.get("steps")), None) \
-        or args.steps or "default"
-    stem = f"whole_generation_{args.model}_{steps}steps_{tag}"
-    md = (f"# Whole generation: {args.model}, LightX2V's workload\n\n{common.env_line(env)}\n\n"
-          f"command: `python -m benchmarks.whole_generation {' '.join(argv if argv is not None else sys.argv[1:])}`"
-          f"\n\nweights: {args.weights or 'random (tiny)'}; distilled: {args.distill_model} ({args.distill_weights})"
-          f"\n\n{common.results_table(ordered, cols)}\n\n"
-          + "\n".join(f"- {r['row']}: {r.get('what') or r.get('error')}" for r in ordered) + "\n")
-    record = {"what": "one whole I2V generation per row, per phase (docs: benchmarks/whole_generation.py)",
-              "model": args.model, "weights": args.weights, "distill_model": args.distill_model,
-              "cache": args.cache, "seed": args.seed, "smoke": args.smoke, "environment": env, "rows": ordered}
-    out = args.out or common.results_dir(common.model_topic(args.model))
-    common.publish(out, stem, record, md)
+        # Written after every row: a run cut short (a time limit, a crash) keeps the rows it
+        # finished, marked incomplete; the last write is the whole run.
+        _publish(args, argv, env, out, stem, rows, results, complete=i + 1 == len(rows))
     return 0
 
 

@@ -469,6 +469,25 @@ def test_whole_generation_smoke(tmp_path):
     assert rows["fp8"]["steps"] == 2 and rows["fp8"]["guidance"] == 5.0  # the tiny variant's own call
     assert rows["fp8_cache"]["psnr_vs_fp8_db"] is not None and 0 < rows["fp8_cache"]["ssim_vs_fp8"] <= 1
     assert rows["diffusers"]["status"] == "refused" and "needs a CUDA device" in rows["diffusers"]["error"]
+    assert rec["complete"] and rec["frames_written"]
+
+
+def test_whole_generation_label_and_no_write(tmp_path, monkeypatch):
+    """`--label` names the file (checked before anything runs); `--no-write` skips the .mp4 and
+    the record says so; without an encoder the run is refused before any model is built."""
+    from benchmarks import whole_generation
+
+    with pytest.raises(SystemExit, match="letters, digits"):
+        whole_generation.main(["--smoke", "--label", "a/b", "--out", str(tmp_path)])
+    monkeypatch.setattr(whole_generation, "mp4_writer_missing", lambda: "needs ffmpeg: pip install imageio-ffmpeg")
+    with pytest.raises(SystemExit, match="--no-write"):
+        whole_generation.main(["--smoke", "--rows", "fp8", "--out", str(tmp_path)])
+    assert not list(tmp_path.iterdir())  # refused before any row ran or any file was written
+    assert whole_generation.main(["--smoke", "--rows", "fp8", "--frames", "5", "--no-write", "--label", "nw",
+                                  "--out", str(tmp_path)]) == 0
+    rec = json.loads((tmp_path / "whole_generation_wan2.1-tiny_2steps_nw_cpu.json").read_text())
+    assert rec["frames_written"] is False and rec["complete"]
+    assert rec["rows"][0]["status"] == "ok" and rec["rows"][0]["write_frames_s"] is None
 
 
 def test_layer_configs_for_every_published_variant_of_a_layered_family():
