@@ -12,7 +12,9 @@ Each table names its source file(s), the card and the commit they measured. A re
 whose recorded commit is not the tree that ran (written before the harness read git itself;
 `UNKNOWN_COMMITS`) shows its commit as unknown: such a file is re-measured, never corrected
 by hand. Numbers are copied from the JSON as recorded (rounded for display); a ratio is
-always between two rows of the same file, i.e. of the same run on the same card.
+always between two rows of the same file, i.e. of the same run on the same card -- except the
+whole-generation table's, whose one measurement spans a file per call of the script: there
+between rows of the same (clean) commit and card.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
+
+from benchmarks.whole_generation import ROWS as WHOLE_GENERATION_ROWS  # the harness's rows, in its order
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -326,6 +330,137 @@ def i2v_loop(link: Link) -> str:
     return table(head, rows) + "\n\n" + sources(files, link)
 
 
+# benchmarks/whole_generation.py at LightX2V's workload: its 480P rows, one file per call of the
+# script (`--label`); the folder is globbed, so a new call's file joins the table as committed.
+WHOLE_GENERATION = ("wan2.1-i2v-14b", "whole_generation_wan2.1-i2v-14b-480p_*.json")
+WHOLE_GENERATION_MODEL = "wan2.1-i2v-14b-480p"
+WHOLE_GENERATION_SHAPE, WHOLE_GENERATION_STEPS = "480x832x81", 40  # LightX2V's configs/bench/*.json
+WHOLE_GENERATION_NAME = re.compile(r"whole_generation_(?P<model>[^_]+)_(?P<steps>\d+)steps(?:_(?P<label>[\w-]+))?"
+                                   r"_(?P<card>[^_]+)\.json")
+
+
+def _whole_generation_row(x: dict, data: dict) -> str:
+    """What a whole-generation row ran, in a few words (the record's `what` names every fusion)."""
+    row = x["row"]
+    if row == "distill":
+        return f"distilled {x.get('steps', '?')}-step, fp8 (`{data.get('distill_model', 'distill')}`)"
+    if row == "fp8_cache":
+        psnr = x.get("psnr_vs_fp8_db")
+        return (f"fp8 + step cache (`{data.get('cache', '?')}`)"
+                + ("" if psnr is None else f", PSNR vs fp8 {num(psnr)} dB"))
+    if row == "diffusers":
+        return "diffusers pipeline, regional compile, FA3 (the baseline)"
+    return row
+
+
+def _whole_generation_weights(x: dict, data: dict) -> str:
+    """random / checkpoint for a row: the distilled row loads its own weights, which a record
+    names only where the harness wrote `distill_weights`."""
+    weights = data.get("distill_weights", "not recorded") if x["row"] == "distill" else data.get("weights")
+    return weights if weights in ("random", "not recorded", None) else "checkpoint"
+
+
+def _whole_generation_call(r: Result) -> str:
+    """The card and the `--label` a file was written under: which call of the script a row is
+    from (the file names follow the table, with card and commit)."""
+    m = WHOLE_GENERATION_NAME.fullmatch(r.rel.rsplit("/", 1)[-1])
+    label = m["label"] if m and m["label"] else None
+    return r.card.replace("NVIDIA ", "") + (f", `{label}`" if label else ", no label")
+
+
+def whole_generation_files() -> tuple[list[Result], list[str]]:
+    """The committed whole-generation files of the 480P model on a GPU, and apart from them the
+    names of those that are not at LightX2V's workload (a short run's steps or frames)."""
+    topic, pattern = WHOLE_GENERATION
+    at, off = [], []
+    for path in sorted((RESULTS / topic).glob(pattern)):
+        r = load(path.relative_to(RESULTS).as_posix())
+        m = WHOLE_GENERATION_NAME.fullmatch(path.name)
+        # the CPU smoke runs a tiny model (and names itself so): the plumbing, not a measurement
+        if r.data.get("smoke") or r.data.get("model") != WHOLE_GENERATION_MODEL or (m and m["card"] == "cpu"):
+            continue
+        shapes = {x["shape"] for x in r.rows("rows") if x.get("shape")}
+        if m is None or int(m["steps"]) != WHOLE_GENERATION_STEPS or shapes - {WHOLE_GENERATION_SHAPE}:
+            off.append(path.name)
+        else:
+            at.append(r)
+    return at, off
+
+
+def _measurement(r: Result) -> tuple[str, str, bool]:
+    """Which measurement a whole-generation file belongs to: its card, its commit and whether it
+    wrote the .mp4 (the same work). The rows of one measurement span several files (one per
+    call, `--label`); a file of unknown or dirty commit names no one tree, so it is a
+    measurement of its own."""
+    tree = r.rel if r.commit == "unknown" or "(dirty)" in r.commit else r.commit
+    return r.card, tree, bool(r.data.get("frames_written"))
+
+
+def _diffusers_baselines(files: list[Result]) -> dict[tuple[str, str, bool], float]:
+    """The fastest ok `diffusers` row's whole_s per measurement (`_measurement`)."""
+    out: dict[tuple[str, str, bool], float] = {}
+    for f in files:
+        for x in f.rows("rows"):
+            if x.get("row") == "diffusers" and x.get("status") == "ok" and x.get("whole_s"):
+                key = _measurement(f)
+                out[key] = min(out.get(key, x["whole_s"]), x["whole_s"])
+    return out
+
+
+def whole_generation(link: Link) -> str:
+    """benchmarks.whole_generation's 480P rows at LightX2V's workload, every committed file: the
+    whole call and its phases, each row against the diffusers row of the same commit and card
+    where one was measured; the rows that failed, and the files of a shorter run, named below."""
+    files, off = whole_generation_files()
+    skipped = ([f"Not at the workload ({WHOLE_GENERATION_STEPS} steps, {WHOLE_GENERATION_SHAPE}), so not shown: "
+                + ", ".join(f"`{name}`" for name in off) + "."] if off else [])
+    if not files:
+        return "\n\n".join(["No result at the workload is committed yet.", *skipped])
+    baselines = _diffusers_baselines(files)
+    order = {row: i for i, row in enumerate(WHOLE_GENERATION_ROWS)}
+    measured, failed, unmatched = [], [], False
+    for f in files:
+        written = bool(f.data.get("frames_written"))
+        base = baselines.get(_measurement(f))
+        for x in f.rows("rows"):
+            if x.get("status") != "ok":
+                failed.append(f"- {x.get('row')} ({_whole_generation_call(f)}): {x.get('status')}: "
+                              f"{failure(x.get('error'))}")
+                continue
+            unmatched |= base is None
+            guidance = x.get("guidance")
+            cfg = "—" if guidance is None else (f"yes ({num(guidance)})" if guidance > 1 else "no")
+            encoders = [x.get(k) for k in ("text_encoder_s", "image_encoder_s") if x.get(k) is not None]
+            # the call's time in no timed phase (pre- and post-processing): what the phases leave of it
+            phases = [x.get(k) or 0.0 for k in ("text_encoder_s", "image_encoder_s", "vae_encode_s", "denoise_s",
+                                                 "vae_decode_s", "write_frames_s")]
+            untimed = x["whole_s"] - sum(phases) if x.get("whole_s") and x.get("denoise_s") else None
+            # the distilled model runs another sampler (4 steps, no CFG): a ratio to the 40-step
+            # baseline would be the distillation's, not the engine's
+            versus = "— (another sampler)" if x["row"] == "distill" else ratio(faster(base, x.get("whole_s")))
+            cells = [_whole_generation_row(x, f.data), str(x.get("steps", "—")), cfg, num(x.get("whole_s")),
+                     num(sum(encoders), 2) if encoders else "—", num(x.get("vae_encode_s"), 2),
+                     num(x.get("denoise_s")), num(x.get("s_per_step_median"), 2), num(x.get("vae_decode_s"), 2),
+                     num(untimed, 2), "yes" if written else "no (`--no-write`)", versus,
+                     _whole_generation_weights(x, f.data), _whole_generation_call(f)]
+            measured.append(((f.card, f.commit, order.get(x["row"], len(order)), f.rel), cells))
+    head = [f"{WHOLE_GENERATION_MODEL}, {WHOLE_GENERATION_SHAPE}", "steps", "CFG", "whole call, s",
+            "text + image encoders, s", "VAE encode, s", "denoise, s", "s / step (median)", "VAE decode, s",
+            "untimed (pre- / post-processing), s", "frames written (.mp4)", "vs diffusers (same commit, card)", "weights", "card, call (`--label`)"]
+    notes = []
+    if unmatched:
+        notes.append("vs diffusers is — where no `diffusers` row was measured on the same commit and card (with the "
+                     "frames written alike): no ratio is drawn across trees or cards.")
+    if failed:
+        notes.append("Not measured:\n\n" + "\n".join(failed))
+    # the harness rewrites its file after every row: one cut short keeps the rows it finished
+    notes += [f"Incomplete run: `{f.rel.rsplit('/', 1)[-1]}` stopped after {len(f.rows('rows'))} of the rows it was "
+              "asked for." for f in files if not f.data.get("complete", True)]
+    notes += skipped
+    rows = [cells for _, cells in sorted(measured, key=lambda m: m[0])]
+    return "\n\n".join([table(head, rows), *notes, sources(files, link)])
+
+
 def _offload_rows(r: Result) -> list[list[str]]:
     rows = r.rows("rows")
     resident = next((x["median_ms"] for x in rows if x.get("strategy") == "resident" and x.get("median_ms")), None)
@@ -534,7 +669,7 @@ TABLES: dict[str, Callable[[Link], str]] = {
     "offload": offload, "offload-families": offload_families, "training": training, "training-multi-gpu": training_multi_gpu,
     "self-forcing": self_forcing, "multi-gpu": multi_gpu, "unknown-commits": unknown_commits,
     "gpu-tests": gpu_tests, "serve": serve, "families": families,
-    "video-write": video_write, "adapter-sizes": adapter_sizes,
+    "video-write": video_write, "adapter-sizes": adapter_sizes, "whole-generation": whole_generation,
 }
 
 

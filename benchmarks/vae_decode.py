@@ -10,6 +10,14 @@ a random latent of the shape the VAE decodes at --height x --width (x --frames f
 VAEs; default: the variant's call defaults), batch 1. Cold first call, then >= 2 warm-up
 and >= 5 timed decodes (CUDA events): median / min / max ms, peak GiB. Writes
 vae_decode_<model>.json and .md under --out.
+
+`--layouts as_loaded,channels_last` adds a row with the convolution weights channels-last
+(the plan's memory_format step); `--vae-dtypes float32,bfloat16` rows in another dtype than
+the adapter keeps; `--encode` times the encode of a video of the decoded size too. Each
+row's `rel_err` is its output's distance to the first row of the same op.
+
+    python -m benchmarks.vae_decode --model wan2.1-t2v-1.3b --layouts as_loaded,channels_last \\
+        --vae-dtypes float32,bfloat16 --encode --warmup 1 --runs 3
 """
 
 from __future__ import annotations
@@ -44,16 +52,30 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--frames", type=int, default=None, help="video VAEs only")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--layouts", default="as_loaded",
+                   help="comma-separated: as_loaded, channels_last (the plan's memory_format step on the VAE)")
+    p.add_argument("--vae-dtypes", default=None,
+                   help="comma-separated torch dtypes to run the VAE in (default: the one the adapter keeps, "
+                        "e.g. float32 for Wan); rows beyond the first show what another choice would cost or save")
+    p.add_argument("--encode", action="store_true",
+                   help="also time vae.encode of a video of the decoded size (an I2V pipeline's condition)")
     p.add_argument("--out", default=common.results_dir("vae_decode"))
     common.add_commit_argument(p)
     argv = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(argv)
+    layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
+    bad = sorted(set(layouts) - set(LAYOUTS))
+    if bad:
+        raise SystemExit(f"--layouts: unknown {bad}; choose from {', '.join(LAYOUTS)}")
     common.measured_commit()  # refused before anything is measured where the commit cannot be known
 
     import torch
 
     import magi_zoo
 
+    dtypes = [getattr(torch, x.strip(), None) for x in (args.vae_dtypes or "").split(",") if x.strip()]
+    if any(not isinstance(d, torch.dtype) for d in dtypes):
+        raise SystemExit(f"--vae-dtypes {args.vae_dtypes!r}: torch dtype names, e.g. float32,bfloat16")
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     handle = magi_zoo.load(args.model, gpu="auto" if device.type == "cuda" else "cpu", weights="random",
@@ -66,25 +88,65 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     frames = args.frames or d.get("num_frames")
     shape = latent_shape(vae, height, width, frames)
     g = torch.Generator().manual_seed(0)
-    z = torch.randn(*shape, generator=g).to(device=device, dtype=vae.dtype)
-    decode = lambda: vae.decode(z, return_dict=False)[0]  # noqa: E731
-
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    with torch.no_grad():
-        image, first_s = common.first_call(decode, device)
-        row = {"model": handle.variant.name, "latent": list(shape), "pixels": list(image.shape[2:]),
-               "vae_dtype": str(vae.dtype), "first_call_s": round(first_s, 3),
-               **common.time_calls(decode, device, warmup=args.warmup, runs=args.runs)}
-    row["peak_gib"] = common.gib(torch.cuda.max_memory_allocated()) if device.type == "cuda" else None
+    z32 = torch.randn(*shape, generator=g)
+    rows: list[dict[str, Any]] = []
+    reference: dict[str, Any] = {}  # op -> the first row's output (the adapter's dtype, as loaded)
+    for vae_dtype in dtypes or [vae.dtype]:
+        vae.to(vae_dtype)
+        for layout in layouts:
+            rows += _rows(vae, z32, layout, args, device, handle.variant.name, reference)
     env = common.environment(device)
-    record = {"env": env, "command": "python -m benchmarks.vae_decode " + " ".join(argv), "results": [row]}
-    md = [f"# {row['model']}: one eager VAE decode", "", common.env_line(env), "",
-          common.results_table([row], ["model", "latent", "pixels", "vae_dtype", "median_ms", "min_ms", "max_ms",
-                                       "first_call_s", "peak_gib"])]
-    common.write_results(Path(args.out), f"vae_decode_{row['model']}", record, "\n".join(md))
+    record = {"env": env, "command": "python -m benchmarks.vae_decode " + " ".join(argv), "results": rows}
+    what = "decode" + (" and encode" if args.encode else "")
+    md = [f"# {handle.variant.name}: one eager VAE {what}", "", common.env_line(env), "",
+          "rel_err: against the first row of the same op (the dtype the adapter keeps, weights as loaded)", "",
+          common.results_table(rows, ["model", "op", "latent", "pixels", "vae_dtype", "layout", "median_ms",
+                                      "min_ms", "max_ms", "first_call_s", "peak_gib", "rel_err"])]
+    common.write_results(Path(args.out), f"vae_decode_{handle.variant.name}", record, "\n".join(md))
     print("\n".join(md), flush=True)
     return record
+
+
+LAYOUTS = ("as_loaded", "channels_last")
+
+
+def _rows(vae, z32, layout: str, args, device, model: str, reference: dict) -> list[dict[str, Any]]:
+    """The decode (and encode) rows of one dtype and weight layout; the layout through the
+    plan's own memory_format step, removed afterwards."""
+    import torch
+
+    import magi_zoo
+
+    report = None
+    if layout == "channels_last":
+        report = magi_zoo.apply(vae, {"compile": {"": {"enabled": False}}, "memory_format": {"": True}},
+                                gpu="auto" if device.type == "cuda" else "cpu")
+    z = z32.to(device=device, dtype=vae.dtype)
+    ops = {"decode": lambda: vae.decode(z, return_dict=False)[0]}
+    out: list[dict[str, Any]] = []
+    try:
+        with torch.no_grad():
+            for op in ("decode", "encode") if args.encode else ("decode",):
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats()
+                result, first_s = common.first_call(ops[op], device)
+                if op == "decode" and args.encode:
+                    # the video every encode row reads: the first row's decode (the decoded size, in
+                    # [-1, 1]), so the encode rows differ by their own dtype and layout alone
+                    video = reference.setdefault("video", result.clamp(-1, 1).float()).to(vae.dtype)
+                    ops["encode"] = lambda: vae.encode(video).latent_dist.mode()
+                row = {"model": model, "op": op, "latent": list(z.shape), "pixels": list(video.shape[2:] if op ==
+                       "encode" else result.shape[2:]), "vae_dtype": str(vae.dtype).replace("torch.", ""),
+                       "layout": layout, "first_call_s": round(first_s, 3),
+                       **common.time_calls(ops[op], device, warmup=args.warmup, runs=args.runs)}
+                row["peak_gib"] = common.gib(torch.cuda.max_memory_allocated()) if device.type == "cuda" else None
+                ref = reference.setdefault(op, result.float())
+                row["rel_err"] = float(f"{float((result.float() - ref).norm() / ref.norm()):.3g}")
+                out.append(row)
+    finally:
+        if report is not None:
+            magi_zoo.remove(vae)
+    return out
 
 
 if __name__ == "__main__":

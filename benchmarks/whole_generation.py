@@ -59,6 +59,7 @@ class PhaseTimer:
         self.device = device
         self.seconds: dict[str, float] = {}
         self.pre_loop_end = 0.0  # when the last phase other than the decode ended: the loop starts after it
+        self.decode_start = self.decode_end = 0.0  # the VAE decode's bounds: what comes after it is post-processing
         self._undo: list = []
 
     def wrap(self, obj, method: str, phase: str) -> None:
@@ -75,6 +76,8 @@ class PhaseTimer:
             self.seconds[phase] = self.seconds.get(phase, 0.0) + end - t0
             if phase != "vae_decode_s":
                 self.pre_loop_end = end
+            else:
+                self.decode_start, self.decode_end = t0, end
             return out
 
         setattr(obj, method, timed)
@@ -82,7 +85,7 @@ class PhaseTimer:
 
     def reset(self) -> None:
         self.seconds.clear()
-        self.pre_loop_end = 0.0
+        self.pre_loop_end = self.decode_start = self.decode_end = 0.0
 
     def remove(self) -> None:
         for obj, method in self._undo:
@@ -168,6 +171,7 @@ def run_row(row: str, args) -> dict[str, Any]:
         out = fn(**call, output_type="np", generator=torch.Generator("cpu").manual_seed(args.seed),
                  callback_on_step_end=on_step_end)
         frames = list(out.frames[0])
+        common.sync(device)
         t_write = time.perf_counter()
         if not args.no_write:
             tmp = Path(tempfile.mkdtemp(prefix="whole_generation_"))
@@ -184,6 +188,13 @@ def run_row(row: str, args) -> dict[str, Any]:
         "whole_s": round(end - start, 2),
         **{k: round(v, 3) for k, v in timer.seconds.items()},
         "denoise_s": round(sum(steps_s), 2),
+        # the call's time outside every timed phase, before the loop (image and prompt
+        # preprocessing, latents set-up), between the last step and the decode (latents
+        # unscaled), and after the decode (the frames converted to numpy and copied to the host)
+        "untimed_before_loop_s": round(loop_start - start - sum(v for k, v in timer.seconds.items()
+                                                               if k != "vae_decode_s"), 3),
+        "untimed_before_decode_s": round(timer.decode_start - stamps[-1], 3) if stamps and timer.decode_start else None,
+        "untimed_after_decode_s": round(t_write - timer.decode_end, 3) if timer.decode_end else None,
         "s_per_step_median": round(float(np.median(steps_s)), 3) if steps_s else None,
         "write_frames_s": None if args.no_write else round(end - t_write, 3),
         "steps_s": [round(s, 3) for s in steps_s],
@@ -239,7 +250,8 @@ def _publish(args, argv, env, out: Path, stem: str, rows: list[str], results: di
     _quality(results)
     ordered = [results[r] for r in rows if r in results]
     cols = ["row", "status", "whole_s", "text_encoder_s", "image_encoder_s", "vae_encode_s", "denoise_s",
-            "s_per_step_median", "steps", "vae_decode_s", "write_frames_s", "psnr_vs_fp8_db", "ssim_vs_fp8",
+            "s_per_step_median", "steps", "vae_decode_s", "untimed_before_loop_s", "untimed_before_decode_s",
+            "untimed_after_decode_s", "write_frames_s", "psnr_vs_fp8_db", "ssim_vs_fp8",
             "psnr_vs_bf16_db", "recompiles", "peak_gib"]
     md = (f"# Whole generation: {args.model}, LightX2V's workload\n\n{common.env_line(env)}\n\n"
           f"command: `python -m benchmarks.whole_generation {' '.join(argv if argv is not None else sys.argv[1:])}`"
@@ -250,7 +262,8 @@ def _publish(args, argv, env, out: Path, stem: str, rows: list[str], results: di
           + "\n".join(f"- {r['row']}: {r.get('what') or r.get('error')}" for r in ordered) + "\n")
     record = {"what": "one whole I2V generation per row, per phase (docs: benchmarks/whole_generation.py)",
               "complete": complete, "model": args.model, "weights": args.weights,
-              "distill_model": args.distill_model, "cache": args.cache, "seed": args.seed, "smoke": args.smoke,
+              "distill_model": args.distill_model, "distill_weights": args.distill_weights, "cache": args.cache,
+              "seed": args.seed, "smoke": args.smoke,
               "frames_written": not args.no_write, "environment": env, "rows": ordered}
     common.publish(out, stem, record, md)
 

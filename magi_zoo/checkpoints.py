@@ -12,11 +12,13 @@ half the bytes on the host and through the offload streams.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import json
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.nn as nn
 
 from .adapters.diffusers_pipeline import DiffusersPipelineAdapter
@@ -47,6 +49,29 @@ def fp8_linears(adapter: Any, native: Any, profile: GpuProfile) -> dict[str, lis
     return {c: sorted(set(p)) for c, p in out.items()}
 
 
+@contextlib.contextmanager
+def standard_layout(modules):
+    """Parameters in torch's standard (contiguous) layout while the block runs, then back in
+    the layout they had: safetensors writes only contiguous tensors, and a plan's
+    memory_format step keeps convolution weights channels-last (same values, other strides)."""
+    moved: list[tuple[torch.nn.Parameter, torch.memory_format]] = []
+    try:
+        with torch.no_grad():
+            for module in modules:
+                for prm in module.parameters():
+                    fmt = {4: torch.channels_last, 5: torch.channels_last_3d}.get(prm.dim())
+                    # contiguous already, or a layout no step of ours makes (the library's save decides)
+                    if prm.is_contiguous() or fmt is None or not prm.is_contiguous(memory_format=fmt):
+                        continue
+                    prm.data = prm.data.contiguous()
+                    moved.append((prm, fmt))
+        yield
+    finally:
+        with torch.no_grad():
+            for prm, fmt in moved:
+                prm.data = prm.data.contiguous(memory_format=fmt)
+
+
 def save_pretrained(handle: Any, path: str | Path, *, precision: str | None = None) -> Path:
     """Write `handle`'s model so that `load(name, weights=path)` reads it back. precision:
     None (as held) or "fp8" (the fp8 regions' linears quantized, see the module docstring).
@@ -54,7 +79,8 @@ def save_pretrained(handle: Any, path: str | Path, *, precision: str | None = No
     library's own classes are what is written."""
     path = Path(path)
     if precision in (None, "bf16"):
-        return handle.adapter.save_pretrained(handle.pipe, path)
+        with standard_layout(handle.adapter.components(handle.pipe).values()):
+            return handle.adapter.save_pretrained(handle.pipe, path)
     if precision != "fp8":
         raise ValueError(f"precision={precision!r}; choices: 'fp8' or None")
     if not isinstance(handle.adapter, DiffusersPipelineAdapter):
@@ -75,7 +101,8 @@ def save_pretrained(handle: Any, path: str | Path, *, precision: str | None = No
                     continue
                 setattr(parent, name, Fp8Linear(lin))  # the precision step's quantizer, bit for bit
                 swaps.append((parent, name, lin))
-        out = handle.adapter.save_pretrained(handle.pipe, path)
+        with standard_layout(comps.values()):
+            out = handle.adapter.save_pretrained(handle.pipe, path)
     finally:
         for parent, name, lin in reversed(swaps):
             setattr(parent, name, lin)

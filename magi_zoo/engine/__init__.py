@@ -3,8 +3,8 @@
 This module is its public surface: what the zoo, the CLI, training, benchmarks and model
 adapters import (adapters import nothing else of the engine but `engine.compat`). Never
 imports an adapter. Entry point: `apply` (its steps and their fixed order: `apply.py`);
-one package per step (prepare, attention, precision, recompute, compile, step_cache,
-offload, parallel, cuda_graphs).
+one package per step (prepare, attention, precision, memory_format, recompute, compile,
+step_cache, offload, parallel, cuda_graphs).
 """
 
 from .apply import STEP_ORDER, apply, needs_streaming, preview, remove

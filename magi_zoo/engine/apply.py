@@ -12,6 +12,7 @@ from . import compile as compile_mod
 from .attention import attention_step
 from .compile import compile_step
 from .cuda_graphs import cuda_graphs_step
+from .memory_format import memory_format_step
 from .offload import OffloadPlan, offload_step, streaming_plan
 from .parallel import parallel_step
 from .precision import precision_step
@@ -27,7 +28,9 @@ from .steps import StepContext, StepFn, StepRecord
 # the plan is resolved; attention (and precision) change which ops the graphs contain, so
 # they precede tracing; recompute must sit *inside* compiled regions so the compiler sees
 # it; offload hooks and collectives wrap compiled regions and are never traced into them
-# (torchtitan's order: activation checkpointing -> compile -> FSDP). Adding a step is a
+# (torchtitan's order: activation checkpointing -> compile -> FSDP). memory_format re-lays
+# out convolution weights before anything traces or copies them: inductor specialises on
+# weight strides, and offload copies weights with their layout. Adding a step is a
 # package under engine/ with one `<name>_step` function and one row in STEPS below.
 # step_cache comes right after compile: diffusers' caching hooks wrap whatever `forward` an
 # instance has when they are registered, so after compile they wrap the compiled blocks and
@@ -35,12 +38,13 @@ from .steps import StepContext, StepFn, StepRecord
 # hooks' `.item()` tests and per-step state into the blocks (engine/step_cache/).
 # cuda_graphs comes last: a graph records everything one call launches, so it wraps the
 # finished module (compiled blocks, attention ops, the eager code between them).
-STEP_ORDER = ("prepare", "attention", "precision", "recompute", "compile", "step_cache", "offload", "parallel",
-              "cuda_graphs")
+STEP_ORDER = ("prepare", "attention", "precision", "memory_format", "recompute", "compile", "step_cache",
+              "offload", "parallel", "cuda_graphs")
 # Every step after `prepare` (which runs before resolution, below), in STEP_ORDER: an
 # explicit table, so the order never depends on which modules happen to be imported.
 STEPS: tuple[tuple[str, StepFn], ...] = (
-    ("attention", attention_step), ("precision", precision_step), ("recompute", recompute_step),
+    ("attention", attention_step), ("precision", precision_step), ("memory_format", memory_format_step),
+    ("recompute", recompute_step),
     ("compile", compile_step), ("step_cache", step_cache_step), ("offload", offload_step),
     ("parallel", parallel_step), ("cuda_graphs", cuda_graphs_step),
 )
@@ -73,18 +77,20 @@ def apply(module: nn.Module, plan: Any = None, *, gpu: str | GpuProfile | None =
        in place before anything is traced;
     3. precision -- fp8 linears where the plan says matmul='fp8' (before tracing: the
        graphs must contain the fp8 ops);
-    4. recompute -- activation checkpointing per region (none / full / selective / auto);
+    4. memory_format -- convolution weights channels-last where the plan says (before
+       tracing and offload: both see the weights' strides);
+    5. recompute -- activation checkpointing per region (none / full / selective / auto);
        it must sit *inside* compiled regions, so it wraps each block before compile does;
-    5. compile -- installs the compiled methods (compilation itself happens lazily on the
+    6. compile -- installs the compiled methods (compilation itself happens lazily on the
        first call and is booked to each region's counters);
-    6. step_cache -- diffusers' step-caching hooks (first block cache, MagCache, ...) wrap
+    7. step_cache -- diffusers' step-caching hooks (first block cache, MagCache, ...) wrap
        the compiled blocks from outside, so they run after compile; hooks that would land
        inside a compiled region are refused;
-    7. offload -- hooks that move weights wrap compiled regions, never traced into them
+    8. offload -- hooks that move weights wrap compiled regions, never traced into them
        (today: reads the profile's memory and says whether the weights fit);
-    8. parallel -- multi-process splits (Ulysses / ring / CFG), hooks that wrap compiled
+    9. parallel -- multi-process splits (Ulysses / ring / CFG), hooks that wrap compiled
        regions from outside; collectives inside them only as functional collectives;
-    9. cuda_graphs -- whole calls of a method captured in CUDA graphs and replayed; last,
+    10. cuda_graphs -- whole calls of a method captured in CUDA graphs and replayed; last,
        because the graph records everything the finished call launches (what it cannot
        record -- step caching, streamed offload, parallel splits -- is refused).
 

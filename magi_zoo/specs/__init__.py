@@ -17,6 +17,7 @@ from .offload_spec import OFFLOAD_MODES, OffloadSpec  # registers the offload se
 from .section import SECTIONS, SectionSpec, register_section
 from .step_cache_spec import StepCacheSpec  # noqa: F401  (registers the step_cache section)
 from .cuda_graph_spec import CudaGraphSpec  # noqa: F401  (registers the cuda_graphs section)
+from .memory_format_spec import MemoryFormatSpec  # noqa: F401  (registers the memory_format section)
 
 SPEC_DIR = Path(__file__).parent
 

@@ -74,6 +74,60 @@ def test_gpu_test_logs_are_summarised_from_pytest_own_line(tmp_path, monkeypatch
     assert rows[1].startswith("| multi | not recorded | H100 ×2 | no pytest summary"), rows
 
 
+def test_whole_generation_joins_the_calls_of_one_commit_and_card(tmp_path, monkeypatch):
+    """One measurement spans a file per call (`--label`): a row is compared with the diffusers
+    row of the same commit and card that wrote its frames alike, and with nothing else; smoke
+    and CPU files are left out, a shorter run's file is named but not shown."""
+    folder = tmp_path / "wan2.1-i2v-14b"
+    folder.mkdir()
+    sha, other = "1" * 40, "2" * 40
+
+    def write(name, rows, commit=sha, card="NVIDIA H200", written=True, **top):
+        record = {"complete": True, "model": "wan2.1-i2v-14b-480p", "weights": "random", "smoke": False,
+                  "frames_written": written, "cache": "first_block:0.1", "distill_model": "wan2.1-i2v-14b-480p-distill",
+                  "environment": {"card": card, "commit": commit, "commit_source": "git"}, **top,
+                  "rows": [{"status": "ok", "shape": "480x832x81", "steps": 40, "guidance": 5.0, **r} for r in rows]}
+        (folder / f"whole_generation_wan2.1-i2v-14b-480p_{name}.json").write_text(json.dumps(record))
+
+    write("40steps_wgtest-base_h200", [{"row": "diffusers", "whole_s": 300.0, "text_encoder_s": 1.0,
+                                        "image_encoder_s": 1.0, "vae_encode_s": 2.0, "denoise_s": 290.0,
+                                        "vae_decode_s": 3.0, "write_frames_s": 1.0}])
+    write("40steps_wgtest-fp8_h200", [{"row": "fp8", "whole_s": 150.0},
+                                      {"row": "fp8_cache", "whole_s": 100.0, "psnr_vs_fp8_db": "inf"},
+                                      {"row": "bf16", "status": "error", "error": "RuntimeError: out of memory"}])
+    write("40steps_wgtest-old_h200", [{"row": "fp8", "whole_s": 160.0}], commit=other)  # another tree
+    write("40steps_wgtest-nowrite_h200", [{"row": "bf16", "whole_s": 190.0}],
+          written=False)  # less work than the diffusers row: no ratio
+    write("40steps_wgtest-distill_h200", [{"row": "distill", "whole_s": 12.0, "steps": 4, "guidance": 1.0}])
+    write("40steps_wgtest-smoke_cpu", [{"row": "fp8", "whole_s": 1.0}], smoke=True, card="cpu")
+    write("4steps_wgtest-short_h200", [{"row": "fp8", "whole_s": 15.0, "steps": 4, "shape": "480x832x21"}])
+    monkeypatch.setattr(tables, "RESULTS", tmp_path)
+    tables.load.cache_clear()  # `load` is cached by path under RESULTS, which this test moved
+    try:
+        text = tables.whole_generation(lambda rel: rel)
+    finally:
+        tables.load.cache_clear()
+    # each line by its first cell (what ran) and its last (the call it is from)
+    rows = {(cells[0], cells[-1].rsplit("`", 2)[-2]): line for line in text.splitlines()[2:] if line.startswith("| ")
+            for cells in [line.strip("| ").split(" | ")]}
+    assert " | 2.00× | " in rows["fp8", "wgtest-fp8"], rows  # 300 s / 150 s, the same tree and card
+    assert " | 3.00× | " in rows["fp8 + step cache (`first_block:0.1`), PSNR vs fp8 inf dB", "wgtest-fp8"], rows
+    assert " | 1.00× | " in rows["diffusers pipeline, regional compile, FA3 (the baseline)", "wgtest-base"], rows
+    assert " | no (`--no-write`) | — | " in rows["bf16", "wgtest-nowrite"], rows
+    # another sampler (4 steps, no CFG) than the baseline's: no ratio, though commit and card match
+    assert " | yes | — (another sampler) | " in rows["distilled 4-step, fp8 (`wan2.1-i2v-14b-480p-distill`)",
+                                                     "wgtest-distill"], rows
+    # untimed: the whole call less its phases; none where the record has no phases
+    assert " | 300.0 | 2.00 | 2.00 | 290.0 | — | 3.00 | 2.00 | yes | 1.00× | " in rows[
+        "diffusers pipeline, regional compile, FA3 (the baseline)", "wgtest-base"], rows
+    assert " | 150.0 | — | — | — | — | — | — | yes | " in rows["fp8", "wgtest-fp8"], rows
+    assert " | yes | — | " in rows["fp8", "wgtest-old"], rows  # the other commit
+    assert len(rows) == 6, rows
+    assert "bf16 (H200, `wgtest-fp8`): error: RuntimeError: out of memory" in text
+    assert "wgtest-smoke" not in text and "so not shown: `whole_generation_wan2.1-i2v-14b-480p_4steps" in text
+    assert "no ratio is drawn across trees or cards" in text
+
+
 def test_a_stale_or_unknown_table_is_found(tmp_path):
     (tmp_path / "docs").mkdir()
     doc = tmp_path / "docs" / "page.md"
