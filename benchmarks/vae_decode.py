@@ -9,7 +9,7 @@ the published config (bf16 on CUDA, fp32 on CPU; a VAE the adapter keeps in fp32
 a random latent of the shape the VAE decodes at --height x --width (x --frames for video
 VAEs; default: the variant's call defaults), batch 1. Cold first call, then >= 2 warm-up
 and >= 5 timed decodes (CUDA events): median / min / max ms, peak GiB. Writes
-vae_decode_<model>.json and .md under --out.
+vae_decode_<model>[_<label>]_<card>.json and .md under --out (on the CPU without the card).
 
 `--layouts as_loaded,channels_last` adds a row with the convolution weights channels-last
 (the plan's memory_format step); `--vae-dtypes float32,bfloat16` rows in another dtype than
@@ -17,7 +17,7 @@ the adapter keeps; `--encode` times the encode of a video of the decoded size to
 row's `rel_err` is its output's distance to the first row of the same op.
 
     python -m benchmarks.vae_decode --model wan2.1-t2v-1.3b --layouts as_loaded,channels_last \\
-        --vae-dtypes float32,bfloat16 --encode --warmup 1 --runs 3
+        --vae-dtypes float32,bfloat16 --encode --warmup 1 --runs 3 --label layouts
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         "e.g. float32 for Wan); rows beyond the first show what another choice would cost or save")
     p.add_argument("--encode", action="store_true",
                    help="also time vae.encode of a video of the decoded size (an I2V pipeline's condition)")
+    p.add_argument("--label", default=None, help="a word in the results file's name (after the model)")
     p.add_argument("--out", default=common.results_dir("vae_decode"))
     common.add_commit_argument(p)
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -102,7 +103,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           "rel_err: against the first row of the same op (the dtype the adapter keeps, weights as loaded)", "",
           common.results_table(rows, ["model", "op", "latent", "pixels", "vae_dtype", "layout", "median_ms",
                                       "min_ms", "max_ms", "first_call_s", "peak_gib", "rel_err"])]
-    common.write_results(Path(args.out), f"vae_decode_{handle.variant.name}", record, "\n".join(md))
+    # named by model, label and card (a CPU run keeps the plain name its smoke test reads)
+    stem = (f"vae_decode_{handle.variant.name}" + (f"_{args.label}" if args.label else "")
+            + (f"_{common.card_tag(env)}" if device.type == "cuda" else ""))
+    common.write_results(Path(args.out), stem, record, "\n".join(md))
     print("\n".join(md), flush=True)
     return record
 
