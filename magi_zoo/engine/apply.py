@@ -30,7 +30,7 @@ from .steps import StepContext, StepFn, StepRecord
 # it; offload hooks and collectives wrap compiled regions and are never traced into them
 # (torchtitan's order: activation checkpointing -> compile -> FSDP). memory_format re-lays
 # out convolution weights before anything traces or copies them: inductor specialises on
-# weight strides, and offload copies weights with their layout. Adding a step is a
+# weight strides, and offload's resident copies keep the layout they find. Adding a step is a
 # package under engine/ with one `<name>_step` function and one row in STEPS below.
 # step_cache comes right after compile: diffusers' caching hooks wrap whatever `forward` an
 # instance has when they are registered, so after compile they wrap the compiled blocks and

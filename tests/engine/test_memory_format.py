@@ -122,7 +122,7 @@ def test_wan_hopper_plan_keeps_the_vae_channels_last_and_saves_in_the_standard_l
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_wan_vae_decode_channels_last_equals_standard_layout_on_cuda():
     # cuDNN picks its NDHWC kernels for channels-last weights; the values must be the same
-    # decode up to the algorithms' rounding (fp32 VAE, TF32 allowed or not).
+    # decode up to those kernels' rounding.
     h = magi_zoo.load("wan2.1-tiny", gpu="cpu", device="cuda", compile=False)
     vae = h.pipe.vae.float()
     z = torch.randn(1, vae.config.z_dim, 3, 8, 8, device="cuda")
@@ -131,7 +131,10 @@ def test_wan_vae_decode_channels_last_equals_standard_layout_on_cuda():
         rep = magi_zoo.apply(vae, _plan(**{"": True}), gpu="h100")
         out = vae.decode(z).sample
     assert rep.step("memory_format").details["converted"]["<root>"] > 0  # the root key is reported as <root>
-    torch.testing.assert_close(out, ref, rtol=2e-3, atol=2e-3)
+    # The published-size fp32 decode on an H200 was 1.3e-3 (relative norm) from the standard
+    # layout's (benchmarks/results/vae_decode/vae_decode_wan2.1-t2v-1.3b_layouts_h200.md): other
+    # cuDNN kernels. 5e-3 leaves room for the tiny VAE's random weights; a wrong decode is far off.
+    assert float((out - ref).norm() / ref.norm()) < 5e-3
     magi_zoo.remove(vae)
 
 

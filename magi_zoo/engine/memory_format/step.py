@@ -9,10 +9,11 @@ that is not in torch's standard layout to begin with is left alone and counted, 
 the undo puts weights back in the standard layout and could not restore another.
 
 Why before compile and offload (`apply.STEP_ORDER`): inductor specialises on the strides of
-the weights it traces, and offload copies weights with their layout (`empty_like` keeps it),
-so both must see the final layout. Saving a checkpoint needs standard-layout tensors
-(safetensors refuses others): `magi_zoo.checkpoints` writes them in that layout and puts
-them back.
+the weights it traces, and offload moves a resident unit's weights with `Tensor.to`, which
+keeps their layout. A *streamed* unit's weights are views of its flat card buffer in the
+standard layout (the values copied right), so streaming keeps the outputs, not the gain.
+Saving a checkpoint needs standard-layout tensors (safetensors refuses others):
+`magi_zoo.checkpoints` writes them in that layout and puts them back.
 """
 
 from __future__ import annotations
