@@ -211,17 +211,6 @@ def run_row(row: str, args) -> dict[str, Any]:
     return row_rec
 
 
-def mp4_writer_missing() -> str | None:
-    """Why an .mp4 cannot be written here (neither imageio's ffmpeg nor PyAV), else None."""
-    import importlib.util
-
-    if importlib.util.find_spec("av") is not None:
-        return None
-    if importlib.util.find_spec("imageio_ffmpeg") is not None:
-        return None
-    return "needs ffmpeg: pip install imageio-ffmpeg, or the `av` extra"
-
-
 def _quality(rows: dict[str, dict]) -> None:
     """fp8_cache's decoded frames against the uncached fp8 row's (and bf16's): PSNR / SSIM."""
     import numpy as np
@@ -310,7 +299,9 @@ def main(argv=None) -> int:
     common.measured_commit()  # refused before anything is measured where the commit cannot be known
     if args.label is not None and not args.label.replace("-", "").isalnum():
         raise SystemExit(f"--label {args.label!r}: letters, digits and '-' only (it names the results file)")
-    if not args.no_write and (why := mp4_writer_missing()) is not None:  # before any model is built
+    from magi_zoo.cli import writers
+
+    if not args.no_write and (why := writers.mp4_writer_missing()) is not None:  # before any model is built
         raise SystemExit(f"the rows end by writing an .mp4, which {why}; install it, or pass --no-write "
                          "(the record then says the frames were not written)")
     import torch

@@ -6,6 +6,7 @@ mid-write never leaves a torn file, and an existing file is replaced whole or no
 
 from __future__ import annotations
 
+import importlib.util
 import wave
 from pathlib import Path
 
@@ -112,6 +113,14 @@ def write_video_with_audio(frames, path: str | Path, fps: int, audio, sample_rat
 
     sound = torch.as_tensor(np.nan_to_num(np.asarray(audio, dtype=np.float32)))
     encode_video(uint8_frames(frames), fps=fps, output_path=str(path), audio_sample_rate=sample_rate, audio=sound)
+
+
+def mp4_writer_missing() -> str | None:
+    """Why `write_mp4` cannot write here (neither imageio's ffmpeg wheel nor PyAV is
+    installed), else None: asked before work whose output is an .mp4."""
+    if can_mux_audio() or importlib.util.find_spec("imageio_ffmpeg") is not None:
+        return None
+    return "needs ffmpeg: pip install imageio-ffmpeg, or the `av` extra"
 
 
 def write_mp4(frames, path: str | Path, fps: int, *, name: str | None = None) -> None:

@@ -126,3 +126,21 @@ def test_video_as_gif_needs_no_ffmpeg(tmp_path, monkeypatch):
                                            r"extra\); or write v.gif"):
         cli.write_output(Output(kind="video", value=frames, fps=8), tmp_path / "v.mp4")
     assert not (tmp_path / "v.mp4").exists()
+
+
+def test_mp4_writer_missing_names_what_to_install(monkeypatch):
+    """Asked before work whose output is an .mp4 (benchmarks.whole_generation): None where
+    imageio's ffmpeg wheel or PyAV is installed, else what to install."""
+    import importlib.util
+
+    from magi_zoo.cli import writers
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(writers, "can_mux_audio", lambda: False)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "imageio_ffmpeg" else real(name, *a))
+    assert writers.mp4_writer_missing() == "needs ffmpeg: pip install imageio-ffmpeg, or the `av` extra"
+    monkeypatch.setattr(writers, "can_mux_audio", lambda: True)  # PyAV alone writes H.264
+    assert writers.mp4_writer_missing() is None
+    monkeypatch.setattr(writers, "can_mux_audio", lambda: False)
+    monkeypatch.setattr(importlib.util, "find_spec", real)
+    assert (writers.mp4_writer_missing() is None) == (real("imageio_ffmpeg") is not None)

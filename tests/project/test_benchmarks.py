@@ -479,7 +479,9 @@ def test_whole_generation_label_and_no_write(tmp_path, monkeypatch):
 
     with pytest.raises(SystemExit, match="letters, digits"):
         whole_generation.main(["--smoke", "--label", "a/b", "--out", str(tmp_path)])
-    monkeypatch.setattr(whole_generation, "mp4_writer_missing", lambda: "needs ffmpeg: pip install imageio-ffmpeg")
+    from magi_zoo.cli import writers
+
+    monkeypatch.setattr(writers, "mp4_writer_missing", lambda: "needs ffmpeg: pip install imageio-ffmpeg")
     with pytest.raises(SystemExit, match="--no-write"):
         whole_generation.main(["--smoke", "--rows", "fp8", "--out", str(tmp_path)])
     assert not list(tmp_path.iterdir())  # refused before any row ran or any file was written
