@@ -85,6 +85,18 @@ def test_a_user_key_without_convolutions_is_refused_before_anything_changes():
     assert model.vae.conv3.weight.is_contiguous()  # the failed apply left nothing behind
 
 
+def test_a_shipped_key_without_convolutions_changes_nothing_and_says_so():
+    # a spec file's key must match every variant of a family; where a variant has no
+    # convolution under it there is nothing to do, which the report says (a user key: refused)
+    from magi_zoo.specs import PlanLayer
+
+    model = Model()
+    layer = PlanLayer.coerce({"compile": {"": {"enabled": False}}, "memory_format": {"mlp": True}})
+    rep = magi_zoo.apply(model, layers=[("gpu", layer)], gpu="cpu")
+    assert rep.step("memory_format").did == "none (no convolution under the plan's keys)"
+    assert model.vae.conv3.weight.is_contiguous()
+
+
 def test_a_weight_in_another_layout_is_left_as_loaded_and_said():
     model = Model()
     with torch.no_grad():

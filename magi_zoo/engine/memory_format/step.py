@@ -72,7 +72,8 @@ def memory_format_step(ctx: StepContext) -> StepRecord:
             for w in converted.values():
                 w.data = w.data.contiguous()
 
-    did = "channels-last convolution weights: " + ", ".join(f"{p} ({n})" for p, n in per_target.items())
+    did = ("channels-last convolution weights: " + ", ".join(f"{p} ({n})" for p, n in per_target.items())
+           if per_target else "none (no convolution under the plan's keys)")
     if left:
         did += f"; {len(left)} weight(s) in another layout left as loaded (e.g. {left[0]})"
     return StepRecord("memory_format", did, undo,
