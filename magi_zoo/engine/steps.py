@@ -45,6 +45,9 @@ class StepContext:
     train: bool = False  # a training apply: steps keep what backward needs (e.g. attention with a backward)
     # Written by step_cache: path of each model whose calls a step cache now decides -> the method.
     step_cached: dict[str, str] = dataclasses.field(default_factory=dict)
+    # Written by memory_format: paths of the convolutions whose weights it made channels-last
+    # (offload says which of them a streamed unit runs in the standard layout).
+    channels_last: frozenset[str] = frozenset()
     # Written by offload: paths of the units whose weights move between host and card during
     # calls (streamed, or evicted for another phase); empty when every weight stays put.
     offload_moving: frozenset[str] = frozenset()

@@ -164,3 +164,32 @@ def test_vae_benchmark_rows_per_layout_and_op(tmp_path):
     assert rows[("decode", "as_loaded")]["vae_dtype"] == "float32"  # the adapter keeps the Wan VAE fp32
     with pytest.raises(SystemExit, match="--layouts: unknown"):
         vae_decode.main(["--device", "cpu", "--model", "wan2.1-tiny", "--layouts", "nhwc", "--out", str(tmp_path)])
+
+
+def test_converted_paths_reach_offload_which_names_those_a_streamed_unit_runs_flat(monkeypatch):
+    # memory_format hands offload the converted convolutions (StepContext.channels_last); a
+    # streamed unit's weights are views of its flat buffer, so offload names the ones inside one.
+    import importlib
+
+    from magi_zoo.engine.offload.step import standard_layout_when_streamed
+
+    apply_mod = importlib.import_module("magi_zoo.engine.apply")  # the module, not the function it exports
+    seen = {}
+    steps = [(n, s) for n, s in apply_mod.STEPS]
+    i = next(k for k, (n, _) in enumerate(steps) if n == "offload")
+    offload_step = steps[i][1]
+
+    def spy(ctx):
+        seen["channels_last"] = ctx.channels_last
+        return offload_step(ctx)
+
+    steps[i] = ("offload", spy)
+    monkeypatch.setattr(apply_mod, "STEPS", tuple(steps))
+    magi_zoo.apply(Model(), _plan(vae=True), gpu="cpu")
+    assert seen["channels_last"] == frozenset({"vae.conv3", "vae.conv2"})
+    paths = seen["channels_last"]
+    assert standard_layout_when_streamed(paths, ["vae"]) == ["vae.conv2", "vae.conv3"]
+    assert standard_layout_when_streamed(paths, ["vae.conv3", "mlp"]) == ["vae.conv3"]
+    assert standard_layout_when_streamed(paths, ["va"]) == []  # a prefix of a name is not a parent
+    assert standard_layout_when_streamed(paths, [""]) == ["vae.conv2", "vae.conv3"]  # the root streams
+    assert standard_layout_when_streamed(paths, []) == []

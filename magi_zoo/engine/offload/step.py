@@ -136,4 +136,18 @@ def offload_step(ctx: StepContext) -> StepRecord:
         rt.remove()
 
     did = plan.summary(units) + f"; {'pinned ' if device.type == 'cuda' else ''}host memory held {size(pinned)}"
+    flat = standard_layout_when_streamed(ctx.channels_last, plan.streamed)
+    if flat:  # said, not refused: the outputs are the same, only memory_format's gain is lost there
+        details["standard_layout_when_streamed"] = flat
+        did += (f"; {len(flat)} channels-last convolution weight(s) run in the standard layout while their unit "
+                f"streams (e.g. {flat[0]}: a streamed unit's weights are views of its flat buffer)")
     return StepRecord("offload", did, undo, details)
+
+
+def standard_layout_when_streamed(channels_last: frozenset[str], streamed: list[str]) -> list[str]:
+    """The convolutions memory_format made channels-last that sit in a streamed unit: their
+    weights become views of the unit's flat card buffer, in the standard layout."""
+    def inside(path: str, unit: str) -> bool:
+        return unit == "" or path == unit or path.startswith(unit + ".")
+
+    return sorted(p for p in channels_last if any(inside(p, u) for u in streamed))
