@@ -489,6 +489,9 @@ def worker(args) -> dict[str, Any]:
     if handle.report() is not None:
         rec["regions"] = handle.report().to_dict()["regions"]
         rec["plan_table"] = handle.report().table()
+        # which kernel each attention key took ([] = the library's default, SDPA), so a table can
+        # say whether diffusers on SDPA is the same-kernel baseline
+        rec["attention"] = list((handle.report().step("attention").details or {}).get("backends", []))
         graphed = (handle.report().step("cuda_graphs").details or {}).get("graphed", {})
         if graphed:  # graphs captured, replays, calls that ran uncaptured and why
             rec["cuda_graphs"] = {label: call.stats() for label, call in graphed.items()}

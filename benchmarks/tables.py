@@ -151,7 +151,9 @@ HARNESS_NAMES = {"eager": "eager", "diffusers_regional": "diffusers `compile_rep
                                                   "masks as key padding)",
                  "diffusers_fp8": "diffusers `compile_repeated_blocks`, FA3, torchao fp8 (per-row) + fp8 FA3 (per-tensor)",
                  "magi_zoo_unfused": "magi_zoo, fusions off", "magi_zoo": "**magi_zoo**",
-                 "magi_zoo_fp8": "**magi_zoo, fp8**"}
+                 "magi_zoo_fp8": "**magi_zoo, fp8**",
+                 "magi_zoo_graphs": "magi_zoo, forward in a CUDA graph",
+                 "magi_zoo_fp8_graphs": "magi_zoo, fp8, forward in a CUDA graph"}
 
 WAN_13B = "wan2.1-t2v-1.3b/wan2.1-t2v-1.3b_480x832x81_baselines_h100.json"  # the same-kernel baselines' run
 WAN_13B_FUSIONS = "wan2.1-t2v-1.3b/wan2.1-t2v-1.3b_480x832x81_fused_h100.json"  # + fusions off, error vs fp32
@@ -179,7 +181,9 @@ SELF_FORCING_DEFAULT = "self_forcing/self_forcing_h100.json"
 PARALLEL = ("parallel/parallel_h100_2gpu.json", "parallel/parallel_h200_4gpu.json")
 # The newer families' harness runs, at the stems docs/models.md's commands write: a run not yet
 # committed is listed as such, so the table says what is still unmeasured.
-FAMILIES = {"FLUX.2-dev": ("flux/flux.2-dev-4L_768x1360_h100.json",),
+FAMILIES = {"FLUX.2-dev": ("flux/flux.2-dev-4L_768x1360_h100.json",
+                           # with and without the forward in one CUDA graph (a run cut short)
+                           "flux/flux.2-dev-4L_768x1360_graphs_h200.json"),
             "Qwen-Image": ("qwen-image/qwen-image-20L_1328x1328_h100.json",
                            # after the q/k norm + rope fusion (adapters/qwen_image/attention.py)
                            "qwen-image/qwen-image_20L_h200.json"),
@@ -191,7 +195,9 @@ FAMILIES = {"FLUX.2-dev": ("flux/flux.2-dev-4L_768x1360_h100.json",),
                       # and once more, the next session (the run above was 35% slower than this one)
                       "ltx-2/ltx-2-8L_512x768x121_fp8keep2_h200.json",
                       # with the video-to-audio cross-attention's linears kept bf16 too
-                      "ltx-2/ltx-2-8L_512x768x121_fp8keep3_h200.json")}
+                      "ltx-2/ltx-2-8L_512x768x121_fp8keep3_h200.json",
+                      # with and without the forward in one CUDA graph (the shipped Hopper plan since)
+                      "ltx-2/ltx-2-8L_512x768x121_graphs_h200.json")}
 
 
 # The baselines a speed claim may be made against (benchmarks/baselines.py): a bf16 row is compared
@@ -213,7 +219,8 @@ def harness(rel: str, strategies: list[str], link: Link) -> str:
     (the fastest of diffusers' regional compile on SDPA, on the same FA3 kernel, and -- for fp8
     rows -- with torchao's fp8 and fp8 FA3), and against diffusers' regional compile on SDPA."""
     r = load(rel)
-    sdpa = r.row("diffusers_regional")["median_ms"]
+    # a run may leave the SDPA row out (it measured the same-kernel baseline only): no ratio then
+    sdpa = next((x.get("median_ms") for x in r.rows() if x.get("strategy") == "diffusers_regional"), None)
     # the error against an fp32 forward where the run measured one (--fp32-reference), else against eager
     error = "rel_err_vs_fp32" if any(r.row(s).get("rel_err_vs_fp32") is not None for s in strategies) \
         else "rel_err_vs_eager"
@@ -231,9 +238,25 @@ def harness(rel: str, strategies: list[str], link: Link) -> str:
             f"rel. error vs {error.rsplit('_', 1)[1]}", "peak GiB"]
     note = f"\n\nBuild: {r.data['variant_note']}." if r.data.get("variant_note") else ""
     if not any(x.get("strategy") in BF16_BASELINES[1:] + FP8_BASELINES for x in r.rows()):
-        note += ("\n\nThis run has no same-kernel baseline (diffusers on SDPA only), so its ratios overstate what "
-                 "the engine itself adds; the same-kernel run is listed beside it.")
+        note += "\n\n" + sdpa_only_note(r, strategies)
     return table(head, rows) + note + "\n\n" + sources([r], link)
+
+
+def sdpa_only_note(r: Result, strategies: list[str]) -> str:
+    """What a run whose only baseline is diffusers on SDPA can claim: the same kernel where every
+    magi_zoo row recorded the library's default attention (benchmarks.run writes `attention`),
+    else ratios that may include a kernel change."""
+    zoo = [r.row(s) for s in strategies if s.startswith("magi_zoo")]
+    if zoo and all(x.get("attention") == [] for x in zoo):
+        return ("Every magi_zoo row ran diffusers' default attention (SDPA), as diffusers' rows did, so "
+                "`diffusers_regional` is the same-kernel baseline here.")
+    other = sorted({b for x in zoo for b in x.get("attention") or []})
+    if other:
+        return (f"This run's only baseline is diffusers on SDPA, and magi_zoo's rows ran other attention kernels "
+                f"({'; '.join(other)}): its ratios include the kernel, not only the engine's own work.")
+    return ("This run's only baseline is diffusers on SDPA and its records do not say which attention magi_zoo's "
+            "rows ran: where that was another kernel (FA3), its ratios include the kernel, not only the engine's "
+            "own work; a run with the same-kernel baseline, where there is one, is listed beside it.")
 
 
 def failure(error: str | None) -> str:

@@ -34,6 +34,8 @@ def test_harness_cpu_command(tmp_path):
         assert r["first_call_s"] > 0 and r["warm_first_call_s"] > 0
         assert r["runs"] == 5 and r["min_ms"] <= r["median_ms"] <= r["max_ms"]
         assert r["frames_compiled"] >= 1 and r["recompiles_after_first_call"] == 0
+    # the kernel each attention key took, for the tables' same-kernel note ([]: the library's default)
+    assert rows["magi_zoo"]["attention"] == [] and "attention" not in rows["torch_compile"]
     # magi_zoo's warm process started with empty inductor dirs: only its own artifact
     # cache could have made it a hit
     assert rows["magi_zoo"]["warm_cache_status"] == "hit"

@@ -232,3 +232,18 @@ def test_a_failed_row_is_named_by_its_own_message():
     assert tables.failure(wrapped) == "fp8 attention (fa3) takes no mask"
     assert tables.failure("RuntimeError: CUDA out of memory\n  File x.py") == "RuntimeError: CUDA out of memory"
     assert tables.failure(None) == "no error recorded"
+
+
+def test_an_sdpa_only_run_is_same_kernel_only_where_every_magi_zoo_row_ran_the_default_attention():
+    def run(*attention):
+        rows = [{"strategy": "diffusers_regional", "median_ms": 10.0, "status": "ok"}]
+        rows += [{"strategy": f"magi_zoo{i}", "median_ms": 9.0, "status": "ok", **a} for i, a in enumerate(attention)]
+        return tables.Result("x.json", {"results": rows}), [r["strategy"] for r in rows]
+
+    r, names = run({"attention": []}, {"attention": []})
+    assert "is the same-kernel baseline here" in tables.sdpa_only_note(r, names)
+    r, names = run({"attention": []}, {"attention": ["fa3 on blocks (30 attention layers)"]})
+    assert "ran other attention kernels (fa3 on blocks (30 attention layers))" in tables.sdpa_only_note(r, names)
+    for unknown in (({"attention": []}, {}), ()):  # {}: a record from before the harness wrote `attention`
+        r, names = run(*unknown)
+        assert "do not say which attention" in tables.sdpa_only_note(r, names)
