@@ -486,13 +486,14 @@ def worker(args) -> dict[str, Any]:
             rec["peak_gib"] = common.gib(torch.cuda.max_memory_allocated()) if device.type == "cuda" else None
             rec["recompiles_after_first_call"] = len(counters.delta(before).recompiles) - rec["recompiles"]
             torch.save(first_out, Path(args.tmp) / f"{strategy}.pt")
-    if handle.report() is not None:
-        rec["regions"] = handle.report().to_dict()["regions"]
-        rec["plan_table"] = handle.report().table()
+    rep = handle.report()
+    if rep is not None:
+        rec["regions"] = rep.to_dict()["regions"]
+        rec["plan_table"] = rep.table()
         # which kernel each attention key took ([] = the library's default, SDPA), so a table can
         # say whether diffusers on SDPA is the same-kernel baseline
-        rec["attention"] = list((handle.report().step("attention").details or {}).get("backends", []))
-        graphed = (handle.report().step("cuda_graphs").details or {}).get("graphed", {})
+        rec["attention"] = list((rep.step("attention").details or {}).get("backends", []))
+        graphed = (rep.step("cuda_graphs").details or {}).get("graphed", {})
         if graphed:  # graphs captured, replays, calls that ran uncaptured and why
             rec["cuda_graphs"] = {label: call.stats() for label, call in graphed.items()}
     return rec

@@ -38,7 +38,7 @@ def memory_format_step(ctx: StepContext) -> StepRecord:
     targets = [t for t in ctx.plan.section("memory_format").targets if t.spec.channels_last]
     if not targets:
         return StepRecord("memory_format", "none requested")
-    chosen: list[tuple[str, str, list[tuple[str, nn.Module]]]] = []
+    chosen: list[tuple[str, list[tuple[str, nn.Module]]]] = []  # (target path, its convolutions)
     for t in targets:  # every refusal before any weight changes
         convs = convolutions(t.module)
         label = t.path or "<root>"
@@ -48,12 +48,13 @@ def memory_format_step(ctx: StepContext) -> StepRecord:
                                 "so channels_last changes nothing there; name a module with convolutions (a VAE) "
                                 "or drop the entry")
             continue  # the shipped spec's key on a variant without convolutions there: nothing to do
-        chosen.append((label, t.path, convs))
+        chosen.append((t.path, convs))
     converted: dict[int, nn.Parameter] = {}  # id -> weight, so nested targets convert a layer once
     per_target: dict[str, int] = {}
     left: list[str] = []
     paths: set[str] = set()  # the converted convolutions, by path from the root
-    for label, root_path, convs in chosen:
+    for root_path, convs in chosen:
+        label = root_path or "<root>"
         n = 0
         for name, conv in convs:
             w = conv.weight
@@ -72,7 +73,6 @@ def memory_format_step(ctx: StepContext) -> StepRecord:
     ctx.channels_last = frozenset(paths)
 
     def undo() -> None:
-        ctx.channels_last = frozenset()
         with torch.no_grad():
             for w in converted.values():
                 w.data = w.data.contiguous()

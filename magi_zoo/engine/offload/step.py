@@ -32,6 +32,7 @@ import torch
 import torch.nn as nn
 
 from ..compile import cuda_graphs_by
+from ..resolve import path_within
 from ..steps import StepContext, StepRecord
 from .arena import HostArenas, check_host_memory
 from .plan import GIB, size
@@ -147,7 +148,4 @@ def offload_step(ctx: StepContext) -> StepRecord:
 def standard_layout_when_streamed(channels_last: frozenset[str], streamed: list[str]) -> list[str]:
     """The convolutions memory_format made channels-last that sit in a streamed unit: their
     weights become views of the unit's flat card buffer, in the standard layout."""
-    def inside(path: str, unit: str) -> bool:
-        return unit == "" or path == unit or path.startswith(unit + ".")
-
-    return sorted(p for p in channels_last if any(inside(p, u) for u in streamed))
+    return sorted(p for p in channels_last if any(path_within(p, u) for u in streamed))
