@@ -183,10 +183,14 @@ PARALLEL = ("parallel/parallel_h100_2gpu.json", "parallel/parallel_h200_4gpu.jso
 # committed is listed as such, so the table says what is still unmeasured.
 FAMILIES = {"FLUX.2-dev": ("flux/flux.2-dev-4L_768x1360_h100.json",
                            # with and without the forward in one CUDA graph (a run cut short)
-                           "flux/flux.2-dev-4L_768x1360_graphs_h200.json"),
+                           "flux/flux.2-dev-4L_768x1360_graphs_h200.json",
+                           # fp8 with and without the graph, the row the run above did not reach
+                           "flux/flux.2-dev-4L_768x1360_fp8_graphs_h200.json"),
             "Qwen-Image": ("qwen-image/qwen-image-20L_1328x1328_h100.json",
                            # after the q/k norm + rope fusion (adapters/qwen_image/attention.py)
-                           "qwen-image/qwen-image_20L_h200.json"),
+                           "qwen-image/qwen-image_20L_h200.json",
+                           # with and without the forward in one CUDA graph (the shipped Hopper plan since)
+                           "qwen-image/qwen-image-20L_1328x1328_graphs_h200.json"),
             "HunyuanVideo-1.5": ("hunyuanvideo-1.5-480p-t2v/hunyuanvideo-1.5-480p-6L_480x848x121_h100.json",
                                  "hunyuanvideo-1.5-480p-t2v/hunyuanvideo-1.5-480p-6L_480x848x121_h200.json"),
             "LTX-2": ("ltx-2/ltx-2-8L_512x768x121_h100.json", "ltx-2/ltx-2-8L_512x768x121_h200.json",
