@@ -258,13 +258,17 @@ def _predict(h, module, call, dev, gpu: str, budgets: list[float]) -> dict[str, 
     times: expected copy ms, simulated wait ms per forward and expected peak -- to set
     against what the magi_zoo rows measure."""
     from magi_zoo.engine import offload as off
+    from magi_zoo.engine.cuda_graphs import bypassed
     from magi_zoo.engine.offload import OffloadPlanError
     from magi_zoo.specs import get_profile
 
     entry = next(p for p, m in h.modules.named_modules() if m is module)
     specs, _ = off.find_units(h.plan, h.modules)
     paths = [u.path for u in specs if u.path.startswith(entry + ".")]
-    times = off.profile_units(h.modules, paths, call, dev)
+    # The resident plan may replay the forward from a CUDA graph (a spec's cuda_graphs
+    # section): a replay runs no hooks, so the blocks are timed on the method itself. A streamed plan yields the graphs anyway, so these are the times it runs.
+    with bypassed(h.modules):
+        times = off.profile_units(h.modules, paths, call, dev)
     out: dict[str, Any] = {"block_ms": {p: round(t * 1e3, 3) for p, t in list(times.items())[:3]}}
     for b in budgets:
         try:

@@ -515,11 +515,30 @@ def offload(link: Link) -> str:
 
 def offload_families(link: Link) -> str:
     """The newer families under a 24 GiB cap: each committed run's rows, the card named, then
-    the families with no run yet."""
+    the families with no run yet. Beside each streamed row, the plan's host-to-card copies per
+    forward: a forward cannot be faster than its copies, so where they exceed the resident
+    forward the row is bound by the link, not by the schedule. A row that did not finish is
+    listed with its status (what stopped it), not left out."""
     present = {family: committed(rels) for family, rels in OFFLOAD_FAMILIES.items()}
     files = [load(rel) for rels in present.values() for rel in rels]
-    rows = [[*row[:-1], f.card] for f in files for row in _offload_rows(f)]
-    head = ["model", "strategy", "budget GiB", "ms / forward", "vs resident (same run)", "peak reserved GiB", "card"]
+    rows = []
+    for f in files:
+        resident = next((x for x in f.rows("rows") if x.get("strategy") == "resident" and x.get("median_ms")), None)
+        for x in f.rows("rows"):
+            ok = x.get("status") == "ok"
+            budget = "—" if x.get("budget_gib") is None else num(x["budget_gib"], 0)
+            # the row's own plan; for a row that did not finish, the plan the resident process
+            # made for its budget (benchmarks.offload's prediction: the same planner, same card)
+            copies = ((x.get("plan") or {}).get("copy_ms_per_call", {}).get("transformer")
+                      or ((resident or {}).get("predicted") or {}).get(str(float(x["budget_gib"])), {}).get("copy_ms")
+                      if x.get("budget_gib") is not None else None)
+            rows.append([x["model"], x["strategy"], budget,
+                         num(x.get("median_ms")) if ok else f"{x.get('status', '—')}: {x.get('error', '')}".split(";")[0],
+                         ratio(resident["median_ms"] / x["median_ms"]) if ok and resident and x.get("median_ms") else "—",
+                         num(copies) if copies is not None else "—",
+                         num(x.get("timed_max_reserved_gib")) if ok else "—", f.card])
+    head = ["model", "strategy", "budget GiB", "ms / forward", "vs resident (same run)",
+            "planned copies, ms / forward", "peak reserved GiB", "card"]
     missing = [family for family, rels in present.items() if not rels]
     return ((table(head, rows) + "\n\n" + sources(files, link) if files else "")
             + (f"\n\nNot yet measured under the cap: {', '.join(missing)}." if missing else ""))

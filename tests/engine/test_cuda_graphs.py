@@ -95,15 +95,19 @@ def test_a_shipped_default_yields_to_the_users_choice_and_says_so():
         magi_zoo.apply(m, {"compile": {"": False}, "cuda_graphs": {"": True}}, gpu="h100", train=True)
 
 
-def test_flux_spec_captures_the_transformer_on_h100_only():
+@pytest.mark.parametrize("model, key", [("flux.1-dev", "FluxTransformer2DModel"),
+                                        ("flux.2-dev", "Flux2Transformer2DModel"),
+                                        ("qwen-image", "QwenImageTransformer2DModel"),
+                                        ("ltx-2", "LTX2VideoTransformer3DModel")])
+def test_spec_captures_the_transformer_on_hopper_only(model, key):
     from magi_zoo.adapters import lookup
     from magi_zoo.specs import get_profile
     from magi_zoo.overrides import spec_layers
 
-    adapter, _ = lookup("flux.1-dev")
+    adapter, _ = lookup(model)
     keys = lambda gpu: {k for _, layer in spec_layers(adapter, get_profile(gpu))  # noqa: E731
                         for k in layer.entries("cuda_graphs")}
-    assert keys("h100") == keys("h200") == {"FluxTransformer2DModel"} and keys("cpu") == set()
+    assert keys("h100") == keys("h200") == {key} and keys("cpu") == set()
 
 
 # -- calls a graph cannot serve (CPU: inputs not on CUDA) -----------------------------------
@@ -133,6 +137,28 @@ def test_cpu_calls_run_uncaptured_counted_and_warned_once_then_undone():
                                 "autograd is on (call under torch.no_grad() or torch.inference_mode())": 1}
     magi_zoo.remove(m)
     assert "forward" not in m.__dict__ and graphed(m) is None
+
+
+def test_bypassed_runs_the_method_itself_uncounted_then_replays_resume():
+    from magi_zoo.engine.cuda_graphs import bypassed
+
+    root = nn.ModuleDict({"t": _Tiny()})
+    magi_zoo.apply(root, {"compile": {"": False}, "cuda_graphs": {"t": True}}, gpu="h100")
+    call = graphed(root.t)
+    ran = []
+    hook = root.t.a.register_forward_hook(lambda *_: ran.append(1))
+    x = torch.randn(4, 8)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")  # bypassed: no "ran uncaptured" warning
+        with bypassed(root) as calls:
+            out = root.t(x)
+    assert calls == [call] and ran == [1]
+    assert call.stats()["uncaptured"] == {} and call._bypass == 0
+    with torch.no_grad(), pytest.warns(RuntimeWarning, match="ran uncaptured"):
+        torch.testing.assert_close(root.t(x), out)  # outside the block the graph serves (tries) again
+    assert sum(call.stats()["uncaptured"].values()) == 1
+    hook.remove()
+    magi_zoo.remove(root)
 
 
 def test_no_entry_means_nothing_installed():
@@ -189,6 +215,26 @@ def test_graphed_module_equals_uncaptured_and_outputs_survive_the_next_replay():
 
     with torch.no_grad(), pytest.warns(RuntimeWarning, match="argument of type int64"):
         torch.testing.assert_close(m(x1, scale=np.int64(2)), 2 * r1)
+
+
+@gpu
+def test_a_replay_runs_no_hooks_so_units_are_timed_bypassed():
+    # offload's per-unit timing hooks see nothing of a replayed forward; it refuses to return
+    # an empty profile, and inside bypassed() the method itself runs and is timed
+    from magi_zoo.engine import offload as off
+    from magi_zoo.engine.cuda_graphs import bypassed
+
+    m = _Tiny().cuda()
+    magi_zoo.apply(m, {"compile": {"": False}, "cuda_graphs": {"": True}}, gpu="auto")
+    x = torch.randn(4, 8, device="cuda")
+    with torch.no_grad():
+        m(x)  # captured
+        with pytest.raises(RuntimeError, match="none of the 2 units ran through Python"):
+            off.profile_units(m, ["a", "b"], lambda: m(x), "cuda")
+        with bypassed(m):
+            times = off.profile_units(m, ["a", "b"], lambda: m(x), "cuda")
+    assert set(times) == {"a", "b"} and all(t > 0 for t in times.values())
+    assert graphed(m).stats()["uncaptured"] == {}
 
 
 @gpu

@@ -629,6 +629,16 @@ def test_profile_units_feeds_the_planner():
     assert "t" in p.stall_s  # times known for every unit: the plan simulates its stalls
 
 
+def test_profile_units_refuses_a_call_that_runs_none_of_them():
+    # a call served without running the units' Python (a CUDA graph's replay) would give an
+    # empty profile, which the planner would read as "every copy hidden"
+    root = nn.ModuleDict({"t": Net(n=2)})
+    x = torch.randn(2, 32)
+    with torch.no_grad(), pytest.raises(RuntimeError, match=r"none of the 2 units .*cuda_graphs.bypassed"):
+        off.profile_units(root, ["t.blocks.0", "t.blocks.1"], lambda: x * 2, "cpu")
+    assert not any(m._forward_pre_hooks or m._forward_hooks for m in root.modules())
+
+
 def test_training_apply_refuses_streaming():
     root = nn.ModuleDict({"t": Net()})
     with pytest.raises(ValueError, match="inference-only"):

@@ -247,3 +247,32 @@ def test_an_sdpa_only_run_is_same_kernel_only_where_every_magi_zoo_row_ran_the_d
     for unknown in (({"attention": []}, {}), ()):  # {}: a record from before the harness wrote `attention`
         r, names = run(*unknown)
         assert "do not say which attention" in tables.sdpa_only_note(r, names)
+
+
+def test_offload_families_shows_each_rows_planned_copies_and_a_row_that_did_not_finish(tmp_path, monkeypatch):
+    """Beside each streamed row, the host-to-card copies its plan makes per forward (the row's
+    own plan, or for a row that did not finish the resident process's plan for that budget);
+    a row that did not finish is listed with what stopped it, never left out."""
+    folder = tmp_path / "offload"
+    folder.mkdir()
+    env = {"card": "NVIDIA H200", "commit": "1" * 40, "commit_source": "git"}
+    resident = {"status": "ok", "model": "m", "strategy": "resident", "budget_gib": None, "median_ms": 200.0,
+                "timed_max_reserved_gib": 50.0, "predicted": {"24.0": {"copy_ms": 450.0}}}
+    done = {"status": "ok", "model": "m", "strategy": "magi_zoo", "budget_gib": 24, "median_ms": 400.0,
+            "timed_max_reserved_gib": 19.0, "plan": {"copy_ms_per_call": {"transformer": 390.0}}}
+    cut = {"status": "error", "model": "m", "strategy": "magi_zoo", "budget_gib": 24,
+           "error": "timed out after 130 s (its processes killed); last progress: loaded"}
+    (folder / "a.json").write_text(json.dumps({"environment": env, "rows": [resident, done]}))
+    (folder / "b.json").write_text(json.dumps({"environment": env, "rows": [resident, cut]}))
+    monkeypatch.setattr(tables, "RESULTS", tmp_path)
+    monkeypatch.setattr(tables, "OFFLOAD_FAMILIES", {"A": ("offload/a.json",), "B": ("offload/b.json",),
+                                                     "C": ("offload/c.json",)})
+    tables.load.cache_clear()
+    try:
+        text = tables.offload_families(lambda rel: rel)
+    finally:
+        tables.load.cache_clear()
+    assert "| m | magi_zoo | 24 | 400.0 | 0.50× | 390.0 | 19.0 | NVIDIA H200 |" in text  # its own plan
+    assert "| m | magi_zoo | 24 | error: timed out after 130 s (its processes killed) | — | 450.0 | — |" in text
+    assert "| m | resident | — | 200.0 | 1.00× | — | 50.0 |" in text
+    assert "Not yet measured under the cap: C." in text

@@ -16,10 +16,11 @@ outputs are cloned before the next replay, so one graph's scratch memory may be 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn as nn
@@ -60,10 +61,11 @@ class GraphedCall:
         self.refused: dict[Any, str] = {}  # signatures whose outputs a graph cannot serve
         self._pool = None
         self._warned: set[str] = set()
+        self._bypass = 0  # > 0 inside bypassed(): calls run the method itself, uncounted
 
     # -- the call ---------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if torch.compiler.is_compiling():  # traced by an outer compiled region: be the method
+        if self._bypass or torch.compiler.is_compiling():  # bypassed, or traced by an outer region
             return self.fn(*args, **kwargs)
         leaves, in_spec = pytree.tree_flatten((args, kwargs))
         key, why = self._signature(leaves, in_spec)
@@ -177,6 +179,22 @@ def graphed(module: nn.Module, method: str = "forward") -> GraphedCall | None:
     """The `GraphedCall` serving `module.<method>`, if a plan installed one."""
     entry = module.__dict__.get(_GRAPHED, {}).get(method)
     return entry[0] if entry else None
+
+
+@contextlib.contextmanager
+def bypassed(root: nn.Module) -> Iterator[list[GraphedCall]]:
+    """Within the block, every method a plan serves from CUDA graphs under `root` runs the
+    method itself: Python runs, so forward hooks fire and per-module timings mean something
+    (a replay runs none of it). Graphs stay captured and the calls are not counted as
+    uncaptured; on exit replays resume. Yields the calls it bypassed."""
+    calls = [c for m in root.modules() for c, _ in m.__dict__.get(_GRAPHED, {}).values()]
+    for c in calls:
+        c._bypass += 1
+    try:
+        yield calls
+    finally:
+        for c in calls:
+            c._bypass -= 1
 
 
 def install(module: nn.Module, method: str, call: GraphedCall) -> None:

@@ -51,6 +51,15 @@ def profile_units(root: nn.Module, paths: Sequence[str], call, device: torch.dev
     finally:
         for h in handles:
             h.remove()
+    if paths and not any(marks.values()):
+        # Not one unit's hooks ran: the call never entered them through Python. A forward
+        # replayed from a CUDA graph does that; an empty profile would read as "no compute",
+        # and a plan simulated on it as "every copy hidden".
+        raise RuntimeError(
+            f"profile_units: none of the {len(paths)} units ran through Python during call() "
+            f"(first: {paths[0]!r}), so nothing was timed. If the call is served from a CUDA "
+            "graph, time it inside magi_zoo.engine.cuda_graphs.bypassed(root); else check that "
+            "call() runs these modules")
     out = {}
     for p, pairs in marks.items():
         done = [pr for pr in pairs if len(pr) == 2]
