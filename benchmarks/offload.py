@@ -266,7 +266,8 @@ def _predict(h, module, call, dev, gpu: str, budgets: list[float]) -> dict[str, 
     specs, _ = off.find_units(h.plan, h.modules)
     paths = [u.path for u in specs if u.path.startswith(entry + ".")]
     # The resident plan may replay the forward from a CUDA graph (a spec's cuda_graphs
-    # section): a replay runs no hooks, so the blocks are timed on the method itself. A streamed plan yields the graphs anyway, so these are the times it runs.
+    # section): a replay runs no hooks, so the blocks are timed on the method itself. A streamed
+    # plan yields the graphs anyway, so these are the times it runs.
     with bypassed(h.modules):
         times = off.profile_units(h.modules, paths, call, dev)
     out: dict[str, Any] = {"block_ms": {p: round(t * 1e3, 3) for p, t in list(times.items())[:3]}}
