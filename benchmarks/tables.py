@@ -490,18 +490,40 @@ def whole_generation(link: Link) -> str:
     return "\n\n".join([table(head, rows), *notes, sources(files, link)])
 
 
+def _resident_row(r: Result) -> dict | None:
+    """The run's resident row (every weight on the card), where it measured one."""
+    return next((x for x in r.rows("rows") if x.get("strategy") == "resident" and x.get("median_ms")), None)
+
+
+def _offload_cells(x: dict, resident_ms: float | None) -> list[str]:
+    """A row's model, strategy, budget, ms per forward -- or, for a row that did not finish, what
+    stopped it -- and its speed against its run's resident row."""
+    ok = x.get("status") == "ok"
+    budget = "—" if x.get("budget_gib") is None else num(x["budget_gib"], 0)
+    # the first clause of the message: a timeout's "; last progress: ..." tail is the log's, not the table's
+    ms = num(x.get("median_ms")) if ok else f"{x.get('status', '—')}: {failure(x.get('error')).split(';')[0]}"
+    return [x["model"], x["strategy"], budget, ms,
+            ratio(resident_ms / x["median_ms"] if ok and resident_ms and x.get("median_ms") else None)]
+
+
 def _offload_rows(r: Result) -> list[list[str]]:
-    rows = r.rows("rows")
-    resident = next((x["median_ms"] for x in rows if x.get("strategy") == "resident" and x.get("median_ms")), None)
-    out = []
-    for x in rows:
-        if x.get("status") != "ok" or x.get("strategy") == "resident" and resident is None:
-            continue
-        budget = "—" if x.get("budget_gib") is None else num(x["budget_gib"], 0)
-        out.append([x["model"], x["strategy"], budget, num(x.get("median_ms")),
-                    ratio(resident / x["median_ms"] if resident and x.get("median_ms") else None),
-                    num(x.get("timed_max_reserved_gib")), r.rel.rsplit("/", 1)[-1]])
-    return out
+    resident = _resident_row(r)
+    resident_ms = resident["median_ms"] if resident else None
+    return [[*_offload_cells(x, resident_ms), num(x.get("timed_max_reserved_gib")), r.rel.rsplit("/", 1)[-1]]
+            for x in r.rows("rows")
+            if x.get("status") == "ok" and not (x.get("strategy") == "resident" and resident is None)]
+
+
+def _planned_copies_ms(x: dict, resident: dict | None) -> float | None:
+    """Host-to-card copies per forward of a streamed row's plan: the row's own, or for a row that
+    did not finish, the plan the resident process made for its budget (benchmarks.offload's
+    prediction: the same planner, the same card)."""
+    if x.get("budget_gib") is None:
+        return None
+    own = (x.get("plan") or {}).get("copy_ms_per_call", {}).get("transformer")
+    if own is not None:
+        return own
+    return ((resident or {}).get("predicted") or {}).get(str(float(x["budget_gib"])), {}).get("copy_ms")
 
 
 def offload(link: Link) -> str:
@@ -523,19 +545,11 @@ def offload_families(link: Link) -> str:
     files = [load(rel) for rels in present.values() for rel in rels]
     rows = []
     for f in files:
-        resident = next((x for x in f.rows("rows") if x.get("strategy") == "resident" and x.get("median_ms")), None)
+        resident = _resident_row(f)
         for x in f.rows("rows"):
             ok = x.get("status") == "ok"
-            budget = "—" if x.get("budget_gib") is None else num(x["budget_gib"], 0)
-            # the row's own plan; for a row that did not finish, the plan the resident process
-            # made for its budget (benchmarks.offload's prediction: the same planner, same card)
-            copies = ((x.get("plan") or {}).get("copy_ms_per_call", {}).get("transformer")
-                      or ((resident or {}).get("predicted") or {}).get(str(float(x["budget_gib"])), {}).get("copy_ms")
-                      if x.get("budget_gib") is not None else None)
-            rows.append([x["model"], x["strategy"], budget,
-                         num(x.get("median_ms")) if ok else f"{x.get('status', '—')}: {x.get('error', '')}".split(";")[0],
-                         ratio(resident["median_ms"] / x["median_ms"]) if ok and resident and x.get("median_ms") else "—",
-                         num(copies) if copies is not None else "—",
+            rows.append([*_offload_cells(x, resident["median_ms"] if resident else None),
+                         num(_planned_copies_ms(x, resident)),
                          num(x.get("timed_max_reserved_gib")) if ok else "—", f.card])
     head = ["model", "strategy", "budget GiB", "ms / forward", "vs resident (same run)",
             "planned copies, ms / forward", "peak reserved GiB", "card"]
