@@ -74,14 +74,17 @@ GPU_CASES = [  # (model, shape, budgets GiB)
     # ratio is the cost of streaming alone.
     ("bagel-7b-mot", {}, [24]),
     # The issue-33 families' largest published variants at their default sizes under 24 GiB
-    # (`--models qwen-image,flux.2-dev`; not yet measured). FLUX.2-dev's 64 GiB transformer plus
+    # (`--models qwen-image`, `--models flux.2-dev`: one command each, docs/benchmarks.md has the
+    # rows; every one is bound by its host-to-card copies). FLUX.2-dev's 64 GiB transformer plus
     # the 44 GiB encoder exceed an 80 GiB card: its "resident" row is the 80 GiB plan, which
     # streams the encoder and keeps every block resident (`magi-zoo spec flux.2-dev`).
     ("qwen-image", {"height": 1328, "width": 1328}, [24]),
     ("flux.2-dev", {"height": 768, "width": 1360}, [24]),
     # HunyuanVideo-1.5 (one 8.3B transformer for every variant; the 480p shape, whose L x L
     # attention mask is 2.4 GiB) and LTX-2 (19B transformer + Gemma-3-12B) under 24 GiB
-    # (`--models hunyuanvideo-1.5-480p-t2v,ltx-2`; not yet measured).
+    # (`--models hunyuanvideo-1.5-480p-t2v`, `--models ltx-2`). A streamed row of these builds the
+    # random-weight model in host memory first: LTX-2's took 120 s, FLUX.2-dev's 186 s (H200 host,
+    # 16 cores), which is why `--row-timeout` must leave a few minutes.
     ("hunyuanvideo-1.5-480p-t2v", {"height": 480, "width": 848, "frames": 121}, [24]),
     ("ltx-2", {"height": 512, "width": 768, "frames": 121}, [24]),
 ]
