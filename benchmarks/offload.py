@@ -499,6 +499,10 @@ def main(argv=None) -> int:
     rows = []
     tmp = Path(tempfile.mkdtemp(prefix="offload-bench-"))
     for model, shape, budgets in cases:
+        # One spelling of a budget for every row: a worker records its --budget as a float
+        # (24.0) and the resident row keys its predictions by str(float); a row that never
+        # reported back keeps this loop's value, which must match them both.
+        budgets = [float(b) for b in budgets]
         plan = [("resident", None)] if "resident" in strategies else []
         plan += [(s, b) for b in budgets for s in ("magi_zoo", "magi_zoo_refit", "magi_zoo_fp8", *DIFFUSERS_ROWS)
                  if s in strategies and not (s in DIFFUSERS_ROWS and model in NO_DIFFUSERS)]

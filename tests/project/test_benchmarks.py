@@ -232,6 +232,20 @@ def test_offload_benchmark_smoke_writes_after_every_row(tmp_path, monkeypatch):
     assert seen == list(range(len(seen)))  # row k started with k rows already in the file
 
 
+def test_offload_rows_spell_a_budget_one_way(tmp_path, monkeypatch):
+    """A case's budgets (ints in GPU_CASES) reach every row as floats: a row whose process never
+    reported back records the loop's budget, and the resident row's predictions are keyed by
+    str(float) -- an int budget (24) would miss its prediction ('24.0')."""
+    from benchmarks import common, offload
+
+    monkeypatch.setattr(offload, "SMOKE_CASES", [("wan2.1-tiny", {}, [1])])
+    monkeypatch.setattr(common, "run_isolated", lambda module, args, **kw: {"status": "error", "error": "cut"})
+    assert offload.main(["--smoke", "--out", str(tmp_path), "--strategies", "resident,magi_zoo"]) == 0
+    rows = json.loads((tmp_path / "offload_smoke.json").read_text())["rows"]
+    streamed = next(r for r in rows if r["strategy"] == "magi_zoo")
+    assert streamed["status"] == "error" and str(streamed["budget_gib"]) == "1.0"
+
+
 def test_offload_merge_compares_each_row_with_its_own_runs_resident(tmp_path):
     """Split runs merged: a row is compared with the resident row of its own file (two runs'
     resident speeds differ), a file without one with the first file's, a resident row copied
