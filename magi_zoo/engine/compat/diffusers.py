@@ -172,6 +172,13 @@ PARALLEL_CONFIG_ATTR = "_parallel_config"
 and `remove_context_parallel` leaves it set, so an exact undo restores it by name.
 checked on: diffusers 0.42.1"""
 
+
+def processor_parallel_config(processor: Any) -> Any:
+    """The parallel config `processor` hands dispatch (`PARALLEL_CONFIG_ATTR`; None: the processor runs
+    on one device), what a processor that dispatches attention itself passes on, as diffusers' own do.
+    checked on: diffusers 0.42.1"""
+    return getattr(processor, PARALLEL_CONFIG_ATTR, None)
+
 HOOK_REGISTRY_ATTR = "_diffusers_hook"
 """The instance attribute where diffusers keeps a module's `HookRegistry`. Why private:
 `HookRegistry.check_if_exists_or_initialize` creates one when asked, and nothing removes an empty

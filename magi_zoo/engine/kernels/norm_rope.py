@@ -1,6 +1,7 @@
 """RMSNorm, then the interleaved rotary embedding, in one pass: `magi_zoo::rms_norm_rope`
-(Wan's query and key: the norm over all heads) and `magi_zoo::rms_norm_rope_heads` (Flux's: the
-norm over each head, a text prefix joined in front; see `rms_norm_rope_heads` below).
+(Wan's query and key: the norm over all heads) and `magi_zoo::rms_norm_rope_heads` (Flux's and
+Qwen-Image's: the norm over each head, a text prefix joined in front; see `rms_norm_rope_heads`
+below, and `joint_attention.py` for the joint attention around it).
 
 Why: Wan normalises q and k over all heads (an RMSNorm over 1,536 channels at 1.3B, 5,120 at
 14B) and then rotates channel pairs (2j, 2j+1) by per-token angles. Under inductor that is a
@@ -146,7 +147,7 @@ def apply(x: torch.Tensor, norm: torch.nn.Module, rotary_emb, heads: int) -> tor
     return rms_norm_rope(x, norm.weight, eps, rotary_emb[0], rotary_emb[1], heads)
 
 
-# -- per-head RMSNorm + rope, with an optional prefix (Flux) ---------------------------------
+# -- per-head RMSNorm + rope, with an optional prefix (Flux, Qwen-Image) ---------------------
 # Flux normalises q and k per head (RMSNorm over head_dim), in its double blocks joins the text
 # stream's q/k (normalised by their own norms) in front of the image stream's, and rotates the
 # joint sequence with diffusers' `apply_rotary_emb(..., sequence_dim=1)`. Under inductor that is
@@ -155,6 +156,7 @@ def apply(x: torch.Tensor, norm: torch.nn.Module, rotary_emb, heads: int) -> tor
 # This kernel reads each (token, head) row of D channels once, from whichever stream holds the
 # token, and writes the joint (batch, prefix + tokens, heads, head_dim) result once: 26-28 us per
 # call at 1024^2 on an H100 against inductor's 43-68 (GPU time, benchmarks/norm_rope_heads.py).
+# The joint attention around it, shared by Flux's and Qwen-Image's processors: joint_attention.py.
 
 
 def reference_heads(x: torch.Tensor, weight: torch.Tensor | None, prefix: torch.Tensor | None,

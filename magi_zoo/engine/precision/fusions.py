@@ -48,6 +48,14 @@ def marked_norm(norm, width: int) -> bool:
     return bool(getattr(norm, NORM_ROPE_MARK, False)) and rms_norm_width(norm) == width
 
 
+def marked_norms(norms, width: int) -> bool:
+    """Whether every one of `norms` is a `marked_norm` over `width` channels and they share one eps:
+    what a processor checks before it runs several norms (a joint attention's image and text q/k
+    norms) in one kernel call, which takes one eps."""
+    norms = list(norms)
+    return all(marked_norm(n, width) for n in norms) and len({n.eps for n in norms}) == 1
+
+
 class GeluLinear(nn.Module):
     """diffusers' `GELU` module (a linear `proj`, then the tanh GELU) as one
     `magi_zoo::linear_gelu_tanh` call. It holds the same `proj`, so state-dict keys do not change."""
