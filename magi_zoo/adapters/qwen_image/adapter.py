@@ -14,15 +14,6 @@ from ..diffusers_pipeline import DiffusersPipelineAdapter
 from . import config as C
 from .attention import norm_rope_preparation
 
-VARIANTS = {v.name: v for v in [
-    Variant(name="qwen-image", family="qwen_image", config=C.PUBLISHED, hub_id="Qwen/Qwen-Image",
-            description="text-to-image, 20B MMDiT, Qwen2.5-VL-7B text encoder", call_defaults=C.CALL),
-    Variant(name="qwen-image-tiny", family="qwen_image", config=C.TINY, tiny=True,
-            description="2 blocks, dim 32, a 2-layer Qwen2.5-VL; random, offline", call_defaults=C.TINY_CALL),
-]}
-# Qwen's chat markers, the ones QwenImagePipeline's prompt template uses (ids 0..2 in-process).
-_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-
 
 def _random_pipeline(variant: Variant, dtype: torch.dtype, device: torch.device):
     """Random init at the variant's config, created on `device` in `dtype` directly."""
@@ -34,7 +25,7 @@ def _random_pipeline(variant: Variant, dtype: torch.dtype, device: torch.device)
     cfg = variant.config
     # The in-process tokenizer does not reproduce Qwen's ids: the pipeline's fixed 34-token drop
     # of the template's system prefix then drops 34 of ours (random weights: same shapes and path).
-    tokenizer = byte_bpe_tokenizer(vocab_size=min(cfg["tokenizer_vocab"], 4096), specials=_SPECIALS,
+    tokenizer = byte_bpe_tokenizer(vocab_size=min(cfg["tokenizer_vocab"], 4096), specials=C.SPECIALS,
                                    eos="<|im_end|>", pad="<|endoftext|>", model_max_length=32768)
     te_cfg = Qwen2_5_VLConfig(text_config=dict(cfg["text"], bos_token_id=None, eos_token_id=2, pad_token_id=0),
                               vision_config=cfg["vision"])
@@ -49,7 +40,7 @@ def _random_pipeline(variant: Variant, dtype: torch.dtype, device: torch.device)
 class QwenImageAdapter(DiffusersPipelineAdapter):
     family = "qwen_image"
     spec_file = "qwen_image.toml"
-    variants = VARIANTS
+    variants = C.VARIANTS
     aliases = {"qwen-image-20b": "qwen-image"}
     weights_families = ("Qwen-Image",)
     component_names = ("transformer", "text_encoder", "vae")

@@ -1,5 +1,6 @@
 """Qwen-Image's published configuration (the Qwen/Qwen-Image repository's diffusers layout) and
-the tiny one, as keyword arguments of the diffusers / transformers classes.
+the tiny one, as keyword arguments of the diffusers / transformers classes, and the variants
+over them (the config tables; the adapter is `adapter.py`).
 
 Where each number comes from:
 - transformer/config.json (QwenImageTransformer2DModel): patch 2, 64 input channels (16 latent
@@ -22,6 +23,7 @@ Where each number comes from:
 
 from __future__ import annotations
 
+from ..base import Variant
 from ..wan.config import VAE as _WAN_VAE
 
 TRANSFORMER = dict(patch_size=2, in_channels=64, out_channels=16, num_layers=60, attention_head_dim=128,
@@ -60,3 +62,12 @@ TINY = dict(
 )
 TINY_CALL = dict(height=32, width=32, num_inference_steps=2, true_cfg_scale=4.0, negative_prompt=" ",
                  max_sequence_length=512)
+
+VARIANTS = {v.name: v for v in [
+    Variant(name="qwen-image", family="qwen_image", config=PUBLISHED, hub_id="Qwen/Qwen-Image",
+            description="text-to-image, 20B MMDiT, Qwen2.5-VL-7B text encoder", call_defaults=CALL),
+    Variant(name="qwen-image-tiny", family="qwen_image", config=TINY, tiny=True,
+            description="2 blocks, dim 32, a 2-layer Qwen2.5-VL; random, offline", call_defaults=TINY_CALL),
+]}
+# Qwen's chat markers, the ones QwenImagePipeline's prompt template uses (ids 0..2 in-process).
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
