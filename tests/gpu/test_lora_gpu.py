@@ -33,6 +33,7 @@ def lora_files(tmp_path_factory):
             diffusers_lora(d / "b.safetensors", dim=1536, blocks=30, rank=64, seed=9, attn=("attn1", "attn2")))
 
 
+@pytest.mark.gpu_timing
 def test_fused_lora_runs_as_the_base_model(lora_files):
     torch.compiler.reset()
     base = magi_zoo.load(MODEL, gpu="auto", weights="random")
