@@ -57,9 +57,10 @@ def pytest_collection_modifyitems(config, items):
 
 
 # GPU tests share one card across xdist workers (`-m gpu -n 3`). A test that compares forward
-# times (marked `gpu_timing`) takes the card to itself: measured at 46fb748 on an H200, the fused
-# LoRA's forward read 3.5% slower than the base's while two other workers' tests ran beside it,
-# where alone it reads within 1%. Every other GPU test takes the card shared. The turnstile keeps
+# times (marked `gpu_timing`) takes the card to itself: at 46fb748 on an H200 the fused LoRA's
+# forward read 3.5% slower than the base's (gate 3%) while two other workers' tests ran beside
+# it; with the card to itself, beside the same workers, it passed (c1ac70f). Every other GPU test
+# takes the card shared. The turnstile keeps
 # a waiting timing test from starving: while it waits, no new test takes the card shared, so it
 # waits only for the tests already running (flock alone gives a waiting writer no priority).
 CARD_LOCK = Path(os.environ.get("TMPDIR", "/tmp")) / "magi_zoo_gpu_tests.lock"
