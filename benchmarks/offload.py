@@ -3,6 +3,8 @@ and diffusers group offload, one transformer forward, at several budgets.
 
     python -m benchmarks.offload                                          # the GPU table (H100)
     python -m benchmarks.offload --models flux.1-dev                      # one model
+    python -m benchmarks.offload --models ltx-2 --strategies resident,magi_zoo_fp8 --label fp8
+                                                                          # other rows, a file of their own
     python -m benchmarks.offload --pipeline                               # whole Wan I2V generation
     python -m benchmarks.offload --smoke --out /tmp/offload-smoke         # CPU, tiny model
 
@@ -45,7 +47,10 @@ Every row records ms per forward (CUDA events, 2 warm-up, 5 timed, median), the 
 `torch.cuda.max_memory_reserved()` and `max_memory_allocated()` over the timed calls *and*
 over the whole process (build, apply, compile), the plan's expected peak and copy time,
 compile counters, and the relative error against the resident row's output. Output:
-benchmarks/results/offload/offload_<card>.json / .md (and offload_smoke.* for --smoke).
+benchmarks/results/offload/offload_<card>[_<models>][_<budgets>gib][_<label>].json / .md (and
+offload_smoke.* for --smoke). A command whose file would replace rows it does not measure
+again (an fp8 run after a bf16 one of the same model) is refused before it measures anything:
+`--label` gives it a file of its own.
 """
 
 from __future__ import annotations
@@ -439,6 +444,9 @@ def main(argv=None) -> int:
                         "leave the card while another component, e.g. the VAE, needs the room); recorded per row")
     p.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                    help="merge the results JSONs of split runs into one table and a speed-vs-budget chart")
+    p.add_argument("--label", default=None,
+                   help="a word in the results file's name, so runs of other strategies of one model do not "
+                        "replace each other's file (e.g. --label fp8 for a run of its fp8 rows)")
     p.add_argument("--reference", default=None,
                    help="a results JSON of an earlier run whose resident rows serve as this run's baseline "
                         "(when this run has no resident strategy; same card)")
@@ -496,16 +504,18 @@ def main(argv=None) -> int:
         cases = [c for c in cases if c[0] in args.models.split(",")]
     strategies = args.strategies.split(",")
     warm, runs = (1, 2) if args.smoke else (2, 5)
+    # One spelling of a budget for every row: a worker records its --budget as a float (24.0) and
+    # the resident row keys its predictions by str(float); a row that never reported back keeps
+    # the plan's value, which must match them both.
+    cases = [(m, shp, [float(b) for b in budgets]) for m, shp, budgets in cases]
+    plans = {model: _row_plan(model, budgets, strategies) for model, _, budgets in cases}
+    # A split run's file carries the reference's resident rows (`_publish`): those are kept too.
+    kept = {(m, "resident", None) for m in plans} if args.reference and "resident" not in strategies else set()
+    _refuse_losing_rows(Path(args.out) / f"{_stem(args, common.environment(torch.device(device)))}.json", plans, kept)
     rows = []
     tmp = Path(tempfile.mkdtemp(prefix="offload-bench-"))
     for model, shape, budgets in cases:
-        # One spelling of a budget for every row: a worker records its --budget as a float
-        # (24.0) and the resident row keys its predictions by str(float); a row that never
-        # reported back keeps this loop's value, which must match them both.
-        budgets = [float(b) for b in budgets]
-        plan = [("resident", None)] if "resident" in strategies else []
-        plan += [(s, b) for b in budgets for s in ("magi_zoo", "magi_zoo_refit", "magi_zoo_fp8", *DIFFUSERS_ROWS)
-                 if s in strategies and not (s in DIFFUSERS_ROWS and model in NO_DIFFUSERS)]
+        plan = plans[model]
         ref, ref_fp = None, None
         for strategy, budget in plan:
             tag = f"{model}-{strategy}-{budget}"
@@ -544,6 +554,42 @@ def main(argv=None) -> int:
     for path in _publish(args, rows, device):
         print(f"wrote {path}")
     return 0
+
+
+def _row_plan(model: str, budgets: list[float], strategies: list[str]) -> list[tuple[str, float | None]]:
+    """The (strategy, budget) rows a command measures for `model`, in the order it runs them."""
+    plan = [("resident", None)] if "resident" in strategies else []
+    return plan + [(s, b) for b in budgets for s in ("magi_zoo", "magi_zoo_refit", "magi_zoo_fp8", *DIFFUSERS_ROWS)
+                   if s in strategies and not (s in DIFFUSERS_ROWS and model in NO_DIFFUSERS)]
+
+
+def _stem(args, env: dict[str, Any]) -> str:
+    """The results file's name (without suffix): the card, the models and budgets when given, the label."""
+    stem = f"offload{'_pipeline' if args.pipeline else ''}_{'smoke' if args.smoke else common.card_tag(env)}"
+    if args.models and not args.pipeline:
+        stem += "_" + args.models.replace(",", "_")
+    if args.budgets:
+        stem += "_" + args.budgets.replace(",", "_") + "gib"
+    return stem + (f"_{args.label}" if args.label else "")
+
+
+def _refuse_losing_rows(path: Path, plans: dict[str, list[tuple[str, float | None]]], kept=frozenset()) -> None:
+    """Refuse, before anything is measured, a command whose results file would replace one that
+    holds rows it does not measure again (another strategy's rows of the same model, say: an
+    fp8 run after a bf16 one): they would be lost. Re-measuring the same rows is allowed."""
+    if not path.is_file():
+        return
+    try:
+        earlier = json.loads(path.read_text()).get("rows", [])
+    except (OSError, ValueError):
+        return  # not a results file this script wrote: nothing of ours to keep
+    planned = {(m, s, b) for m, plan in plans.items() for s, b in plan} | set(kept)
+    lost = sorted({(r.get("model"), r.get("strategy"), None if r.get("budget_gib") is None else float(r["budget_gib"]))
+                   for r in earlier} - planned, key=str)
+    if lost:
+        listed = ", ".join(f"{m} {s}" + (f" at {b:g} GiB" if b is not None else "") for m, s, b in lost)
+        raise SystemExit(f"{path} holds rows this command does not measure ({listed}); writing it would lose them. "
+                         "Pass --label WORD (a file of its own), another --out folder, or measure those rows too.")
 
 
 def _publish(args, rows: list[dict], device: str, quiet: bool = False) -> list[Path]:
@@ -599,12 +645,7 @@ def _publish(args, rows: list[dict], device: str, quiet: bool = False) -> list[P
     errors = [f"- {r['model']} {r['strategy']} {r.get('budget_gib')}: {r.get('error')}" for r in rows if r.get("status") != "ok"]
     if errors:
         md += ["", "Errors:", *errors]
-    card = common.card_tag(env)
-    stem = f"offload{'_pipeline' if args.pipeline else ''}_{'smoke' if args.smoke else card}"
-    if args.models and not args.pipeline:
-        stem += "_" + args.models.replace(",", "_")
-    if args.budgets:
-        stem += "_" + args.budgets.replace(",", "_") + "gib"
+    stem = _stem(args, env)
     written = common.write_results(Path(args.out), stem, record, "\n".join(md))
     if not args.pipeline and not quiet:
         for model in dict.fromkeys(r["model"] for r in rows):

@@ -246,6 +246,28 @@ def test_offload_rows_spell_a_budget_one_way(tmp_path, monkeypatch):
     assert streamed["status"] == "error" and str(streamed["budget_gib"]) == "1.0"
 
 
+def test_offload_refuses_to_lose_another_runs_rows(tmp_path, monkeypatch):
+    """A command whose results file would replace rows it does not measure again (an fp8 run
+    after a bf16 one, same model) is refused before any row runs, naming the rows and the way
+    out; the same rows again, or the other rows under --label, are written."""
+    from benchmarks import common, offload
+
+    ran = []
+    monkeypatch.setattr(common, "run_isolated", lambda module, args, **kw: ran.append(args) or {"status": "error",
+                                                                                            "error": "cut"})
+    smoke = ["--smoke", "--out", str(tmp_path)]
+    assert offload.main([*smoke, "--strategies", "resident,magi_zoo"]) == 0
+    assert offload.main([*smoke, "--strategies", "resident,magi_zoo"]) == 0  # the same rows again: fine
+    before = len(ran)
+    with pytest.raises(SystemExit, match=r"wan2.1-tiny magi_zoo at 0.00025 GiB.*--label"):
+        offload.main([*smoke, "--strategies", "resident,magi_zoo_fp8"])
+    assert len(ran) == before  # refused before any row ran
+    assert offload.main([*smoke, "--strategies", "resident,magi_zoo_fp8", "--label", "fp8"]) == 0
+    rows = {r["strategy"] for r in json.loads((tmp_path / "offload_smoke.json").read_text())["rows"]}
+    fp8 = {r["strategy"] for r in json.loads((tmp_path / "offload_smoke_fp8.json").read_text())["rows"]}
+    assert (rows, fp8) == ({"resident", "magi_zoo"}, {"resident", "magi_zoo_fp8"})
+
+
 def test_offload_merge_compares_each_row_with_its_own_runs_resident(tmp_path):
     """Split runs merged: a row is compared with the resident row of its own file (two runs'
     resident speeds differ), a file without one with the first file's, a resident row copied
