@@ -17,8 +17,8 @@ a ratio against these rows measures the engine's own work and nothing else.
   ``_flash_varlen_3`` backend, diffusers' FlashAttention-3 for key-padding masks (a boolean mask
   read as which keys are valid): what a user picks for a model that pads its prompt, where
   ``_flash_3`` cannot take the mask (HunyuanVideo-1.5). Where the official package is absent,
-  the slot is pointed at the same kernel through the engine's fa3_varlen function
-  (`engine/kernels/fa3_varlen.py`: ``seqused_k``), as ``_flash_3`` is above.
+  the slot is pointed at the same kernel (``seqused_k``, through the engine's fa3_varlen
+  function), with the mask read as diffusers reads it (`diffusers_varlen_attention`).
 - ``diffusers_fp8``: the above, plus torchao's float8 dynamic quantization with one scale per
   row (activations) and per output channel (weights) on every ``nn.Linear`` inside the
   repeated blocks (``quantize_(..., Float8DynamicActivationFloat8WeightConfig(PerRow()))``, the
@@ -70,12 +70,36 @@ def fa3_member():
     return fa3.register()
 
 
-def fa3_varlen_member():
-    """diffusers' ``_flash_varlen_3`` member, dispatching to FA3 with a key-padding mask (the
-    official package's where installed, else the fa3-fwd wheel's kernel, as magi_zoo runs it)."""
+def diffusers_varlen_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False,
+                               scale: float | None = None, enable_gqa: bool = False, return_lse: bool = False,
+                               _parallel_config: Any = None):
+    """diffusers' ``_flash_varlen_3`` as diffusers computes it, on the engine's kernel call (diffusers'
+    dispatch signature, which its registry reads argument names from): the
+    mask read by diffusers' own normalisation (every query of every head reduced: for
+    HunyuanVideo-1.5's L x L mask 2.6 G elements a block), then FA3 with ``seqused_k``. The
+    engine's fa3_varlen reads a square padding mask from one row instead (its key_padding); that
+    difference is the engine's to claim, so the baseline keeps diffusers' reading. What it does
+    not copy is diffusers' packing, whose host read of the longest length breaks a full-graph
+    compile: the baseline is spared that cost."""
+    import torch  # lazy: the harness lists strategies without torch
+
+    from magi_zoo.engine.compat import diffusers as diffusers_compat
     from magi_zoo.engine.kernels import fa3_varlen
 
-    return fa3_varlen.register()
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        attn_mask = diffusers_compat.varlen_key_mask(attn_mask, query.shape[0], key.shape[1])
+    return fa3_varlen.fa3_varlen_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                                           return_lse, _parallel_config)
+
+
+def fa3_varlen_member():
+    """diffusers' ``_flash_varlen_3`` member, dispatching to FA3 with a key-padding mask: the
+    official package's entry where installed, else `diffusers_varlen_attention` on the fa3-fwd
+    wheel's kernel (the kernel magi_zoo runs)."""
+    from magi_zoo.engine.compat import diffusers as diffusers_compat
+    from magi_zoo.engine.kernels import fa3
+
+    return fa3.take_slot(diffusers_compat.fa3_varlen_member(), diffusers_varlen_attention)
 
 
 def set_attention_backend(module, member) -> int:
@@ -112,12 +136,10 @@ def per_tensor_fp8_attention(forward):
     compiled region. A call with a mask or dropout, which fp8 FA3 cannot take, runs in bf16 on
     what a user would pick for it in diffusers: the varlen FA3 backend (``_flash_varlen_3``,
     the same kernel, a boolean mask read as key padding; it runs a bias or dropout on SDPA)."""
-    from magi_zoo.engine.kernels import fa3_varlen
-
     def attention(query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False,
                   scale: float | None = None, **_: Any):
         if attn_mask is not None or dropout_p:
-            return fa3_varlen.fa3_varlen_attention(query, key, value, attn_mask, dropout_p, is_causal, scale)
+            return diffusers_varlen_attention(query, key, value, attn_mask, dropout_p, is_causal, scale)
         q8, qs = _per_tensor_fp8(query)
         k8, ks = _per_tensor_fp8(key)
         v8, vs = _per_tensor_fp8(value)

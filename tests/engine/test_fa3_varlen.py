@@ -54,6 +54,42 @@ def test_key_padding_reads_every_shape_diffusers_varlen_takes():
         fa3_varlen.key_padding(a, 2, 9)
 
 
+def test_a_square_padding_mask_is_read_from_one_row_not_reduced_whole():
+    """Cost oracle: HunyuanVideo-1.5's m & m^T mask at L tokens costs an L x L reduction a block
+    if reduced over its queries (4.5 ms a block at L = 51,275 on an H200). Read from one row,
+    nothing key_padding reduces or gathers holds more than 2 x L elements per head; the answer
+    equals the whole reduction's for left, right and scattered padding, per batch element and head."""
+    from torch.overrides import TorchFunctionMode
+
+    size = 256
+    valid = torch.ones(3, size, dtype=torch.bool)
+    valid[0, 200:] = False  # right padding
+    valid[1, :17] = False  # left padding: the first position that sees itself is 17
+    valid[2, ::3] = False  # holes
+    read = []
+
+    class Largest(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            name = getattr(func, "__name__", "")
+            if name in ("any", "all", "sum", "amax", "argmax", "max"):  # a reduction reads its whole input
+                read.append(args[0].numel())
+            elif name == "gather":  # a gather reads what it returns
+                read.append(out.numel())
+            return out
+
+    for heads in (1, 2):
+        outer = (valid[:, None, :, None] & valid[:, None, None, :]).expand(3, heads, size, size)
+        rows = valid[:, None, None, :].expand(3, heads, size, size)  # every query sees the valid keys
+        for mask in (outer, rows, rows[:, 0]):
+            read.clear()
+            with Largest():
+                got = fa3_varlen.key_padding(mask, 3, size)
+            assert torch.equal(got, mask.reshape(3, -1, size).any(dim=1))  # the whole reduction's answer
+            assert torch.equal(got, valid)
+            assert read and max(read) <= 3 * heads * size  # O(L) a head, not L x L
+
+
 @pytest.mark.parametrize("form", ["keys", "holes", "outer"])
 def test_padding_masks_run_on_the_kernel_and_equal_masked_sdpa(kernel, form):
     """Every valid query's output is masked SDPA's (fp32 reference; bf16 tolerance), for right
@@ -110,6 +146,28 @@ def test_fp8_baseline_runs_masked_calls_in_bf16_on_the_varlen_kernel(kernel):
     assert CALLS["eager"] == 2  # both on the bf16 kernel
     unmasked = attention(q, k, v)  # fp8, per-tensor scales: close to bf16, not equal
     assert CALLS["eager"] == 2 and 0 < _rel(unmasked, fa3.fa3_attention(q, k, v)) < 0.1
+
+
+def test_same_kernel_baseline_reads_masks_as_diffusers_does(kernel):
+    """The harness's diffusers_regional_fa3_varlen row: the same kernel, the mask read by
+    diffusers' own normalisation (the whole reduction), so the engine's one-row reading is not
+    credited to the baseline. On the contract's masks both give one answer; on a mask outside it
+    (the first query sees two keys, the others all) diffusers' union differs from the engine's row."""
+    from benchmarks.baselines import diffusers_varlen_attention, fa3_varlen_member
+    from magi_zoo.engine.compat import diffusers as diffusers_compat
+
+    assert diffusers_compat.registered_backend(fa3_varlen_member()) is diffusers_varlen_attention
+    q, k, v = _qkv()
+    outer = VALID[:, None, :, None] & VALID[:, None, None, :]
+    torch.testing.assert_close(diffusers_varlen_attention(q, k, v, attn_mask=outer),
+                               fa3_varlen.fa3_varlen_attention(q, k, v, attn_mask=outer), rtol=0, atol=0)
+    odd = torch.ones(2, 1, 8, 8, dtype=torch.bool)
+    odd[:, :, 0, 2:] = False
+    union = torch.ones(2, 8, dtype=torch.bool)
+    torch.testing.assert_close(diffusers_varlen_attention(q, k, v, attn_mask=odd),
+                               fa3_varlen.fa3_varlen_attention(q, k, v, attn_mask=union), rtol=0, atol=0)
+    assert _rel(fa3_varlen.fa3_varlen_attention(q, k, v, attn_mask=odd),
+                fa3_varlen.fa3_varlen_attention(q, k, v, attn_mask=union)) > 5e-2
 
 
 def test_official_package_keeps_diffusers_own_varlen_entry(monkeypatch, kernel):

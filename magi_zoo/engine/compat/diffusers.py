@@ -42,6 +42,15 @@ def fa3_varlen_member() -> Any:
     return _dispatch().AttentionBackendName._FLASH_VARLEN_3
 
 
+def varlen_key_mask(attn_mask: Any, batch: int, seq_len_k: int) -> Any:
+    """The (batch, seq_len_k) valid-key mask diffusers' FlashAttention varlen backends read from a
+    boolean mask of any shape they take, computed as they compute it (every query of every head
+    reduced). The harness's same-kernel baseline reads masks with it, so the baseline pays what
+    diffusers pays. Why private: `_normalize_attn_mask` is the helper those backends call; no
+    public function exposes it. checked on: diffusers 0.42.1"""
+    return _dispatch()._normalize_attn_mask(attn_mask, batch, seq_len_k)
+
+
 def official_fa3_available() -> bool:
     """Whether diffusers' own `_flash_3` entry works (the official `flash_attn_interface` package is
     installed). Why private: diffusers keeps the answer in the module flag `_CAN_USE_FLASH_ATTN_3`
