@@ -83,13 +83,24 @@ def diffusers_varlen_attention(query, key, value, attn_mask=None, dropout_p: flo
     compile: the baseline is spared that cost."""
     import torch  # lazy: the harness lists strategies without torch
 
-    from magi_zoo.engine.compat import diffusers as diffusers_compat
     from magi_zoo.engine.kernels import fa3_varlen
 
     if attn_mask is not None and attn_mask.dtype == torch.bool:
-        attn_mask = diffusers_compat.varlen_key_mask(attn_mask, query.shape[0], key.shape[1])
+        attn_mask = _diffusers_key_mask(attn_mask, query.shape[0], key.shape[1])
     return fa3_varlen.fa3_varlen_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                                            return_lse, _parallel_config)
+
+
+_diffusers_key_mask = None  # diffusers' mask reading, bound by `bind_diffusers_key_mask` before any compile
+
+
+def bind_diffusers_key_mask() -> None:
+    """Bind diffusers' mask reading for `diffusers_varlen_attention`, outside any compiled region
+    (a compiled region cannot import diffusers' lazy modules)."""
+    global _diffusers_key_mask
+    from magi_zoo.engine.compat import diffusers as diffusers_compat
+
+    _diffusers_key_mask = diffusers_compat.varlen_key_mask_function()
 
 
 def fa3_varlen_member():
@@ -99,6 +110,7 @@ def fa3_varlen_member():
     from magi_zoo.engine.compat import diffusers as diffusers_compat
     from magi_zoo.engine.kernels import fa3
 
+    bind_diffusers_key_mask()
     return fa3.take_slot(diffusers_compat.fa3_varlen_member(), diffusers_varlen_attention)
 
 
@@ -136,6 +148,8 @@ def per_tensor_fp8_attention(forward):
     compiled region. A call with a mask or dropout, which fp8 FA3 cannot take, runs in bf16 on
     what a user would pick for it in diffusers: the varlen FA3 backend (``_flash_varlen_3``,
     the same kernel, a boolean mask read as key padding; it runs a bias or dropout on SDPA)."""
+    bind_diffusers_key_mask()
+
     def attention(query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False,
                   scale: float | None = None, **_: Any):
         if attn_mask is not None or dropout_p:

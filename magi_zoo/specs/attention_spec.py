@@ -31,7 +31,8 @@ class AttentionSpec(SectionSpec):
         description="What the region's boolean attention masks are. 'any' (the default): anything, so "
         "'fa3' runs a masked call on SDPA. 'padding': every boolean mask only hides padded keys "
         "(a key is valid when any query may see it, and every query sees exactly the valid keys: "
-        "diffusers' varlen contract), so 'fa3' (named, or picked by 'auto') becomes 'fa3_varlen' "
+        "diffusers' varlen contract; in a square mask a position may see itself exactly when it is a "
+        "valid key, which is how fa3_varlen reads it), so 'fa3' (named, or picked by 'auto') becomes 'fa3_varlen' "
         "and masked calls stay on FA3. A model author's statement about the model's masks, "
         "checked by the fp32-reference tests, not at run time.",
     )

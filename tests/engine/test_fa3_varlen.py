@@ -43,6 +43,7 @@ HOLES = torch.tensor([[0, 1, 1, 0, 1, 1, 0, 1], [1, 0, 0, 1, 1, 1, 1, 1]], dtype
 
 
 def test_key_padding_reads_every_shape_diffusers_varlen_takes():
+    """A key is valid when a query may see it, for every shape diffusers' varlen backends take."""
     a = VALID
     outer = a[:, None, :, None] & a[:, None, None, :]  # HunyuanVideo-1.5's L x L form
     for mask in (a, a[:, None, :].expand(2, 8, 8), outer, a[:, None, None, :], outer.expand(2, 3, 8, 8)):
@@ -54,17 +55,17 @@ def test_key_padding_reads_every_shape_diffusers_varlen_takes():
         fa3_varlen.key_padding(a, 2, 9)
 
 
-def test_a_square_padding_mask_is_read_from_one_row_not_reduced_whole():
+def test_a_square_padding_mask_is_read_from_its_diagonal_not_reduced_whole():
     """Cost oracle: HunyuanVideo-1.5's m & m^T mask at L tokens costs an L x L reduction a block
-    if reduced over its queries (4.5 ms a block at L = 51,275 on an H200). Read from one row,
-    nothing key_padding reduces or gathers holds more than 2 x L elements per head; the answer
-    equals the whole reduction's for left, right and scattered padding, per batch element and head."""
+    if reduced over its queries (4.5 ms a block at L = 51,275 on an H200). Read from its diagonal,
+    nothing key_padding reduces holds more than L elements per head; the answer equals the whole
+    reduction's for left, right and scattered padding, per batch element and head."""
     from torch.overrides import TorchFunctionMode
 
     size = 256
     valid = torch.ones(3, size, dtype=torch.bool)
     valid[0, 200:] = False  # right padding
-    valid[1, :17] = False  # left padding: the first position that sees itself is 17
+    valid[1, :17] = False  # left padding
     valid[2, ::3] = False  # holes
     read = []
 
@@ -152,7 +153,7 @@ def test_same_kernel_baseline_reads_masks_as_diffusers_does(kernel):
     """The harness's diffusers_regional_fa3_varlen row: the same kernel, the mask read by
     diffusers' own normalisation (the whole reduction), so the engine's one-row reading is not
     credited to the baseline. On the contract's masks both give one answer; on a mask outside it
-    (the first query sees two keys, the others all) diffusers' union differs from the engine's row."""
+    (a position hidden as a query, visible as a key) diffusers' union differs from the engine's diagonal."""
     from benchmarks.baselines import diffusers_varlen_attention, fa3_varlen_member
     from magi_zoo.engine.compat import diffusers as diffusers_compat
 
@@ -162,12 +163,15 @@ def test_same_kernel_baseline_reads_masks_as_diffusers_does(kernel):
     torch.testing.assert_close(diffusers_varlen_attention(q, k, v, attn_mask=outer),
                                fa3_varlen.fa3_varlen_attention(q, k, v, attn_mask=outer), rtol=0, atol=0)
     odd = torch.ones(2, 1, 8, 8, dtype=torch.bool)
-    odd[:, :, 0, 2:] = False
+    odd[:, :, 3, :] = False  # position 3 sees nothing, yet the others see it as a key: not padding
     union = torch.ones(2, 8, dtype=torch.bool)
     torch.testing.assert_close(diffusers_varlen_attention(q, k, v, attn_mask=odd),
                                fa3_varlen.fa3_varlen_attention(q, k, v, attn_mask=union), rtol=0, atol=0)
     assert _rel(fa3_varlen.fa3_varlen_attention(q, k, v, attn_mask=odd),
                 fa3_varlen.fa3_varlen_attention(q, k, v, attn_mask=union)) > 5e-2
+    # it runs inside the baseline's full-graph regions (diffusers' reading is bound outside them)
+    compiled = torch.compile(diffusers_varlen_attention, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(q, k, v, attn_mask=outer), diffusers_varlen_attention(q, k, v, attn_mask=outer))
 
 
 def test_official_package_keeps_diffusers_own_varlen_entry(monkeypatch, kernel):

@@ -42,13 +42,15 @@ def fa3_varlen_member() -> Any:
     return _dispatch().AttentionBackendName._FLASH_VARLEN_3
 
 
-def varlen_key_mask(attn_mask: Any, batch: int, seq_len_k: int) -> Any:
-    """The (batch, seq_len_k) valid-key mask diffusers' FlashAttention varlen backends read from a
-    boolean mask of any shape they take, computed as they compute it (every query of every head
-    reduced). The harness's same-kernel baseline reads masks with it, so the baseline pays what
-    diffusers pays. Why private: `_normalize_attn_mask` is the helper those backends call; no
-    public function exposes it. checked on: diffusers 0.42.1"""
-    return _dispatch()._normalize_attn_mask(attn_mask, batch, seq_len_k)
+def varlen_key_mask_function() -> Callable:
+    """diffusers' function that reads the (batch, seq_len_k) valid-key mask from a boolean mask of
+    any shape its FlashAttention varlen backends take (every query of every head reduced):
+    `fn(attn_mask, batch, seq_len_k)`. Returned, not called, so a caller binds it outside a
+    compiled region (dynamo cannot import diffusers' lazy modules). The harness's same-kernel
+    baseline reads masks with it, so the baseline pays what diffusers pays. Why private:
+    `_normalize_attn_mask` is the helper those backends call; no public function exposes it.
+    checked on: diffusers 0.42.1"""
+    return _dispatch()._normalize_attn_mask
 
 
 def official_fa3_available() -> bool:

@@ -17,10 +17,10 @@ fit it, which is why this is a backend a spec names for a model whose masks are 
 (HunyuanVideo-1.5's: `specs/hunyuan_video15.toml`), never something ``fa3`` or ``auto`` does by
 itself. Rows of queries that the mask hides from every key (a padded prompt position in an
 L x L mask) are not defined by the contract; here they attend the valid keys like any other.
-Such a position is hidden as a key in every call, so no valid token ever reads it. Since every
-query that sees any key sees the same keys, a square mask's valid keys are read from one of its
-rows (`key_padding`), which is where this differs from diffusers' function, which reduces the whole
-mask: the two agree on every mask of the contract's form, and on no other mask is either right.
+Such a position is hidden as a key in every call, so no valid token ever reads it. A square
+mask's valid keys are read from its diagonal (`key_padding`: a padded position is hidden as a key,
+a valid one may see itself), where diffusers' function reduces the whole mask: the two agree on
+every padding mask; a mask that hides a valid key's own query from it is not one.
 
 How, with no host sync and static shapes (one graph under ``fullgraph=True``): the valid keys
 are moved to the front by a stable sort of the key mask (a gather of K and V: for a mask whose
@@ -55,13 +55,15 @@ def key_padding(attn_mask: torch.Tensor, batch: int, seq_len_k: int) -> torch.Te
     (diffusers' reading, `_normalize_attn_mask`, exact under the contract in the module docstring).
     Raises ValueError on another shape.
 
-    A square (Lq = Lk) mask is read from one row per head, not reduced over all of them: under the
-    contract every query that sees any key sees exactly the valid keys, so the row of the first
-    position that may see itself (the first True of the diagonal; row 0 where none does) is the
-    answer. Why: HunyuanVideo-1.5's processor builds its mask as m & m^T at L = 51,275 tokens, and
-    reducing that over the query axis is 2.6 G elements a block -- 4.5 ms of its ~43 ms (H200,
-    benchmarks/results/profiles/profile_hunyuanvideo-1.5-480p-t2v_bf16_h200.md); the diagonal and
-    one row are 2 x L. Non-square masks (a cross-attention's) are reduced: Lq x Lk with few keys."""
+    A square (Lq = Lk) mask is read from its diagonal, not reduced over its queries: a padding
+    mask hides a position as a key exactly where it pads it, and a query position it pads either
+    sees the valid keys or nothing, so position i may see itself exactly when key i is valid. Why:
+    HunyuanVideo-1.5's processor builds its mask as m & m^T at L = 51,275 tokens, and reducing
+    that over the query axis is 2.6 G elements a block -- 4.5 ms of its ~43 ms (H200,
+    benchmarks/results/profiles/profile_hunyuanvideo-1.5-480p-t2v_bf16_h200.md); the diagonal is
+    L. (Reading the row of the first position that sees itself would also take masks that hide a
+    valid key's own query, but torch 2.11's inductor fails to generate that argmax + gather inside a
+    block's graph.) Non-square masks (a cross-attention's) are reduced: Lq x Lk with few keys."""
     m = attn_mask
     if m.ndim == 1:
         m = m[None]
@@ -80,13 +82,10 @@ def key_padding(attn_mask: torch.Tensor, batch: int, seq_len_k: int) -> torch.Te
 
 def _any_query(mask: torch.Tensor) -> torch.Tensor:
     """(B, H, Lk): the keys some query of each head may see, for a (B, H, Lq, Lk) padding mask
-    (key_padding's docstring says why a square one is read from a single row)."""
-    b, h, lq, lk = mask.shape
-    if lq != lk or lq == 1:
+    (key_padding's docstring says why a square one is read from its diagonal: a view, no reduction)."""
+    if mask.shape[2] != mask.shape[3] or mask.shape[2] == 1:
         return mask.any(dim=2)
-    # argmax returns the first maximal index: the first position that sees itself (0 if none)
-    first = mask.diagonal(dim1=2, dim2=3).to(torch.uint8).argmax(dim=-1)
-    return mask.gather(2, first[:, :, None, None].expand(b, h, 1, lk)).squeeze(2)
+    return mask.diagonal(dim1=2, dim2=3)
 
 
 def valid_keys_first(key: torch.Tensor, value: torch.Tensor, valid: torch.Tensor
