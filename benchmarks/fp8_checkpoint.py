@@ -81,10 +81,11 @@ def load(model: str, path: Path) -> dict[str, Any]:
     handle = magi_zoo.load(model, weights=str(path), gpu="cpu", dtype="bfloat16", compile=False)
     load_s = time.perf_counter() - t0
     transformer = handle.pipe.transformer
+    held = {"transformer": _module_bytes(transformer), "pipeline": sum(_module_bytes(m) for m in handle.modules.values())}
     return {"load_s": round(load_s, 2), "peak_rss_gib": common.gib(_peak_rss_bytes()),
             "rss_before_load_gib": common.gib(before),  # the interpreter and its imports
-            "transformer_gib": common.gib(_module_bytes(transformer)),
-            "pipeline_gib": common.gib(sum(_module_bytes(m) for m in handle.modules.values())),
+            "transformer_bytes": held["transformer"], "transformer_gib": common.gib(held["transformer"]),
+            "pipeline_bytes": held["pipeline"], "pipeline_gib": common.gib(held["pipeline"]),
             "fp8_linears": sum(isinstance(m, Fp8Linear) for m in transformer.modules()),
             "disk_gib": common.gib(_dir_bytes(path))}
 
@@ -142,7 +143,7 @@ def main(argv=None) -> None:
     finally:
         if own:
             shutil.rmtree(work, ignore_errors=True)
-    ratios = {k: _ratio(rows, k) for k in ("peak_rss_gib", "transformer_gib", "pipeline_gib", "load_s", "disk_gib")}
+    ratios = {k: _ratio(rows, k) for k in ("peak_rss_gib", "transformer_bytes", "pipeline_bytes", "load_s", "disk_gib")}
     label = written["variant"]
     stem = args.stem or f"fp8_checkpoint_{label}_{common.card_tag(env, cuda=False)}"
     record = {"model": args.model, "variant": label, "variant_note": written["variant_note"], "layers": args.layers,

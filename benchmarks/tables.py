@@ -663,6 +663,23 @@ def video_write(link: Link) -> str:
     return table(head, rows) + "\n\n" + sources(files, link)
 
 
+def fp8_checkpoint(link: Link) -> str:
+    """Every `benchmarks/fp8_checkpoint.py` result: the bf16 and the fp8 checkpoint of one build,
+    each loaded by `magi_zoo.load` in a fresh process -- wall seconds, the process's peak resident
+    memory, the bytes the transformer and the whole pipeline hold, the files on disk; fp8 / bf16."""
+    files = [load(p.relative_to(RESULTS).as_posix())
+             for p in sorted((RESULTS / "fp8_checkpoint").glob("fp8_checkpoint_*.json"))]
+    rows = []
+    for f in files:
+        by = {r["checkpoint"]: r for r in f.data["rows"]}
+        for key, what in (("load_s", "load, s"), ("peak_rss_gib", "host peak (RSS), GiB"),
+                          ("transformer_gib", "transformer, GiB"), ("pipeline_gib", "whole pipeline, GiB"),
+                          ("disk_gib", "on disk, GiB")):
+            a, b = by["bf16"].get(key), by["fp8"].get(key)
+            rows.append([f"`{f.data['variant']}`", what, num(a, 2), num(b, 2), ratio(b / a if a and b else None)])
+    return table(["build", "what", "bf16 checkpoint", "fp8 checkpoint", "fp8 / bf16"], rows) + "\n\n" + sources(files, link)
+
+
 def headline(link: Link) -> str:
     """magi_zoo against the strongest baseline measured in the same run, only where that baseline
     runs the same attention kernel (a ratio against a weaker setup is no claim); the rows still
@@ -732,6 +749,7 @@ TABLES: dict[str, Callable[[Link], str]] = {
     "self-forcing": self_forcing, "multi-gpu": multi_gpu, "unknown-commits": unknown_commits,
     "gpu-tests": gpu_tests, "serve": serve, "families": families,
     "video-write": video_write, "adapter-sizes": adapter_sizes, "whole-generation": whole_generation,
+    "fp8-checkpoint": fp8_checkpoint,
 }
 
 

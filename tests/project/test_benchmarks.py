@@ -626,3 +626,21 @@ def test_fp8_sensitivity_groups_are_checked_before_the_build(tmp_path, monkeypat
                                  "--stem", "g"]) == 0
     rows = [r["row"] for r in json.loads((tmp_path / "g.json").read_text())["rows"]]
     assert rows == ["bf16 eager", "bf16 (smoke) plan", "bf16 (smoke), ff kept bf16"]
+
+
+def test_fp8_checkpoint_harness_measures_the_checkpoints_users_load(tmp_path):
+    """benchmarks.fp8_checkpoint's two steps in this process on wan2.1-tiny: both checkpoints
+    written from one build, each read back through magi_zoo.load; the fp8 one holds the spec's
+    40 block linears as Fp8Linear and fewer transformer bytes (per linear 1 B a weight + 4 B a
+    row against 2 B a weight; the tiny's norms and embedders stay), the bf16 one none."""
+    from benchmarks import fp8_checkpoint as bench
+
+    written = bench.write("wan2.1-tiny", None, tmp_path)
+    assert written["variant"] == "wan2.1-tiny" and written["save_fp8_s"] >= 0
+    assert (tmp_path / "fp8" / "magi_zoo_fp8.json").is_file() and not (tmp_path / "bf16" / "magi_zoo_fp8.json").exists()
+    bf16, fp8 = (bench.load("wan2.1-tiny", tmp_path / kind) for kind in bench.KINDS)
+    assert bf16["fp8_linears"] == 0 and fp8["fp8_linears"] == 40
+    assert 0 < fp8["transformer_bytes"] < 0.75 * bf16["transformer_bytes"]
+    assert fp8["pipeline_bytes"] - fp8["transformer_bytes"] == bf16["pipeline_bytes"] - bf16["transformer_bytes"]
+    assert fp8["load_s"] > 0 and fp8["peak_rss_gib"] >= fp8["rss_before_load_gib"] > 0
+    assert bench._ratio({"bf16": bf16, "fp8": fp8}, "transformer_bytes") < 0.75
