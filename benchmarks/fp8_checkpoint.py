@@ -9,9 +9,12 @@ Each step runs in a fresh process, so each peak is its own:
    weights in bf16 on the CPU, saved twice with `save_pretrained` -- as held (bf16) and with
    ``precision="fp8"`` (the spec's fp8 regions' linears quantized, `magi_zoo/checkpoints.py`);
 2. load, once per directory: ``magi_zoo.load(model, weights=DIR, gpu="cpu", dtype="bfloat16",
-   compile=False)`` -- the loading code users run -- timed (wall seconds), with the process's
-   peak resident memory (``ru_maxrss``: what the host had to hold at once, the loader's copies
-   included) and the bytes the loaded transformer and the whole pipeline hold.
+   compile=False)`` -- the loading code users run -- timed (wall seconds), then every weight
+   read once (`_touch`: a loader may map the files and read nothing yet), timed apart; the
+   process's peak resident memory (``ru_maxrss``: what the host had to hold at once, the
+   loader's copies included) and the bytes the loaded transformer and whole pipeline hold.
+   The files were just written, so both loads read them from the page cache: the load times
+   are the loaders' work, not the disk's.
 
 The result is the fp8 / bf16 ratio of each. Host-side only, so it runs on any machine whose
 memory holds the bf16 build: the published Wan 14B's 28 GB transformer does not fit a 24 GB
@@ -43,6 +46,20 @@ def _module_bytes(module) -> int:
 
 def _peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def _touch(modules) -> None:
+    """Read one element of every 4 KiB page of every weight: a loader may hand back tensors that
+    map the file (safetensors does) and read nothing until used, so without this the process's
+    resident memory says nothing about what the host holds once the weights are used (copied to
+    the card, pinned for offload)."""
+    import torch
+
+    with torch.no_grad():
+        for m in modules:
+            for t in [*m.parameters(), *m.buffers()]:
+                if t.numel():
+                    t.detach().reshape(-1)[::max(1, 4096 // t.element_size())].float().sum()
 
 
 def _dir_bytes(path: Path) -> int:
@@ -80,9 +97,12 @@ def load(model: str, path: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
     handle = magi_zoo.load(model, weights=str(path), gpu="cpu", dtype="bfloat16", compile=False)
     load_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    _touch(handle.modules.values())
+    touch_s = time.perf_counter() - t0
     transformer = handle.pipe.transformer
     held = {"transformer": _module_bytes(transformer), "pipeline": sum(_module_bytes(m) for m in handle.modules.values())}
-    return {"load_s": round(load_s, 2), "peak_rss_gib": common.gib(_peak_rss_bytes()),
+    return {"load_s": round(load_s, 2), "touch_s": round(touch_s, 2), "peak_rss_gib": common.gib(_peak_rss_bytes()),
             "rss_before_load_gib": common.gib(before),  # the interpreter and its imports
             "transformer_bytes": held["transformer"], "transformer_gib": common.gib(held["transformer"]),
             "pipeline_bytes": held["pipeline"], "pipeline_gib": common.gib(held["pipeline"]),
@@ -143,14 +163,15 @@ def main(argv=None) -> None:
     finally:
         if own:
             shutil.rmtree(work, ignore_errors=True)
-    ratios = {k: _ratio(rows, k) for k in ("peak_rss_gib", "transformer_bytes", "pipeline_bytes", "load_s", "disk_gib")}
+    ratios = {k: _ratio(rows, k) for k in ("peak_rss_gib", "transformer_bytes", "pipeline_bytes", "load_s", "touch_s",
+                                          "disk_gib")}
     label = written["variant"]
     stem = args.stem or f"fp8_checkpoint_{label}_{common.card_tag(env, cuda=False)}"
     record = {"model": args.model, "variant": label, "variant_note": written["variant_note"], "layers": args.layers,
               "env": env, "command": "python -m benchmarks.fp8_checkpoint " + " ".join(sys.argv[1:]),
               "write": {k: v for k, v in written.items() if k != "status"},
               "rows": list(rows.values()), "fp8_over_bf16": ratios}
-    columns = ["checkpoint", "status", "load_s", "peak_rss_gib", "transformer_gib", "pipeline_gib", "fp8_linears",
+    columns = ["checkpoint", "status", "load_s", "touch_s", "peak_rss_gib", "transformer_gib", "pipeline_gib", "fp8_linears",
                "disk_gib", "error"]
     md = "\n\n".join([f"# fp8 checkpoint against bf16: host memory and load time ({label})", common.env_line(env),
                       written["variant_note"] or "", f"command: `{record['command']}`",

@@ -672,7 +672,8 @@ def fp8_checkpoint(link: Link) -> str:
     rows = []
     for f in files:
         by = {r["checkpoint"]: r for r in f.data["rows"]}
-        for key, what in (("load_s", "load, s"), ("peak_rss_gib", "host peak (RSS), GiB"),
+        for key, what in (("load_s", "`magi_zoo.load`, s"), ("touch_s", "first read of every weight, s"),
+                          ("peak_rss_gib", "host peak (RSS, every weight read), GiB"),
                           ("transformer_gib", "transformer, GiB"), ("pipeline_gib", "whole pipeline, GiB"),
                           ("disk_gib", "on disk, GiB")):
             a, b = by["bf16"].get(key), by["fp8"].get(key)
