@@ -77,7 +77,7 @@ def diffusers_varlen_attention(query, key, value, attn_mask=None, dropout_p: flo
     dispatch signature, which its registry reads argument names from): the
     mask read by diffusers' own normalisation (every query of every head reduced: for
     HunyuanVideo-1.5's L x L mask 2.6 G elements a block), then FA3 with ``seqused_k``. The
-    engine's fa3_varlen reads a square padding mask from one row instead (its key_padding); that
+    engine's fa3_varlen reads a square padding mask from its diagonal instead (key_padding); that
     difference is the engine's to claim, so the baseline keeps diffusers' reading. What it does
     not copy is diffusers' packing, whose host read of the longest length breaks a full-graph
     compile: the baseline is spared that cost."""

@@ -151,7 +151,7 @@ def test_fp8_baseline_runs_masked_calls_in_bf16_on_the_varlen_kernel(kernel):
 
 def test_same_kernel_baseline_reads_masks_as_diffusers_does(kernel):
     """The harness's diffusers_regional_fa3_varlen row: the same kernel, the mask read by
-    diffusers' own normalisation (the whole reduction), so the engine's one-row reading is not
+    diffusers' own normalisation (the whole reduction), so the engine's diagonal reading is not
     credited to the baseline. On the contract's masks both give one answer; on a mask outside it
     (a position hidden as a query, visible as a key) diffusers' union differs from the engine's diagonal."""
     from benchmarks.baselines import diffusers_varlen_attention, fa3_varlen_member
