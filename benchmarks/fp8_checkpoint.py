@@ -40,15 +40,11 @@ from benchmarks import common
 KINDS = ("bf16", "fp8")
 
 
-def _module_bytes(module) -> int:
-    return sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()])
-
-
 def _peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
-def _touch(modules) -> None:
+def _touch(root) -> None:
     """Read one element of every 4 KiB page of every weight: a loader may hand back tensors that
     map the file (safetensors does) and read nothing until used, so without this the process's
     resident memory says nothing about what the host holds once the weights are used (copied to
@@ -56,10 +52,9 @@ def _touch(modules) -> None:
     import torch
 
     with torch.no_grad():
-        for m in modules:
-            for t in [*m.parameters(), *m.buffers()]:
-                if t.numel():
-                    t.detach().reshape(-1)[::max(1, 4096 // t.element_size())].float().sum()
+        for t in [*root.parameters(), *root.buffers()]:
+            if t.numel():
+                t.detach().reshape(-1)[::max(1, 4096 // t.element_size())].float().sum()
 
 
 def _dir_bytes(path: Path) -> int:
@@ -92,16 +87,17 @@ def load(model: str, path: Path) -> dict[str, Any]:
     """One `magi_zoo.load` of the checkpoint at `path`, timed, with the host memory it took."""
     import magi_zoo
     from magi_zoo.engine import Fp8Linear
+    from magi_zoo.engine.offload import resident_bytes
 
     before = _peak_rss_bytes()
     t0 = time.perf_counter()
     handle = magi_zoo.load(model, weights=str(path), gpu="cpu", dtype="bfloat16", compile=False)
     load_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    _touch(handle.modules.values())
+    _touch(handle.modules)
     touch_s = time.perf_counter() - t0
     transformer = handle.pipe.transformer
-    held = {"transformer": _module_bytes(transformer), "pipeline": sum(_module_bytes(m) for m in handle.modules.values())}
+    held = {"transformer": resident_bytes(transformer, "cpu"), "pipeline": resident_bytes(handle.modules, "cpu")}
     return {"load_s": round(load_s, 2), "touch_s": round(touch_s, 2), "peak_rss_gib": common.gib(_peak_rss_bytes()),
             "rss_before_load_gib": common.gib(before),  # the interpreter and its imports
             "transformer_bytes": held["transformer"], "transformer_gib": common.gib(held["transformer"]),
