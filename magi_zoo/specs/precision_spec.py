@@ -67,7 +67,8 @@ class PrecisionSpec(SectionSpec):
         True,
         description="An attention's RMSNorm of q and k and its rotary embedding in one pass where the "
         "adapter's attention supports it (kernels/norm_rope.py): Wan's self-attention, normalised over all "
-        "heads (`magi_zoo::rms_norm_rope`), and Flux's attention, normalised per head with the text stream "
+        "heads (`magi_zoo::rms_norm_rope`), and Flux's, FLUX.2's and Qwen-Image's attention, normalised per "
+        "head with the text stream "
         "joined in front in the same pass (`magi_zoo::rms_norm_rope_heads`): one read and one write of q "
         "and k instead of reductions, strided pair accesses and a concatenation. Same function (no "
         "rounding between the norm and the rotation).",

@@ -1,4 +1,4 @@
-"""Wan's, Flux's and Qwen-Image's q/k RMSNorm + rotary embedding in one pass (`magi_zoo::rms_norm_rope`, the precision
+"""Wan's, Flux's, FLUX.2's and Qwen-Image's q/k RMSNorm + rotary embedding in one pass (`magi_zoo::rms_norm_rope`, the precision
 section's `fuse_norm_rope`, the Wan adapter's attention processor): the op's definition against
 diffusers' own processor, the model path (op calls per forward, exact on CPU, undo, the switch
 off), shape errors, and (GPU) the Triton kernel against the definition."""
@@ -126,6 +126,11 @@ def _flux_plan(**fields):
     return {"compile": {"": False}, "precision": {b: dict(gelu_epilogue=False, **fields) for b in FLUX_BLOCKS}}
 
 
+def _flux2_plan(**fields):
+    return {"compile": {"": False},
+            "precision": {b: dict(fields) for b in ("Flux2TransformerBlock", "Flux2SingleTransformerBlock")}}
+
+
 def _qwen_plan(**fields):
     # gelu_epilogue off: this checks the norm + rope alone
     return {"compile": {"": False}, "precision": {"QwenImageTransformerBlock": dict(gelu_epilogue=False, **fields)}}
@@ -135,6 +140,8 @@ def _qwen_plan(**fields):
 # switches, how many layers it fuses once block 0's norms differ, tolerance against diffusers'
 # processor: Flux's op is diffusers' math op for op on CPU, Qwen-Image's rotation is not complex)
 JOINT = [("flux-tiny", _flux_plan, lambda tr: len(tr.transformer_blocks) - 1 + len(tr.single_transformer_blocks), 0.0),
+         ("flux.2-tiny", _flux2_plan, lambda tr: len(tr.transformer_blocks) - 1 + len(tr.single_transformer_blocks),
+          0.0),
          ("qwen-image-tiny", _qwen_plan, lambda tr: len(tr.transformer_blocks) - 1, 1e-5)]
 
 
@@ -163,17 +170,26 @@ def test_joint_norms_of_different_eps_take_the_class_path(name, plan, fused, tol
     torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
 
 
-def test_flux_attention_runs_fused_exactly_and_undoes(monkeypatch):
-    h = magi_zoo.load("flux-tiny", gpu="cpu", compile=False)
+# Flux.1's and FLUX.2's processors: (tiny model, plan, the fused processor classes' names)
+FLUX_STYLE = [("flux-tiny", _flux_plan, {"NormRopeFluxAttnProcessor"}),
+              ("flux.2-tiny", _flux2_plan, {"NormRopeFlux2AttnProcessor", "NormRopeFlux2ParallelSelfAttnProcessor"})]
+
+
+@pytest.mark.parametrize("name, plan, classes", FLUX_STYLE, ids=[c[0] for c in FLUX_STYLE])
+def test_flux_attention_runs_fused_exactly_and_undoes(name, plan, classes, monkeypatch):
+    """Every double and single block's q and k through the op, diffusers' output bit for bit on
+    CPU (the op's definition is diffusers' math, op for op), and `remove` undoes it exactly."""
+    h = magi_zoo.load(name, gpu="cpu", compile=False)
     tr = h.pipe.transformer
     ref = forward(h)
     originals = [m.processor for m in tr.modules() if hasattr(m, "processor")]
-    rep = magi_zoo.apply(h.modules, _flux_plan(), gpu="cpu", preparations=h.adapter.preparations(h.pipe))
+    rep = magi_zoo.apply(h.modules, plan(), gpu="cpu", preparations=h.adapter.preparations(h.pipe))
     layers = len(tr.transformer_blocks) + len(tr.single_transformer_blocks)
     assert "magi_zoo::rms_norm_rope_heads" in rep.step("prepare").did
     did = rep.step("precision").did
     assert f"({len(tr.transformer_blocks)} attention layer(s) whose processor fuses them)" in did
     assert f"({len(tr.single_transformer_blocks)} attention layer(s) whose processor fuses them)" in did
+    assert {type(m.processor).__name__ for m in tr.modules() if hasattr(m, "processor")} == classes
     calls = count_calls(monkeypatch, norm_rope, "rms_norm_rope_heads")
     out = forward(h)
     assert len(calls) == 2 * layers  # q and k of every double and single block
@@ -181,6 +197,29 @@ def test_flux_attention_runs_fused_exactly_and_undoes(monkeypatch):
     procs = lambda: [m.processor for m in tr.modules() if hasattr(m, "processor")]
     assert_undone_exactly(h, ref, calls, lambda: [m for m in tr.modules() if NORM_ROPE_MARK in m.__dict__]
                           + [p for p, o in zip(procs(), originals) if p is not o])
+
+
+def test_flux2_single_block_fuses_with_a_split_of_diffusers_shape(monkeypatch):
+    """The single block's fused processor splits q, k, v and the MLP's input by diffusers' ratio:
+    its output equals diffusers' processor's on the same layer, and a call without a rotary
+    embedding is the class's own (no op call)."""
+    from diffusers.models.transformers.transformer_flux2 import Flux2ParallelSelfAttnProcessor
+
+    h = magi_zoo.load("flux.2-tiny", gpu="cpu", compile=False)
+    attn = h.pipe.transformer.single_transformer_blocks[0].attn
+    magi_zoo.apply(h.modules, _flux2_plan(), gpu="cpu", preparations=h.adapter.preparations(h.pipe))
+    fused = attn.processor
+    x = torch.randn(1, 7, attn.query_dim)
+    ang = torch.rand(7, attn.head_dim // 2)
+    rope = (torch.cos(ang).repeat_interleave(2, -1), torch.sin(ang).repeat_interleave(2, -1))
+    calls = count_calls(monkeypatch, norm_rope, "rms_norm_rope_heads")
+    with torch.inference_mode():
+        got = fused(attn, x, image_rotary_emb=rope)
+        want = Flux2ParallelSelfAttnProcessor()(attn, x, image_rotary_emb=rope)
+        assert len(calls) == 2
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        fused(attn, x, image_rotary_emb=None)
+    assert len(calls) == 2
 
 
 def test_processor_swap_leaves_a_users_own_processor_alone():

@@ -1,5 +1,5 @@
 """Flux's attention on the engine's fused q/k norm + text/image join + rope
-(`joint_norm_rope_attention`, engine/kernels/joint_attention.py), when the precision step allows it.
+(`flux_style_processor`, engine/kernels/joint_attention.py), when the precision step allows it.
 
 The preparation puts a `NormRopeFluxAttnProcessor` in place of every diffusers `FluxAttnProcessor`.
 It is diffusers' processor (0.42) except on the path it changes -- attention with a (cos, sin)
@@ -15,10 +15,8 @@ import functools
 
 import torch.nn as nn
 
-from ...engine import Preparation, joint_norm_rope_attention, marked_norms, processor_preparation
+from ...engine import Preparation, flux_style_processor, processor_preparation
 from ...engine.compat.diffusers import flux_qkv_projections
-
-NORMS = ("norm_q", "norm_k", "norm_added_q", "norm_added_k")  # image q, k; text q, k (double blocks only)
 
 
 @functools.lru_cache(maxsize=None)
@@ -27,34 +25,7 @@ def _processor_class():
     # lazy: diffusers costs seconds; the class is built when a plan first installs it
     from diffusers.models.transformers.transformer_flux import FluxAttnProcessor
 
-    qkv_projections = flux_qkv_projections()
-
-    class NormRopeFluxAttnProcessor(FluxAttnProcessor):
-        """`FluxAttnProcessor` with q/k RMSNorm + join + RoPE fused on marked layers."""
-
-        FUSES_NORM_ROPE = NORMS  # the norms the precision step marks (fuse_norm_rope)
-
-        def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
-                     image_rotary_emb=None):
-            if not fusable(attn, encoder_hidden_states, image_rotary_emb):
-                return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
-            query, key, value, e_query, e_key, e_value = qkv_projections(attn, hidden_states, encoder_hidden_states)
-            text = (e_query, e_key, e_value) if encoder_hidden_states is not None else None
-            return joint_norm_rope_attention(self, attn, (query, key, value), text, image_rotary_emb, attention_mask,
-                                             head_dim=attn.head_dim)
-
-    return NormRopeFluxAttnProcessor
-
-
-def fusable(attn: nn.Module, encoder_hidden_states, image_rotary_emb) -> bool:
-    """A (cos, sin) rotary embedding of (tokens, head_dim), q/k normalised per head by marked
-    RMSNorms -- and, with a text stream, its added projections and marked norms of the same eps."""
-    if not (isinstance(image_rotary_emb, tuple) and len(image_rotary_emb) == 2 and image_rotary_emb[0].dim() == 2):
-        return False
-    if encoder_hidden_states is not None and getattr(attn, "added_kv_proj_dim", None) is None:
-        return False
-    names = NORMS if encoder_hidden_states is not None else NORMS[:2]
-    return marked_norms([getattr(attn, name, None) for name in names], attn.head_dim)
+    return flux_style_processor(FluxAttnProcessor, flux_qkv_projections())
 
 
 def norm_rope_preparation(transformer: nn.Module) -> Preparation:

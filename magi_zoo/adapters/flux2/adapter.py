@@ -13,6 +13,7 @@ from .._tokenizers import byte_bpe_tokenizer
 from ..base import CallLimits, Variant, init_on
 from ..diffusers_pipeline import DiffusersPipelineAdapter
 from . import config as C
+from .attention import norm_rope_preparation
 
 VARIANTS = {v.name: v for v in [
     Variant(name="flux.2-dev", family="flux2", config=C.PUBLISHED, hub_id="black-forest-labs/FLUX.2-dev",
@@ -104,6 +105,9 @@ class Flux2Adapter(DiffusersPipelineAdapter):
         if min(size) < 64:
             raise ValueError(f"{what}: {size[0]}x{size[1]}; FLUX.2 takes conditioning images of at least "
                              "64x64 pixels")
+
+    def preparations(self, pipe) -> list:
+        return [norm_rope_preparation(pipe.transformer)]
 
     def call_limits(self, variant: Variant) -> CallLimits:
         """Pixels divide by the VAE's downsampling (2 per level after the first: 8 published)

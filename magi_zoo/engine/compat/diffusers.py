@@ -354,6 +354,17 @@ def flux_qkv_projections() -> Callable:
     return transformer_flux._get_qkv_projections
 
 
+def flux2_qkv_projections() -> Callable:
+    """diffusers' `(attn, hidden_states, encoder_hidden_states) -> (query, key, value,
+    encoder_query, encoder_key, encoder_value)` of a `Flux2Attention` (a double-stream block's),
+    fused or separate projections. Why private: as `wan_qkv_projections`
+    (`transformer_flux2._get_qkv_projections`). checked on: diffusers 0.42.1"""
+    # lazy: diffusers is heavy; `import magi_zoo` never imports it
+    from diffusers.models.transformers import transformer_flux2
+
+    return transformer_flux2._get_qkv_projections
+
+
 def flux_latent_image_ids(pipe: Any, batch: int, height: int, width: int, device: Any, dtype: Any) -> Any:
     """The (height * width, 3) position ids [0, row, col] `FluxPipeline` gives the transformer for a
     packed-latent grid of height x width tokens. Why private: `FluxPipeline._prepare_latent_image_ids`

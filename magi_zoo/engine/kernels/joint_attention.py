@@ -1,8 +1,10 @@
 """The joint (text + image) attention of a diffusers MMDiT processor on the per-head q/k norm +
 rope kernel (`magi_zoo::rms_norm_rope_heads`, `norm_rope.py`): `joint_norm_rope_attention`, the
-body Flux.1's and Qwen-Image's processors share, and `joint_rope_table`, complex rotary tables
-as the kernel's real (cos, sin). The adapters keep what differs: how q, k and v are projected,
-the mask, the rotary table's form, and when to fuse at all (`precision.marked_norms`).
+body Flux.1's, FLUX.2's and Qwen-Image's processors share; `joint_rope_table`, complex rotary
+tables as the kernel's real (cos, sin); and `flux_style_processor`, the whole fused processor for
+a diffusers class called as Flux's (Flux.1's `FluxAttnProcessor`, FLUX.2's `Flux2AttnProcessor`),
+built from the class and its projections alone. The adapters keep what differs: how q, k and v
+are projected, the mask, the rotary table's form, and when to fuse at all (`precision.marked_norms`).
 
 Why: diffusers normalises q and k per head (an RMSNorm over head_dim), joins the text stream's
 q/k (normalised by their own norms) in front of the image stream's, and rotates the joint
@@ -25,14 +27,19 @@ table is the text's angles followed by the image's (`joint_rope_table`, tables i
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn as nn
 
 from ..compat import diffusers as diffusers_compat
 from ..custom_ops import register_custom_op
+from ..precision.fusions import marked_norms
 from .norm_rope import apply_heads
+
+# The q/k RMSNorms of diffusers' MMDiT attention, as its processors name them: the image stream's
+# q, k, then the text stream's (absent in a single-stream block, whose text is already joined).
+JOINT_NORMS = ("norm_q", "norm_k", "norm_added_q", "norm_added_k")
 
 
 def joint_norm_rope_attention(processor, attn: nn.Module, image: Sequence[torch.Tensor],
@@ -108,3 +115,41 @@ def rope_tables_fit(freqs, lengths: Sequence[int], head_dim: int) -> bool:
     return (isinstance(freqs, (tuple, list)) and len(freqs) == len(lengths)
             and all(isinstance(f, torch.Tensor) and f.is_complex() and tuple(f.shape) == (n, head_dim // 2)
                     for f, n in zip(freqs, lengths)))
+
+
+def real_rope_fusable(attn: nn.Module, encoder_hidden_states, rotary_emb, head_dim: int) -> bool:
+    """Whether a Flux-style call may take the kernel: a real (cos, sin) rotary embedding of
+    (tokens, head_dim) each, q and k normalised per head by marked RMSNorms of one eps -- and,
+    with a text stream, its added projections and marked norms of the same eps."""
+    if not (isinstance(rotary_emb, tuple) and len(rotary_emb) == 2 and rotary_emb[0].dim() == 2):
+        return False
+    if encoder_hidden_states is not None and getattr(attn, "added_kv_proj_dim", None) is None:
+        return False
+    names = JOINT_NORMS if encoder_hidden_states is not None else JOINT_NORMS[:2]
+    return marked_norms([getattr(attn, name, None) for name in names], head_dim)
+
+
+def flux_style_processor(base: type, qkv_projections: Callable) -> type:
+    """A subclass of `base`, a diffusers processor called as Flux's is (attn, hidden_states,
+    encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None) with per-head q/k
+    RMSNorms and a real (cos, sin) rotary table over the joint sequence (Flux.1's
+    `FluxAttnProcessor`, FLUX.2's `Flux2AttnProcessor`): where `real_rope_fusable` allows, q and k
+    come out of `joint_norm_rope_attention`; any other call is `base`'s own. `qkv_projections` is
+    diffusers' `(attn, hidden_states, encoder_hidden_states) -> (query, key, value, encoder_query,
+    encoder_key, encoder_value)` for the model, fused or separate projections alike. Named
+    ``NormRope<base>``; FUSES_NORM_ROPE tells the precision step which norms to mark."""
+
+    class NormRopeProcessor(base):
+        FUSES_NORM_ROPE = JOINT_NORMS  # the norms the precision step marks (fuse_norm_rope)
+
+        def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
+                     image_rotary_emb=None):
+            if not real_rope_fusable(attn, encoder_hidden_states, image_rotary_emb, attn.head_dim):
+                return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
+            query, key, value, e_query, e_key, e_value = qkv_projections(attn, hidden_states, encoder_hidden_states)
+            text = (e_query, e_key, e_value) if encoder_hidden_states is not None else None
+            return joint_norm_rope_attention(self, attn, (query, key, value), text, image_rotary_emb, attention_mask,
+                                             head_dim=attn.head_dim)
+
+    NormRopeProcessor.__name__ = NormRopeProcessor.__qualname__ = f"NormRope{base.__name__}"
+    return NormRopeProcessor

@@ -8,6 +8,7 @@ from typing import Callable
 
 import torch.nn as nn
 
+from ..steps import chain_undo
 from .step import Preparation
 
 
@@ -55,14 +56,17 @@ def swap_processors(transformers, base: type, cls: type) -> Callable[[], None]:
     return undo
 
 
-def processor_preparation(name: str, why: str, transformers, processor_class: Callable[[], type]) -> Preparation:
-    """A preparation that swaps a processor class in (`swap_processors`): `processor_class()`, called
+def processor_preparation(name: str, why: str, transformers,
+                          processor_class: Callable[[], type | tuple[type, ...]]) -> Preparation:
+    """A preparation that swaps processor classes in (`swap_processors`): `processor_class()`, called
     at install (so a diffusers module the class subclasses is imported only when a plan installs
-    it), returns a subclass of exactly one diffusers processor class, which it replaces under
-    `transformers`; the undo restores the original processors."""
+    it), returns a subclass of exactly one diffusers processor class -- or a tuple of them, one per
+    processor class the model has (FLUX.2: its double- and single-stream blocks') -- each of which
+    replaces its base under `transformers`; the undo restores the original processors."""
 
     def install(root: nn.Module):
-        cls = processor_class()
-        return swap_processors(transformers, cls.__base__, cls)
+        made = processor_class()
+        classes = made if isinstance(made, tuple) else (made,)
+        return chain_undo([swap_processors(transformers, cls.__base__, cls) for cls in classes])
 
     return Preparation(name, why, install)
