@@ -349,8 +349,10 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
     if train:
         set_train_mode(adapter, native)
     try:
+        # built in host memory to stream: no host copy of the bf16 originals beside the fp8 linears
         report = None if compile is False else apply(modules, layers=layers, gpu=profile,
-                                                     preparations=adapter.preparations(native), train=train)
+                                                     preparations=adapter.preparations(native), train=train,
+                                                     keep_originals=build_dev == dev)
     except PlanError as e:  # name the file (or argument) the key came from
         raise name_plan_source(e, spec_file or adapter.spec_path(), profile.name, shipped=spec_file is None) from None
     if build_dev != dev and report is not None:

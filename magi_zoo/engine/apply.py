@@ -55,7 +55,7 @@ _APPLIED = "_magi_zoo_applied"  # root instance attr: the StepRecords of the pla
 
 def apply(module: nn.Module, plan: Any = None, *, gpu: str | GpuProfile | None = None,
           layers: Sequence[tuple[str, PlanLayer]] | None = None,
-          preparations: Sequence[Preparation] = (), train: bool = False) -> Report:
+          preparations: Sequence[Preparation] = (), train: bool = False, keep_originals: bool = True) -> Report:
     """Apply a plan in place to any `nn.Module` tree and return a live `Report`.
 
     `plan` is a dict ({section: {key: spec}}, or {key: spec} for compile alone), a
@@ -66,7 +66,11 @@ def apply(module: nn.Module, plan: Any = None, *, gpu: str | GpuProfile | None =
     initialises CUDA by itself). `preparations` are
     an adapter's declared graph preparations. `train=True` tells every step the module
     will be trained (attention then keeps a backend with a backward). With no compile entry in any layer, the
-    engine default compiles the root: exactly `torch.compile(module)`.
+    engine default compiles the root: exactly `torch.compile(module)`. `keep_originals=False` drops
+    each bf16 linear the precision step turns into fp8 instead of keeping a host copy for the undo
+    (2 bytes per parameter: 64 GB for FLUX.2-dev's transformer); `remove` then leaves those fp8
+    linears in place, as an fp8 checkpoint loads them, and the report says so. `load` passes it for
+    a model built in host memory to stream, where host memory is what runs out.
 
     The steps run in `STEP_ORDER`, one engine module each, and this is the only place that
     encodes it:
@@ -109,7 +113,7 @@ def apply(module: nn.Module, plan: Any = None, *, gpu: str | GpuProfile | None =
     try:
         records.append(prepare(module, list(preparations)))
         resolved: ResolvedPlan = resolve(module, list(layers))
-        ctx = StepContext(root=module, plan=resolved, profile=profile, train=train)
+        ctx = StepContext(root=module, plan=resolved, profile=profile, train=train, keep_originals=keep_originals)
         for _name, step in STEPS:
             records.append(step(ctx))
     except BaseException:

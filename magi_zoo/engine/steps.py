@@ -43,6 +43,9 @@ class StepContext:
     profile: GpuProfile
     regions: list = dataclasses.field(default_factory=list)  # compile regions (RegionStats), for the report
     train: bool = False  # a training apply: steps keep what backward needs (e.g. attention with a backward)
+    # False: a step that replaces weights (precision's fp8 linears) drops the originals instead of
+    # keeping a host copy for its undo, which then leaves the replacements in place (`apply`'s doc).
+    keep_originals: bool = True
     # Written by step_cache: path of each model whose calls a step cache now decides -> the method.
     step_cached: dict[str, str] = dataclasses.field(default_factory=dict)
     # Written by memory_format: paths of the convolutions whose weights it made channels-last

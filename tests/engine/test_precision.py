@@ -269,3 +269,32 @@ def test_keep_bf16_keeps_named_linears_and_rejects_patterns_that_match_nothing(w
         magi_zoo.apply(wan.modules, {"precision": {"WanTransformerBlock": {"matmul": "fp8", "keep_bf16": ["ffn.net.9"]}},
                                      "compile": {"": False}}, gpu=CPU_FP8)
     assert not any(isinstance(m, Fp8Linear) for m in wan.pipe.transformer.modules())
+
+
+def test_keep_originals_false_drops_the_bf16_linears_and_remove_keeps_the_fp8_ones():
+    """A model built in host memory to stream (`load` passes keep_originals=False): no host copy
+    of a swapped linear survives the apply (weak references to the originals die), the report
+    says remove() keeps the fp8 linears, and a second apply adopts them as an fp8 checkpoint's."""
+    import gc
+    import weakref
+
+    h = magi_zoo.load("wan2.1-tiny", gpu="cpu", compile=False)
+    blocks = h.pipe.transformer.blocks
+    originals = [weakref.ref(b.attn1.to_q.weight) for b in blocks]
+    plan = {"precision": {"WanTransformerBlock": {"matmul": "fp8"}}, "compile": {"": False}}
+    rep = magi_zoo.apply(h.modules, plan, gpu=CPU_FP8, keep_originals=False)
+    gc.collect()
+    assert all(r() is None for r in originals)  # dropped, not held for the undo
+    assert rep.step("precision").details["fp8_linears"] == 40
+    assert "the 40 bf16 originals were released" in rep.step("precision").did
+    remove(h.modules)
+    assert sum(isinstance(m, Fp8Linear) for m in h.pipe.transformer.modules()) == 40
+    again = magi_zoo.apply(h.modules, plan, gpu=CPU_FP8)
+    assert "40 already fp8 from the checkpoint" in again.step("precision").did
+    remove(h.modules)
+    # the default keeps them: the same apply on a fresh model restores bf16 exactly
+    h2 = magi_zoo.load("wan2.1-tiny", gpu="cpu", compile=False)
+    rep2 = magi_zoo.apply(h2.modules, plan, gpu=CPU_FP8)
+    assert "released" not in rep2.step("precision").did
+    remove(h2.modules)
+    assert not any(isinstance(m, Fp8Linear) for m in h2.pipe.transformer.modules())

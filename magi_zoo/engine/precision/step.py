@@ -8,7 +8,11 @@ projection's input quantization); with ``attention = "fp8"`` the fa3 layers swit
 
 The step runs before compile (the graphs must contain the fp8 ops) and its undo puts the
 original linears back. To restore them exactly the originals are kept -- on the host, so
-the device holds only the fp8 copies (half the bytes of bf16).
+the device holds only the fp8 copies (half the bytes of bf16) -- unless the apply says not to
+(`ctx.keep_originals` False: a model built in host memory to stream, where bf16 originals beside
+the fp8 copies and a text encoder outgrow the host: FLUX.2-dev's 64 GB + 32 GB + 48 GB on a
+128 GiB machine). Then the originals are dropped and the undo leaves the fp8 linears, which a
+later apply adopts as it adopts an fp8 checkpoint's.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from .fusions import gelu_epilogues, mark_norm_rope, undo_fusions
 
 def precision_step(ctx: StepContext) -> StepRecord:
     section = ctx.plan.section("precision")
-    swaps: list[tuple[nn.Module, str, nn.Module]] = []  # (parent, attribute, original on the host)
+    swaps: list[tuple[nn.Module, str, nn.Module | None]] = []  # (parent, attribute, original on the host or None)
     adopted: list[tuple[Fp8Linear, bool, bool]] = []  # (an Fp8Linear as loaded, its fast_accum, its fuse_gelu)
     backends: list[tuple[object, object]] = []  # (attention processor, its backend before)
     fusions: list[tuple[nn.ModuleList, nn.Module, Fp8Linear]] = []  # (FeedForward.net, its GELU, down proj)
@@ -39,6 +43,8 @@ def precision_step(ctx: StepContext) -> StepRecord:
         unfuse_feedforward_gelu(fusions)
         undo_fp8(backends)
         for parent, name, original in reversed(swaps):
+            if original is None:  # released (keep_originals False): the fp8 linear stays
+                continue
             device = next(getattr(parent, name).buffers()).device
             setattr(parent, name, original.to(device))
 
@@ -52,7 +58,7 @@ def precision_step(ctx: StepContext) -> StepRecord:
             if spec.attention == "fp8":
                 done.append(switch_to_fp8(key, targets, ctx.profile, backends))
             if spec.matmul == "fp8":
-                skipped += _fp8_matmuls(key, spec, targets, swaps, fusions, done, adopted)
+                skipped += _fp8_matmuls(key, spec, targets, swaps, fusions, done, adopted, ctx.keep_originals)
             if spec.gelu_epilogue:
                 counts = [gelu_epilogues(t.module, epilogues) for t in targets]
                 swapped, marked = sum(c[0] for c in counts), sum(c[1] for c in counts)
@@ -72,17 +78,23 @@ def precision_step(ctx: StepContext) -> StepRecord:
     did = "; ".join(done) if done else "as built (no fp8 region)"
     if skipped:
         did += f"; {skipped} linear(s) kept (dims not multiples of 16)"
+    released = sum(original is None for _, _, original in swaps)
+    if released:
+        did += (f"; the {released} bf16 originals were released, not kept on the host (a model built there to "
+                "stream): remove() leaves these fp8 linears in place")
     return StepRecord("precision", did, undo, {"fp8_linears": len(swaps), "skipped": skipped,
                                                "fp8_attention_layers": len(backends),
                                                "gelu_epilogues": sum(a is not None for _, _, a in epilogues)})
 
 
-def _fp8_matmuls(key: str, spec, targets, swaps: list, fusions: list, done: list, adopted: list) -> int:
+def _fp8_matmuls(key: str, spec, targets, swaps: list, fusions: list, done: list, adopted: list,
+                 keep_originals: bool = True) -> int:
     """Swap the region's eligible linears for `Fp8Linear`s (keep_bf16 honoured) and fuse the
     FeedForward GELUs (fuse_gelu). Linears already fp8 (an fp8 checkpoint's, loaded as
     `Fp8Linear`) take the spec's fast_accum and fuse_gelu, as a swapped one would. Appends to
     `swaps`/`fusions`/`adopted` (the caller's undo) and the report line to `done`; returns how
-    many linears were kept for their dims."""
+    many linears were kept for their dims. keep_originals False: a swap records None for its
+    original, which is dropped here rather than copied to the host."""
     skipped = 0  # (the caller refused fp8 on a profile without it)
     adopted_before = len(adopted)
     n, kept = 0, 0
@@ -110,7 +122,7 @@ def _fp8_matmuls(key: str, spec, targets, swaps: list, fusions: list, done: list
                     continue
                 fp8 = Fp8Linear(child, fast_accum=spec.fast_accum)
                 fp8.fuse_gelu = spec.fuse_gelu  # may take its input in parts (an adapter's forward)
-                swaps.append((parent, name, child.to("cpu")))
+                swaps.append((parent, name, child.to("cpu") if keep_originals else None))
                 setattr(parent, name, fp8)
                 n += 1
     fused = sum(fuse_feedforward_gelu(t.module, fusions) for t in targets) if spec.fuse_gelu else 0
