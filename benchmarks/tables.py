@@ -169,8 +169,10 @@ OFFLOAD_I2V = ("offload/offload_h100_wan2.1-i2v-14b-480p_16_24gib.json",
                "offload/offload_h100_wan2.1-i2v-14b-480p_24gib_diffusers.json")
 # The newer families' largest published variants under 24 GiB (`benchmarks.offload --models ...`,
 # issue 33): a file not yet committed is listed as unmeasured.
-OFFLOAD_FAMILIES = {"Qwen-Image": ("offload/offload_h100_qwen-image.json", "offload/offload_h200_qwen-image.json"),
-                    "FLUX.2-dev": ("offload/offload_h100_flux.2-dev.json", "offload/offload_h200_flux.2-dev.json"),
+OFFLOAD_FAMILIES = {"Qwen-Image": ("offload/offload_h100_qwen-image.json", "offload/offload_h200_qwen-image.json",
+                                   "offload/offload_h200_qwen-image_fp8.json"),  # the fp8 rows (--label fp8)
+                    "FLUX.2-dev": ("offload/offload_h100_flux.2-dev.json", "offload/offload_h200_flux.2-dev.json",
+                                   "offload/offload_h200_flux.2-dev_fp8.json"),
                     "HunyuanVideo-1.5": ("offload/offload_h200_hunyuanvideo-1.5-480p-t2v.json",),
                     "LTX-2": ("offload/offload_h100_ltx-2.json", "offload/offload_h200_ltx-2.json")}
 TRAIN = "train/train_wan2.1-t2v-1.3b_h100_noopt.json"
@@ -185,7 +187,9 @@ FAMILIES = {"FLUX.2-dev": ("flux/flux.2-dev-4L_768x1360_h100.json",
                            # with and without the forward in one CUDA graph (a run cut short)
                            "flux/flux.2-dev-4L_768x1360_graphs_h200.json",
                            # fp8 with and without the graph, the row the run above did not reach
-                           "flux/flux.2-dev-4L_768x1360_fp8_graphs_h200.json"),
+                           "flux/flux.2-dev-4L_768x1360_fp8_graphs_h200.json",
+                           # after the q/k norm + rope fusion (adapters/flux2/attention.py), with it off
+                           "flux/flux.2-dev-4L_768x1360_fused_h200.json"),
             "Qwen-Image": ("qwen-image/qwen-image-20L_1328x1328_h100.json",
                            # after the q/k norm + rope fusion (adapters/qwen_image/attention.py)
                            "qwen-image/qwen-image_20L_h200.json",
