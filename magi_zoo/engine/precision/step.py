@@ -80,8 +80,8 @@ def precision_step(ctx: StepContext) -> StepRecord:
         did += f"; {skipped} linear(s) kept (dims not multiples of 16)"
     released = sum(original is None for _, _, original in swaps)
     if released:
-        did += (f"; the {released} bf16 originals were released, not kept on the host (a model built there to "
-                "stream): remove() leaves these fp8 linears in place")
+        did += (f"; the {released} bf16 originals were released, not kept on the host (keep_originals=False: "
+                "load's choice for a model built there to stream): remove() leaves these fp8 linears in place")
     return StepRecord("precision", did, undo, {"fp8_linears": len(swaps), "skipped": skipped,
                                                "fp8_attention_layers": len(backends),
                                                "gelu_epilogues": sum(a is not None for _, _, a in epilogues)})
