@@ -78,8 +78,9 @@ class DiffusersPipelineAdapter(Adapter):
     # forward runs only when `negative_prompt` is given as well as `cfg_option` > 1).
     cfg_needs_negative_prompt: ClassVar[bool] = False
 
-    def runs_cfg(self, call: dict[str, Any]) -> bool:
-        """Whether a pipeline call with these arguments runs classifier-free guidance."""
+    def runs_cfg(self, call: dict[str, Any], variant: Variant | None = None) -> bool:
+        """Whether a pipeline call with these arguments runs classifier-free guidance (`variant`:
+        the variant called, for a family where only some variants' pipelines run it)."""
         if self.cfg_needs_negative_prompt and call.get("negative_prompt") is None:
             return False
         return self.cfg_option is not None and float(call.get(self.cfg_option) or 0.0) > 1.0
@@ -135,10 +136,13 @@ class DiffusersPipelineAdapter(Adapter):
             options["image"] = read_rgb(options["image"])
         if seed is not None:
             options["generator"] = torch.Generator(device="cpu").manual_seed(int(seed))
-        self.check_shape(handle.pipe, {**handle.call_defaults(), **options})
-        if cfg_parallel_active(handle.plan) and not self.runs_cfg({**handle.call_defaults(), **options}):
-            raise ValueError(f"cfg parallel splits classifier-free guidance, which this call does not run "
-                             f"({self.cfg_option or 'no guidance option'} <= 1); drop cfg parallel (--no-cfg-parallel)")
+        call = {**handle.call_defaults(), **options}
+        self.check_shape(handle.pipe, call)
+        if cfg_parallel_active(handle.plan) and not self.runs_cfg(call, handle.variant):
+            low = self.cfg_option is not None and float(call.get(self.cfg_option) or 0.0) <= 1.0
+            raise ValueError(f"cfg parallel splits classifier-free guidance, which this call of {handle.variant.name} "
+                             f"does not run ({f'{self.cfg_option} <= 1' if low else 'not with these settings'}); "
+                             "drop cfg parallel (--no-cfg-parallel)")
         handle.pipe.set_progress_bar_config(disable=not progress)
         if self.output_kind == "video":
             return Output("video", np.asarray(handle(prompt=prompt, output_type="np", **options).frames[0]),

@@ -181,6 +181,35 @@ result["flux"] = {"fwd_max_diff": float((fout - fref).abs().max()), "frames": d.
                                             - fimg).max())}
 remove(f.modules)
 
+# 3b. FLUX.2 [klein] base (Flux2KleinPipeline, guidance_scale > 1, not distilled): its cond /
+# uncond calls split like Wan's, each rank one branch (config.TINY_KLEIN, as tests/models/flux2 builds it).
+from magi_zoo.adapters import lookup  # noqa: E402
+from magi_zoo.adapters.base import Variant  # noqa: E402
+from magi_zoo.adapters.flux2 import config as F2  # noqa: E402
+
+k_adapter, _ = lookup("flux.2-tiny")
+k_variant = Variant(name="flux.2-klein-tiny", family="flux2", config=F2.TINY_KLEIN, tiny=True,
+                    call_defaults=F2.TINY_KLEIN_CALL)
+k_pipe = k_adapter.build(k_variant, weights="random", dtype=torch.float32, device=torch.device("cpu"))
+k_modules = torch.nn.ModuleDict(k_adapter.components(k_pipe))
+kcall = dict(k_variant.call_defaults, prompt="a corgi", output_type="np")
+
+
+def klein_image():
+    return k_pipe(**kcall, generator=torch.Generator().manual_seed(2)).images
+
+
+k_ref = klein_image()
+magi_zoo.apply(k_modules, {"compile": {"": {"enabled": False}}, "parallel": {"transformer": {"cfg": True}}},
+               gpu="cpu")
+k_calls = {"n": 0}
+k_hook = k_pipe.transformer.transformer_blocks[0].register_forward_pre_hook(lambda *a: k_calls.__setitem__("n", k_calls["n"] + 1))
+k_got = klein_image()
+k_hook.remove()
+result["klein"] = {"runs_cfg": k_adapter.runs_cfg(kcall, k_variant), "max_diff": float(abs(k_got - k_ref).max()),
+                   "block0_calls": k_calls["n"], "steps": kcall["num_inference_steps"]}
+remove(k_modules)
+
 # 4. Ranks that disagree are told so, on every rank, before any work.
 try:
     distributed.check_same({"steps": 10 + rank}, "command lines")

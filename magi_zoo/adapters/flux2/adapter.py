@@ -82,8 +82,7 @@ class Flux2Adapter(DiffusersPipelineAdapter):
     output_kind = "image"
     output_suffixes = (".png", ".jpg", ".jpeg", ".webp")
     run_options = DiffusersPipelineAdapter.run_options + ("image",)  # a conditioning image (editing)
-    # FLUX.2-dev is guidance-distilled (the guidance embedder) and runs no CFG; [klein] base runs
-    # CFG at guidance_scale > 1, which CFG parallel does not split yet (cfg_option None refuses it).
+    cfg_option = "guidance_scale"  # Flux2KleinPipeline: CFG at guidance_scale > 1 unless is_distilled
 
     def build_random(self, variant: Variant, dtype: torch.dtype, device: torch.device):
         return _random_pipeline(variant, dtype, device)
@@ -105,6 +104,11 @@ class Flux2Adapter(DiffusersPipelineAdapter):
         if min(size) < 64:
             raise ValueError(f"{what}: {size[0]}x{size[1]}; FLUX.2 takes conditioning images of at least "
                              "64x64 pixels")
+
+    def runs_cfg(self, call: dict[str, Any], variant: Variant | None = None) -> bool:
+        """Only [klein] base runs CFG (FLUX.2-dev embeds guidance, the distilled [klein] ignores it)."""
+        base = variant is not None and (variant.config.get("pipeline") or {}).get("is_distilled") is False
+        return base and super().runs_cfg(call, variant)
 
     def preparations(self, pipe) -> list:
         return [norm_rope_preparation(pipe.transformer)]

@@ -54,7 +54,8 @@ def check_run(args) -> RunRequest:
     world = distributed.world_size()
     if distributed.is_launched() and args.nproc not in (None, world):
         raise ValueError(f"--nproc {args.nproc} but this torchrun job has {world} processes; drop --nproc or match it")
-    runs_cfg = getattr(adapter, "runs_cfg", lambda call: False)({**adapter.call_defaults(variant), **opts})
+    runs_cfg = getattr(adapter, "runs_cfg", lambda call, variant: False)({**adapter.call_defaults(variant), **opts},
+                                                                          variant)
     par = run_parallel_fields(world if distributed.is_launched() else args.nproc,
                               ulysses=args.ulysses, ring=args.ring, cfg=args.cfg_parallel,
                               uneven=args.uneven, runs_cfg=runs_cfg,

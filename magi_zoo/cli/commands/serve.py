@@ -96,7 +96,7 @@ def group_load(name: str, nproc: int, args, profile, compile_arg) -> dict[str, A
         raise ValueError(f"--nproc {nproc}: {name}'s spec declares no parallel region ({adapter.family} has no "
                          "context or CFG parallel plan here), so one copy cannot be spread over processes; serve it "
                          "without --nproc (one worker per GPU), or serve a model whose spec has one (Wan, Flux)") from None
-    runs_cfg = getattr(adapter, "runs_cfg", lambda call: False)(dict(adapter.call_defaults(variant)))
+    runs_cfg = getattr(adapter, "runs_cfg", lambda call, variant: False)(dict(adapter.call_defaults(variant)), variant)
     heads = variant.config.get("transformer", {}).get("num_attention_heads")
     fields = run_parallel_fields(nproc, ulysses=None, ring=None, cfg=None, uneven=False, runs_cfg=runs_cfg,
                                  heads=heads)

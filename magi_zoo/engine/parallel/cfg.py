@@ -5,7 +5,8 @@ pipelines mark each denoiser call with ``model.cache_context("cond" | "uncond")`
 the cond branch computes the cond call and skips the uncond one, the other rank the reverse, and
 at the uncond call the two outputs are all-gathered (outside any compiled region). The cond
 call's result on the uncond rank is a placeholder tensor the hook fills in place at the exchange,
-before the pipeline reads it (it reads both only after the uncond call, to combine them).
+before the pipeline combines the two (it may slice the cond output before the uncond call, as
+Flux2KleinPipeline does: the slice is a view of the placeholder, so it sees the values too).
 """
 
 from __future__ import annotations
@@ -87,9 +88,15 @@ def _make_cfg_hook(group, branch: int):
                     self.pending, self.like = _sample(out), out
                     return out
                 hidden = kwargs.get("hidden_states", args[0] if args else None)
-                # Filled in place (set_) at the uncond call's exchange; the pipeline combines the
-                # two outputs only after that call, so nobody reads it before.
-                self.pending = hidden.new_empty(0)
+                # Filled in place at the uncond call's exchange. Most denoisers predict a tensor of
+                # their input's shape, and a pipeline may take a view of the cond output before the
+                # uncond call (Flux2KleinPipeline slices off the conditioning image's tokens): the
+                # values are copied into this buffer, so such a view sees them once they arrive. An
+                # output of another shape (Wan I2V: 36 input channels, 16 predicted) is swapped in
+                # instead (set_), for a pipeline that reads the cond output only after the uncond
+                # call. NaN until then: a pipeline that computed with it earlier gets NaN, never
+                # plausible values.
+                self.pending = torch.full_like(hidden, float("nan"))
                 return _wrap(self.pending, None, return_dict)
             if self.pending is None:
                 raise RuntimeError("cfg parallel: an 'uncond' denoiser call without a 'cond' call before it; "
@@ -107,7 +114,10 @@ def _make_cfg_hook(group, branch: int):
                 if placeholder.dtype != cond.dtype:
                     raise RuntimeError(f"cfg parallel: the denoiser returns {cond.dtype} for {placeholder.dtype} "
                                        "inputs; run it in one dtype")
-                placeholder.set_(cond)
+                if placeholder.shape == cond.shape:
+                    placeholder.copy_(cond)
+                else:
+                    placeholder.set_(cond)
                 return out
             return _wrap(uncond, self.like, return_dict)
 

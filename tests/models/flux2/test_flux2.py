@@ -78,3 +78,22 @@ def test_klein_pipeline_runs_at_the_tiny_size():
     assert image.size == (32, 32)
     # joint_attention_dim = 3 stacked layers x the encoder's 32; CFG at guidance 4.0 (base): 2 calls a step
     assert seen == [torch.Size([1, 512, 96])] * 2 * variant.call_defaults["num_inference_steps"], seen
+
+
+def test_only_klein_base_runs_cfg():
+    """CFG parallel splits only the calls that run CFG: [klein] base at guidance_scale > 1, not
+    FLUX.2-dev (its guidance is an embedding) nor the distilled [klein] (its pipeline ignores it)."""
+    from magi_zoo.adapters.base import Variant
+    from magi_zoo.adapters.flux2 import config as C
+
+    adapter, dev = lookup("flux.2-dev")
+    base = adapter.variants["flux.2-klein-base-9b"]
+    assert adapter.runs_cfg(dict(base.call_defaults), base)
+    assert not adapter.runs_cfg(dict(base.call_defaults, guidance_scale=1.0), base)
+    assert not adapter.runs_cfg(dict(dev.call_defaults), dev)
+    distilled = adapter.variants["flux.2-klein-4b"]
+    assert not adapter.runs_cfg(dict(distilled.call_defaults, guidance_scale=4.0), distilled)
+    assert not adapter.runs_cfg(dict(base.call_defaults))  # no variant named: no CFG claimed
+    tiny_base = Variant(name="flux.2-klein-tiny", family="flux2", config=C.TINY_KLEIN, tiny=True,
+                        call_defaults=C.TINY_KLEIN_CALL)
+    assert adapter.runs_cfg(dict(tiny_base.call_defaults, guidance_scale=4.0), tiny_base)
