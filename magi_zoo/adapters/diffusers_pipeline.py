@@ -77,10 +77,15 @@ class DiffusersPipelineAdapter(Adapter):
     # True CFG that also needs a negative prompt (FluxPipeline, QwenImagePipeline: the uncond
     # forward runs only when `negative_prompt` is given as well as `cfg_option` > 1).
     cfg_needs_negative_prompt: ClassVar[bool] = False
+    # Guidance held by a pipeline component, not a call argument (HunyuanVideo-1.5's guider): the
+    # variant config's key for its scale; CFG runs where that is > 1.
+    cfg_config_key: ClassVar[str | None] = None
 
     def runs_cfg(self, call: dict[str, Any], variant: Variant | None = None) -> bool:
         """Whether a pipeline call with these arguments runs classifier-free guidance (`variant`:
         the variant called, for a family where only some variants' pipelines run it)."""
+        if self.cfg_config_key is not None:
+            return variant is not None and float(variant.config.get(self.cfg_config_key) or 0.0) > 1.0
         if self.cfg_needs_negative_prompt and call.get("negative_prompt") is None:
             return False
         return self.cfg_option is not None and float(call.get(self.cfg_option) or 0.0) > 1.0

@@ -161,6 +161,8 @@ def test_two_processes_equal_one(tmp_path):
     fl = r["flux"]  # Ulysses over the joint sequence: 2 block classes, one compile each; true-CFG parallel
     assert fl["fwd_max_diff"] < 1e-5 and (fl["frames"], fl["breaks"], fl["recompiles"]) == (2, {}, []), fl
     assert fl["cfg_max_diff"] == 0.0, fl
+    hv = r["hunyuan"]  # HunyuanVideo-1.5's guider ("pred_cond" / "pred_uncond"): the same video
+    assert hv["runs_cfg"] and hv["max_diff"] == 0.0 and hv["block0_calls"] == hv["steps"], hv
     kl = r["klein"]  # FLUX.2 [klein] base's CFG: one branch per rank, the same image as one process
     assert kl["runs_cfg"] and kl["max_diff"] == 0.0 and kl["block0_calls"] == kl["steps"], kl  # one branch a step
 

@@ -210,6 +210,27 @@ result["klein"] = {"runs_cfg": k_adapter.runs_cfg(kcall, k_variant), "max_diff":
                    "block0_calls": k_calls["n"], "steps": kcall["num_inference_steps"]}
 remove(k_modules)
 
+# 3c. HunyuanVideo-1.5: its guider component names the calls "pred_cond" / "pred_uncond".
+hv = magi_zoo.load("hunyuanvideo-1.5-tiny", gpu="cpu", dtype="float32", compile=False)
+hvcall = dict(hv.call_defaults(), prompt="a corgi", output_type="np")
+
+
+def hv_frames():
+    return hv.pipe(**hvcall, generator=torch.Generator().manual_seed(4)).frames
+
+
+hv_ref = hv_frames()
+magi_zoo.apply(hv.modules, {"compile": {"": {"enabled": False}},
+                            "parallel": {"transformer": {"cfg": True}}}, gpu="cpu")
+hv_calls = {"n": 0}
+hv_hook = hv.pipe.transformer.transformer_blocks[0].register_forward_pre_hook(
+    lambda *a: hv_calls.__setitem__("n", hv_calls["n"] + 1))
+hv_got = hv_frames()
+hv_hook.remove()
+result["hunyuan"] = {"runs_cfg": hv.adapter.runs_cfg(hvcall, hv.variant), "max_diff": float(abs(hv_got - hv_ref).max()),
+                     "block0_calls": hv_calls["n"], "steps": hvcall["num_inference_steps"]}
+remove(hv.modules)
+
 # 4. Ranks that disagree are told so, on every rank, before any work.
 try:
     distributed.check_same({"steps": 10 + rank}, "command lines")

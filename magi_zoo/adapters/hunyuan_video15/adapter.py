@@ -67,6 +67,7 @@ class HunyuanVideo15Adapter(DiffusersPipelineAdapter):
     output_kind, fps = "video", 24
     run_options = ("num_inference_steps", "height", "width", "num_frames", "seed")  # + --image: image-to-video
     output_suffixes = (".mp4", ".gif")
+    cfg_config_key = "guidance_scale"  # the guider component's scale: CFG (and CFG parallel) where > 1
 
     def build_random(self, variant: Variant, dtype: torch.dtype, device: torch.device):
         return _random_pipeline(variant, dtype, device)

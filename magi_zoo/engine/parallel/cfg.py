@@ -1,7 +1,8 @@
 """CFG parallelism: the two branches of classifier-free guidance on two ranks.
 
 diffusers does not have it for these pipelines, so it is a small hook here (`CfgParallelHook`):
-pipelines mark each denoiser call with ``model.cache_context("cond" | "uncond")``; the rank of
+pipelines mark each denoiser call with ``model.cache_context("cond" | "uncond")`` (a diffusers
+guider's, with "pred_cond" | "pred_uncond"); the rank of
 the cond branch computes the cond call and skips the uncond one, the other rank the reverse, and
 at the uncond call the two outputs are all-gathered (outside any compiled region). The cond
 call's result on the uncond rank is a placeholder tensor the hook fills in place at the exchange,
@@ -20,6 +21,10 @@ from ..compat import diffusers as diffusers_compat
 from .hooks import drop_empty_registry, forwards, has_registry, hook_classes, registry, restore_forwards
 
 CFG_HOOK = "magi_zoo_cfg_parallel"
+# The cache_context names pipelines give their guidance calls -> the branch: "cond" / "uncond"
+# (Wan's, Flux's, FLUX.2 [klein]'s pipelines), "pred_cond" / "pred_uncond" (a pipeline whose
+# diffusers `ClassifierFreeGuidance` guider names the calls: HunyuanVideo-1.5's).
+BRANCHES = {"cond": "cond", "uncond": "uncond", "pred_cond": "cond", "pred_uncond": "uncond"}
 
 
 def _sample(out: Any) -> torch.Tensor:
@@ -71,8 +76,8 @@ def _make_cfg_hook(group, branch: int):
 
         def new_forward(self, module, *args, **kwargs):
             forward = self.fn_ref.original_forward
-            name = diffusers_compat.cache_context_name(self.state)
-            if name not in ("cond", "uncond"):
+            name = BRANCHES.get(diffusers_compat.cache_context_name(self.state))
+            if name is None:
                 # Not inside a guidance pipeline's cond/uncond call (a direct call, a benchmark):
                 # every rank computes it, which is what a single process would return.
                 return forward(*args, **kwargs)

@@ -90,3 +90,15 @@ def test_image_to_video_runs_at_the_images_aspect(tmp_path):
 
     out = adapter.generate(Handle(), prompt="a red square", progress=False, image=str(img))
     assert out.kind == "video" and len(out.value) == 5 and out.value[0].shape == (48, 80, 3)
+
+
+def test_guidance_held_by_the_guider_decides_cfg():
+    """The guider's scale lives in the variant config (`cfg_config_key`): CFG (and CFG parallel)
+    where it is above 1, whatever the call says."""
+    import dataclasses
+
+    adapter, variant = lookup("hunyuanvideo-1.5-480p-t2v")
+    assert adapter.runs_cfg(dict(variant.call_defaults), variant)
+    unguided = dataclasses.replace(variant, config=dict(variant.config, guidance_scale=1.0))
+    assert not adapter.runs_cfg(dict(variant.call_defaults, guidance_scale=7.0), unguided)
+    assert not adapter.runs_cfg(dict(variant.call_defaults))  # no variant named: no CFG claimed
