@@ -23,3 +23,15 @@ def checkout_files() -> list[Path]:
         files = [p for p in REPO.rglob("*") if not set(p.relative_to(REPO).parts) & skip
                  and not any(part.endswith(".egg-info") for part in p.parts)]
     return [p for p in files if p.is_file()]
+
+
+def flux2_klein_tiny():
+    """(the FLUX.2 adapter, a FLUX.2 [klein] base variant at the tiny sizes): `config.TINY_KLEIN`,
+    not registered (the conformance suite would compile flux.2-tiny's blocks once more)."""
+    from magi_zoo.adapters import lookup
+    from magi_zoo.adapters.base import Variant
+    from magi_zoo.adapters.flux2 import config
+
+    adapter, _ = lookup("flux.2-tiny")
+    return adapter, Variant(name="flux.2-klein-tiny", family="flux2", config=config.TINY_KLEIN, tiny=True,
+                            call_defaults=config.TINY_KLEIN_CALL)

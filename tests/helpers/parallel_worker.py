@@ -50,21 +50,29 @@ def state(module):
             for n, m in module.named_modules()]
 
 
+def cfg_split(modules, generate, ref, block, steps: int) -> dict:
+    """`generate()` under CFG parallel (eager) against `ref`, one process's output: the largest
+    difference, the calls of `block` meanwhile (`steps` when each rank runs one branch a step),
+    the parallel step's report line; the plan removed after."""
+    rep = magi_zoo.apply(modules, {"compile": {"": {"enabled": False}}, "parallel": {"transformer": {"cfg": True}}},
+                         gpu="cpu")
+    calls = []
+    hook = block.register_forward_pre_hook(lambda *a: calls.append(1))
+    try:
+        got = generate()
+    finally:
+        hook.remove()
+        remove(modules)
+    return {"did": next(s for s in rep.steps if s.step == "parallel").did, "max_diff": float(abs(got - ref).max()),
+            "block0_calls": len(calls), "steps": steps}
+
+
 ref_frames, ref_fwd = frames(), forward()
 before = state(h.modules)
 eager_compile = {"WanTransformerBlock": {"backend": "eager", "fullgraph": True, "dynamic": False}}
 
 # 1. CFG parallel: each rank one branch, outputs exchanged. Must equal one process exactly.
-rep = magi_zoo.apply(h.modules, {"compile": {"": {"enabled": False}}, "parallel": {"transformer": {"cfg": True}}},
-                     gpu="cpu")
-rec = next(s for s in rep.steps if s.step == "parallel")
-calls = {"n": 0}
-hook = t.blocks[0].register_forward_pre_hook(lambda *a: calls.__setitem__("n", calls["n"] + 1))
-got = frames()
-hook.remove()
-result["cfg"] = {"did": rec.did, "max_diff": float(abs(got - ref_frames).max()),
-                 "block0_calls": calls["n"], "steps": call["num_inference_steps"]}
-remove(h.modules)
+result["cfg"] = cfg_split(h.modules, frames, ref_frames, t.blocks[0], call["num_inference_steps"])
 result["cfg"]["undo_exact"] = state(h.modules) == before
 
 # 2. Ulysses on CPU is refused with a clear error ...
@@ -182,16 +190,12 @@ result["flux"] = {"fwd_max_diff": float((fout - fref).abs().max()), "frames": d.
 remove(f.modules)
 
 # 3b. FLUX.2 [klein] base (Flux2KleinPipeline, guidance_scale > 1, not distilled): its cond /
-# uncond calls split like Wan's, each rank one branch (config.TINY_KLEIN, as tests/models/flux2 builds it).
-from magi_zoo.adapters import lookup  # noqa: E402
-from magi_zoo.adapters.base import Variant  # noqa: E402
-from magi_zoo.adapters.flux2 import config as F2  # noqa: E402
+# uncond calls split like Wan's, each rank one branch.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: torchrun runs this file
+from helpers import flux2_klein_tiny  # noqa: E402
 
-k_adapter, _ = lookup("flux.2-tiny")
-k_variant = Variant(name="flux.2-klein-tiny", family="flux2", config=F2.TINY_KLEIN, tiny=True,
-                    call_defaults=F2.TINY_KLEIN_CALL)
+k_adapter, k_variant = flux2_klein_tiny()
 k_pipe = k_adapter.build(k_variant, weights="random", dtype=torch.float32, device=torch.device("cpu"))
-k_modules = torch.nn.ModuleDict(k_adapter.components(k_pipe))
 kcall = dict(k_variant.call_defaults, prompt="a corgi", output_type="np")
 
 
@@ -199,16 +203,9 @@ def klein_image():
     return k_pipe(**kcall, generator=torch.Generator().manual_seed(2)).images
 
 
-k_ref = klein_image()
-magi_zoo.apply(k_modules, {"compile": {"": {"enabled": False}}, "parallel": {"transformer": {"cfg": True}}},
-               gpu="cpu")
-k_calls = {"n": 0}
-k_hook = k_pipe.transformer.transformer_blocks[0].register_forward_pre_hook(lambda *a: k_calls.__setitem__("n", k_calls["n"] + 1))
-k_got = klein_image()
-k_hook.remove()
-result["klein"] = {"runs_cfg": k_adapter.runs_cfg(kcall, k_variant), "max_diff": float(abs(k_got - k_ref).max()),
-                   "block0_calls": k_calls["n"], "steps": kcall["num_inference_steps"]}
-remove(k_modules)
+result["klein"] = dict(cfg_split(torch.nn.ModuleDict(k_adapter.components(k_pipe)), klein_image, klein_image(),
+                                 k_pipe.transformer.transformer_blocks[0], kcall["num_inference_steps"]),
+                       runs_cfg=k_adapter.runs_cfg(kcall, k_variant))
 
 # 3c. HunyuanVideo-1.5: its guider component names the calls "pred_cond" / "pred_uncond".
 hv = magi_zoo.load("hunyuanvideo-1.5-tiny", gpu="cpu", dtype="float32", compile=False)
@@ -219,17 +216,8 @@ def hv_frames():
     return hv.pipe(**hvcall, generator=torch.Generator().manual_seed(4)).frames
 
 
-hv_ref = hv_frames()
-magi_zoo.apply(hv.modules, {"compile": {"": {"enabled": False}},
-                            "parallel": {"transformer": {"cfg": True}}}, gpu="cpu")
-hv_calls = {"n": 0}
-hv_hook = hv.pipe.transformer.transformer_blocks[0].register_forward_pre_hook(
-    lambda *a: hv_calls.__setitem__("n", hv_calls["n"] + 1))
-hv_got = hv_frames()
-hv_hook.remove()
-result["hunyuan"] = {"runs_cfg": hv.adapter.runs_cfg(hvcall, hv.variant), "max_diff": float(abs(hv_got - hv_ref).max()),
-                     "block0_calls": hv_calls["n"], "steps": hvcall["num_inference_steps"]}
-remove(hv.modules)
+result["hunyuan"] = dict(cfg_split(hv.modules, hv_frames, hv_frames(), hv.pipe.transformer.transformer_blocks[0],
+                                   hvcall["num_inference_steps"]), runs_cfg=hv.adapter.runs_cfg(hvcall, hv.variant))
 
 # 4. Ranks that disagree are told so, on every rank, before any work.
 try:

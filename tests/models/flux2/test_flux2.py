@@ -11,6 +11,8 @@ from PIL import Image
 import magi_zoo
 from magi_zoo.adapters import lookup
 
+from helpers import flux2_klein_tiny
+
 
 def _png(path, w, h):
     Image.fromarray((np.random.default_rng(0).random((h, w, 3)) * 255).astype("uint8")).save(path)
@@ -58,12 +60,7 @@ def test_klein_pipeline_runs_at_the_tiny_size():
     three stacked hidden states, no guidance embedder (the denoiser gets guidance=None) -- at
     the tiny sizes (config.TINY_KLEIN, not registered: the conformance suite compiles the same
     blocks for flux.2-tiny)."""
-    from magi_zoo.adapters.base import Variant
-    from magi_zoo.adapters.flux2 import config as C
-
-    adapter, _ = lookup("flux.2-tiny")
-    variant = Variant(name="flux.2-klein-tiny", family="flux2", config=C.TINY_KLEIN, tiny=True,
-                      call_defaults=C.TINY_KLEIN_CALL)
+    adapter, variant = flux2_klein_tiny()
     pipe = adapter.build(variant, weights="random", dtype=torch.float32, device=torch.device("cpu"))
     assert type(pipe).__name__ == "Flux2KleinPipeline" and type(pipe.text_encoder).__name__ == "Qwen3ForCausalLM"
     kwargs = adapter.example_inputs(pipe, variant, "denoise")
@@ -83,9 +80,6 @@ def test_klein_pipeline_runs_at_the_tiny_size():
 def test_only_klein_base_runs_cfg():
     """CFG parallel splits only the calls that run CFG: [klein] base at guidance_scale > 1, not
     FLUX.2-dev (its guidance is an embedding) nor the distilled [klein] (its pipeline ignores it)."""
-    from magi_zoo.adapters.base import Variant
-    from magi_zoo.adapters.flux2 import config as C
-
     adapter, dev = lookup("flux.2-dev")
     base = adapter.variants["flux.2-klein-base-9b"]
     assert adapter.runs_cfg(dict(base.call_defaults), base)
@@ -94,6 +88,5 @@ def test_only_klein_base_runs_cfg():
     distilled = adapter.variants["flux.2-klein-4b"]
     assert not adapter.runs_cfg(dict(distilled.call_defaults, guidance_scale=4.0), distilled)
     assert not adapter.runs_cfg(dict(base.call_defaults))  # no variant named: no CFG claimed
-    tiny_base = Variant(name="flux.2-klein-tiny", family="flux2", config=C.TINY_KLEIN, tiny=True,
-                        call_defaults=C.TINY_KLEIN_CALL)
+    _, tiny_base = flux2_klein_tiny()
     assert adapter.runs_cfg(dict(tiny_base.call_defaults, guidance_scale=4.0), tiny_base)
