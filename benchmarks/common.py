@@ -225,6 +225,38 @@ def fusions_off(adapter, gpu: str) -> dict[str, dict[str, bool]]:
     return {k: {"gelu_epilogue": False, "fuse_norm_rope": False} for k in spec_keys(adapter, gpu, "precision")}
 
 
+def write_block_lora(adapter, variant, path: Path, *, rank: int, component: str = "transformer", seed: int = 0,
+                     std: float = 0.01) -> int:
+    """Write a LoRA for `variant`'s `component`: rank-`rank` A / B matrices (random, N(0, std))
+    on every nn.Linear inside its repeated blocks (diffusers' `_repeated_blocks`), in the
+    diffusers / peft key layout (``transformer.<path>.lora_A.weight`` (rank, in), ``lora_B``
+    (out, rank)) that every diffusers LoRA loader reads as is. The module tree comes from a
+    meta-device build (no weights). Returns the number of linears adapted; a component with no
+    repeated blocks is an error (there is nothing a block LoRA would name)."""
+    import torch
+    import torch.nn as nn
+    from safetensors.torch import save_file
+
+    meta = adapter.build(variant, weights="random", dtype=torch.bfloat16, device=torch.device("meta"))
+    root = adapter.components(meta)[component]
+    blocks = set(getattr(root, "_repeated_blocks", ()) or ())
+    if not blocks:
+        raise ValueError(f"{variant.name}: its {component} declares no _repeated_blocks to write a LoRA over")
+    g = torch.Generator().manual_seed(seed)
+    prefix = "transformer" if component.startswith("transformer") else component  # diffusers' key prefix
+    state: dict[str, torch.Tensor] = {}
+    for name, block in root.named_modules():
+        if type(block).__name__ not in blocks:
+            continue
+        for sub, lin in block.named_modules():
+            if type(lin) is nn.Linear:
+                key = f"{prefix}.{name}.{sub}"
+                state[f"{key}.lora_A.weight"] = (torch.randn(rank, lin.in_features, generator=g) * std).bfloat16()
+                state[f"{key}.lora_B.weight"] = (torch.randn(lin.out_features, rank, generator=g) * std).bfloat16()
+    save_file(state, str(path))
+    return len(state) // 2
+
+
 def use_expandable_segments() -> None:
     """PYTORCH_CUDA_ALLOC_CONF gains expandable_segments:True (kept if already set there):
     read when CUDA's allocator starts, so call before any CUDA work; child processes inherit it."""

@@ -53,6 +53,13 @@ CPU), batch 1 unless `--shape batch=N`. Strategies are the real thing:
                       torch SDPA (`backend="native"`): what the spec's attention choice buys.
 - magi_zoo_fa3:       the shipped spec with every attention region it names on `fa3` (e.g.
                       BAGEL's MoT attention, which ships on SDPA): what FA3 would buy.
+- magi_zoo_lora / magi_zoo_fp8_lora: magi_zoo / magi_zoo_fp8 with a LoRA fused at load
+                      (`load(..., lora=[file])`): a rank-64 LoRA on every linear of the
+                      repeated blocks, written by the harness in diffusers' peft layout with
+                      random values (`common.write_block_lora`); same graphs and shapes as the
+                      base row, so its time and counters say what fusing costs (nothing, if
+                      the merge is whole). Its error columns compare a changed model with
+                      eager's base, so they measure the LoRA, not the engine.
 
 `--backend B` puts every compiled region on backend B (magi_zoo: `specs.with_backend` over
 the spec's layers; torch_compile / diffusers_regional: torch.compile's `backend=`), e.g.
@@ -95,14 +102,18 @@ from benchmarks import baselines, common
 
 STRATEGIES = ("eager", "torch_compile", "diffusers_regional", *baselines.BASELINES, "magi_zoo", "magi_zoo_fp8", "magi_zoo_fp8_matmul",
               "magi_zoo_sdpa", "magi_zoo_fa3", "magi_zoo_graphs", "magi_zoo_fp8_graphs", "magi_zoo_nographs",
-              "magi_zoo_fp8_nographs", "magi_zoo_unfused")
+              "magi_zoo_fp8_nographs", "magi_zoo_unfused", "magi_zoo_lora", "magi_zoo_fp8_lora")
 ZOO_STRATEGIES = ("magi_zoo", "magi_zoo_fp8", "magi_zoo_fp8_matmul", "magi_zoo_sdpa", "magi_zoo_fa3",
                   "magi_zoo_graphs", "magi_zoo_fp8_graphs", "magi_zoo_nographs", "magi_zoo_fp8_nographs",
-                  "magi_zoo_unfused")  # magi_zoo.load with the shipped spec (+ one change)
+                  "magi_zoo_unfused", "magi_zoo_lora", "magi_zoo_fp8_lora")  # magi_zoo.load, shipped spec (+ one change)
+LORA_RANK = 64  # the rank of LightX2V's published distill LoRAs (e.g. ..._lora_rank64.safetensors)
 
 
 def _zoo_kwargs(strategy: str, adapter, gpu: str) -> dict[str, Any]:
-    """The one change a magi_zoo_* strategy makes to `magi_zoo.load`."""
+    """The one change a magi_zoo_* strategy makes to `magi_zoo.load` (a `_lora` strategy's
+    LoRA file is added by `_build`, which has the run's scratch folder)."""
+    if strategy.endswith("_lora"):
+        return _zoo_kwargs(strategy[: -len("_lora")], adapter, gpu)
     for suffix, on in (("_nographs", False), ("_graphs", True)):  # the denoiser's forward in CUDA graphs, or not
         if strategy.endswith(suffix):
             from magi_zoo.adapters.diffusers_pipeline import DiffusersPipelineAdapter
@@ -256,20 +267,22 @@ def _shape(args) -> dict[str, Any]:
 # -- building a handle -------------------------------------------------------------------------
 
 def _assemble(adapter, variant, *, gpu: str, dtype, device, compiled: bool, backend: str | None,
-              cache_dir: str | None, derived: bool, overrides=None, precision: str | None = None):
+              cache_dir: str | None, derived: bool, overrides=None, precision: str | None = None, lora=None):
     """What `magi_zoo.load` returns, for the two inputs load cannot be given: a derived
     Variant (--layers; load takes a registered name, and the base `build` has no config=)
     and compile layers with every backend overridden (--backend; `specs.with_backend` works
     on layers, load takes override dicts). Rather than widen load's signature for a
     benchmark (zoo.py stays the one loader for users), this assembles the handle from the
-    same public pieces in the same order -- spec layers -> adapter.build -> engine.apply ->
-    compile cache -> ZooPipeline -- so the harness measures what load would build.
+    same public pieces in the same order -- spec layers -> LoRA check -> adapter.build -> LoRA
+    fused -> engine.apply -> compile cache -> ZooPipeline -- so the harness measures what load
+    would build.
 
     For a derived variant, spec keys that match nothing in the smaller build (Qwen3-Omni's
     talker / code2wav keys, with no talker built) are dropped and returned; the engine's own
     `preview` decides, key by key, with the adapter's preparations installed."""
     import torch.nn as nn
 
+    from magi_zoo.adapters import lora as lora_loader
     from magi_zoo.engine import apply
     from magi_zoo.engine.compile.cache import CompileCache, resolve_cache_dir
     from magi_zoo.specs import get_profile, with_backend
@@ -281,7 +294,10 @@ def _assemble(adapter, variant, *, gpu: str, dtype, device, compiled: bool, back
     layers = spec_layers(adapter, profile, overrides=overrides, precision=precision)
     if backend:
         layers = with_backend(layers, backend)
+    loras = lora_loader.lora_specs(lora or [])
+    lora_states = lora_loader.check_for(adapter, variant, loras, dtype)
     native = adapter.build(variant, weights="random", dtype=dtype, device=device)
+    lora_state = lora_loader.attach(native, loras, lora_states, hotswap=False) if loras else None
     modules = nn.ModuleDict(adapter.components(native))
     dropped: list[str] = []
     if derived and compiled:
@@ -294,8 +310,11 @@ def _assemble(adapter, variant, *, gpu: str, dtype, device, compiled: bool, back
                                          "device": device.type, "gpu_profile": profile.name,
                                          "plan": report.plan.digests()})
         cache.load()
+    if report is not None and lora_state is not None:
+        report.notes[:] = lora_state.lines()
     handle = ZooPipeline(native, modules, report, adapter=adapter, variant=variant, profile=profile, dtype=dtype,
                          device=device, layers=layers, cache=cache)
+    handle.lora = lora_state
     return handle, dropped
 
 
@@ -352,15 +371,21 @@ def _build(args, strategy: str):
     cache_dir = args.zoo_cache if compiled else None
     dropped: list[str] = []
     extra = _zoo_kwargs(strategy, adapter, gpu) if compiled else {}
+    if strategy.endswith("_lora"):
+        path = Path(args.tmp) / f"{strategy}.safetensors"
+        _progress(f"{strategy}: writing a rank-{LORA_RANK} LoRA over the repeated blocks' linears ...")
+        common.write_block_lora(adapter, variant, path, rank=LORA_RANK)
+        extra["lora"] = [str(path)]
     if args.layers is None and not args.one_layer_encoders and not (compiled and args.backend):
         handle = magi_zoo.load(args.model, gpu=gpu, weights="random", dtype=dtype, device=device,
                                compile=None if compiled else False, cache_dir=cache_dir, **extra)
     else:
-        if set(extra) - {"overrides", "precision"}:
+        if set(extra) - {"overrides", "precision", "lora"}:
             raise TypeError(f"{strategy} does not combine with --layers / --backend")
         handle, dropped = _assemble(adapter, variant, gpu=gpu, dtype=dtype, device=device, compiled=compiled,
                                     backend=args.backend, cache_dir=cache_dir, derived=args.layers is not None or args.one_layer_encoders,
-                                    overrides=extra.get("overrides"), precision=extra.get("precision"))
+                                    overrides=extra.get("overrides"), precision=extra.get("precision"),
+                                    lora=extra.get("lora"))
     module, method = adapter.entry(handle.pipe, args.entry)
     if not compiled and not callable(getattr(module, method, None)):
         # The method is one a preparation adds (apply installs them for magi_zoo).
@@ -486,6 +511,8 @@ def worker(args) -> dict[str, Any]:
             rec["peak_gib"] = common.gib(torch.cuda.max_memory_allocated()) if device.type == "cuda" else None
             rec["recompiles_after_first_call"] = len(counters.delta(before).recompiles) - rec["recompiles"]
             torch.save(first_out, Path(args.tmp) / f"{strategy}.pt")
+    if handle.lora is not None:  # what was fused: the report's own lines
+        rec["lora"] = handle.lora.lines()
     rep = handle.report()
     if rep is not None:
         rec["regions"] = rep.to_dict()["regions"]

@@ -685,6 +685,35 @@ def fp8_checkpoint(link: Link) -> str:
     return table(["build", "what", "bf16 checkpoint", "fp8 checkpoint", "fp8 / bf16"], rows) + "\n\n" + sources(files, link)
 
 
+# benchmarks.run results with a fused-LoRA row (magi_zoo_lora / magi_zoo_fp8_lora) beside its base row
+LORA_RUNS = ("wan2.1-t2v-1.3b/wan2.1-t2v-1.3b_480x832x81_lora_h200.json",)
+
+
+def lora_forward(link: Link) -> str:
+    """A fused LoRA's forward against the same model without it, rows of one run: ms per
+    forward, the ratio, and the compile counters of both (the LoRA row must compile what the
+    base row does and recompile nothing); runs not yet made are listed as such."""
+    present = committed(LORA_RUNS)
+    rows = []
+    for rel in present:
+        r = load(rel)
+        for x in r.rows():
+            base = x["strategy"].removesuffix("_lora")
+            if not x["strategy"].endswith("_lora") or x.get("status") != "ok":
+                continue
+            b = next((y for y in r.rows() if y.get("strategy") == base), {})  # a run may lack the base row
+            slower = x["median_ms"] / b["median_ms"] - 1 if b.get("median_ms") else None
+            rows.append([r.data["model"], HARNESS_NAMES.get(base, base), num(b.get("median_ms")), num(x["median_ms"]),
+                         "—" if slower is None else f"{slower:+.1%}",
+                         f"{b.get('frames_compiled')} / {b.get('recompiles')}",
+                         f"{x.get('frames_compiled')} / {x.get('recompiles')}", (x.get("lora") or ["—"])[0]])
+    if not rows:
+        return "Not yet measured on a GPU (" + ", ".join(f"`{rel}`" for rel in LORA_RUNS) + ")."
+    head = ["model", "base row", "base, ms / forward", "fused LoRA, ms / forward", "LoRA's cost",
+            "base: frames / recompiles", "LoRA: frames / recompiles", "what was fused (the report's line)"]
+    return table(head, rows) + "\n\n" + sources([load(rel) for rel in present], link)
+
+
 def headline(link: Link) -> str:
     """magi_zoo against the strongest baseline measured in the same run, only where that baseline
     runs the same attention kernel (a ratio against a weaker setup is no claim); the rows still
@@ -754,7 +783,7 @@ TABLES: dict[str, Callable[[Link], str]] = {
     "self-forcing": self_forcing, "multi-gpu": multi_gpu, "unknown-commits": unknown_commits,
     "gpu-tests": gpu_tests, "serve": serve, "families": families,
     "video-write": video_write, "adapter-sizes": adapter_sizes, "whole-generation": whole_generation,
-    "fp8-checkpoint": fp8_checkpoint,
+    "fp8-checkpoint": fp8_checkpoint, "lora-forward": lora_forward,
 }
 
 

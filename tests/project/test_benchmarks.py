@@ -644,3 +644,40 @@ def test_fp8_checkpoint_harness_measures_the_checkpoints_users_load(tmp_path):
     assert fp8["pipeline_bytes"] - fp8["transformer_bytes"] == bf16["pipeline_bytes"] - bf16["transformer_bytes"]
     assert fp8["load_s"] > 0 and fp8["peak_rss_gib"] >= fp8["rss_before_load_gib"] > 0
     assert bench._ratio({"bf16": bf16, "fp8": fp8}, "transformer_bytes") < 0.75
+
+
+@pytest.mark.parametrize("layers", [None, "2"], ids=["load", "derived"])
+def test_lora_strategy_fuses_a_block_lora_at_load_and_compiles_as_the_base(tmp_path, monkeypatch, layers):
+    """magi_zoo_lora: the harness writes a rank-64 LoRA over every linear of the repeated blocks,
+    `load(lora=...)` fuses it (through magi_zoo.load, or the derived-variant assembly with
+    --layers), and the row compiles the same graphs as magi_zoo with no recompile; the LoRA
+    changed the model (its output is not the base's)."""
+    pytest.importorskip("peft")
+    extra = ["--layers", layers] if layers else []
+    rec = _smoke("wan2.1-tiny", tmp_path, monkeypatch, "--strategies", "eager,magi_zoo,magi_zoo_lora",
+                 "--backend", "eager", *extra)
+    rows = {r["strategy"]: r for r in rec["results"]}
+    assert all(r["status"] == "ok" for r in rows.values()), rows
+    base, lora = rows["magi_zoo"], rows["magi_zoo_lora"]
+    assert "lora" not in base
+    # wan2.1-tiny's blocks: attn1 and attn2 (q, k, v, out) + the FFN's two = 10 linears a block
+    blocks = int(layers) if layers else 4
+    assert lora["lora"] and "fused at load" in lora["lora"][0] and f"{10 * blocks} layers" in lora["lora"][0]
+    assert (lora["frames_compiled"], lora["recompiles"]) == (base["frames_compiled"], 0)
+    assert lora["recompiles_after_first_call"] == 0
+    assert base["rel_err_vs_eager"] < 1e-4 < lora["rel_err_vs_eager"]  # the LoRA changed the weights
+
+
+def test_block_lora_file_names_every_block_linear_in_the_peft_layout(tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    from benchmarks.common import write_block_lora
+    from magi_zoo import adapters
+
+    adapter, variant = adapters.lookup("wan2.1-tiny")
+    n = write_block_lora(adapter, variant, tmp_path / "l.safetensors", rank=8)
+    state = load_file(str(tmp_path / "l.safetensors"))
+    assert n == 40 and len(state) == 80  # 4 blocks x 10 linears, an A and a B each
+    a, b = state["transformer.blocks.0.attn1.to_q.lora_A.weight"], state["transformer.blocks.3.ffn.net.2.lora_B.weight"]
+    assert a.shape == (8, 32) and b.shape == (32, 8) and a.dtype == torch.bfloat16
