@@ -205,7 +205,11 @@ FAMILIES = {"FLUX.2-dev": ("flux/flux.2-dev-4L_768x1360_h100.json",
                       # with the video-to-audio cross-attention's linears kept bf16 too
                       "ltx-2/ltx-2-8L_512x768x121_fp8keep3_h200.json",
                       # with and without the forward in one CUDA graph (the shipped Hopper plan since)
-                      "ltx-2/ltx-2-8L_512x768x121_graphs_h200.json")}
+                      "ltx-2/ltx-2-8L_512x768x121_graphs_h200.json",
+                      # the shipped plan (graphs on) beside every baseline, fp32 reference (diffusers_fp8 cut off)
+                      "ltx-2/ltx-2-8L_512x768x121_baselines_h200.json",
+                      # with FA3 for the unmasked attentions, beside the same plan on SDPA
+                      "ltx-2/ltx-2-8L_512x768x121_fa3_h200.json")}
 
 
 # The baselines a speed claim may be made against (benchmarks/baselines.py): a bf16 row is compared
