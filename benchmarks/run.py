@@ -102,10 +102,11 @@ from benchmarks import baselines, common
 
 STRATEGIES = ("eager", "torch_compile", "diffusers_regional", *baselines.BASELINES, "magi_zoo", "magi_zoo_fp8", "magi_zoo_fp8_matmul",
               "magi_zoo_sdpa", "magi_zoo_fa3", "magi_zoo_graphs", "magi_zoo_fp8_graphs", "magi_zoo_nographs",
-              "magi_zoo_fp8_nographs", "magi_zoo_unfused", "magi_zoo_lora", "magi_zoo_fp8_lora")
+              "magi_zoo_fp8_nographs", "magi_zoo_unfused", "magi_zoo_lora",
+              "magi_zoo_fp8_lora")
 ZOO_STRATEGIES = ("magi_zoo", "magi_zoo_fp8", "magi_zoo_fp8_matmul", "magi_zoo_sdpa", "magi_zoo_fa3",
                   "magi_zoo_graphs", "magi_zoo_fp8_graphs", "magi_zoo_nographs", "magi_zoo_fp8_nographs",
-                  "magi_zoo_unfused", "magi_zoo_lora", "magi_zoo_fp8_lora")  # magi_zoo.load, shipped spec (+ one change)
+                  "magi_zoo_unfused", "magi_zoo_lora", "magi_zoo_fp8_lora")  # load(), shipped spec + one change
 LORA_RANK = 64  # the rank of LightX2V's published distill LoRAs (e.g. ..._lora_rank64.safetensors)
 
 

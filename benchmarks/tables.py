@@ -763,12 +763,16 @@ def unknown_commits(link: Link) -> str:
 
 # The tables of published configs in an adapter package: data, not adapter code.
 CONFIG_MODULES = ("config.py", "configs.py")
+# A family's optional kernel-fusion processors (its q/k norm + rope attention): code, shown apart
+# so the contract's own part of a package is visible.
+FUSION_MODULES = ("attention.py",)
 
 
 def adapter_sizes(link: Link) -> str:
     """Lines of each family package under magi_zoo/adapters/: its code, and apart from it its
-    modules of published config tables (`CONFIG_MODULES`). Counted from the source, so the
-    contributor guide's sizes are never typed by hand. Physical lines, docstrings included."""
+    modules of published config tables (`CONFIG_MODULES`); of the code, the optional fused
+    attention processors (`FUSION_MODULES`) apart. Counted from the source, so the contributor
+    guide's sizes are never typed by hand. Physical lines, docstrings included."""
     adapters = ROOT / "magi_zoo" / "adapters"
     rows = []
     for package in sorted(p for p in adapters.iterdir() if (p / "__init__.py").is_file()):
@@ -776,8 +780,12 @@ def adapter_sizes(link: Link) -> str:
         lines = {f.name: len(f.read_text().splitlines()) for f in files}
         code = sum(n for name, n in lines.items() if name not in CONFIG_MODULES)
         tables_ = sum(n for name, n in lines.items() if name in CONFIG_MODULES)
-        rows.append([f"`{package.name}`", str(len(files)), num(code, 0), num(tables_, 0) if tables_ else "—"])
-    return table(["family package", "modules", "code lines", "config-table lines"], rows)
+        fused = sum(n for name, n in lines.items() if name in FUSION_MODULES)
+        rows.append([f"`{package.name}`", str(len(files)), num(code, 0), num(code - fused, 0),
+                     num(fused, 0) if fused else "—", num(tables_, 0) if tables_ else "—"])
+    head = ["family package", "modules", "code lines", "of them: without the fused attention",
+            "the fused attention (`attention.py`)", "config-table lines"]
+    return table(head, rows)
 
 
 TABLES: dict[str, Callable[[Link], str]] = {

@@ -91,6 +91,11 @@ class Adapter:
     output_suffixes: ClassVar[tuple[str, ...]] = ()  # file suffixes `--out` may have
     weights_families: ClassVar[tuple[str, ...]] = ()  # checkpoint families it loads (default: FAMILY_WEIGHTS)
     sound_track: ClassVar[bool] = False  # its videos carry audio (Output.audio): an .mp4 needs PyAV to mux it
+    # An image-to-video variant's first frame sets the video's size (HunyuanVideo-1.5): --height /
+    # --width are refused beside --image. False: they stay the call's (Wan2.1 I2V resizes the frame).
+    image_sets_size: ClassVar[bool] = False
+    # The smallest side (pixels) an input image may have (FLUX.2's conditioning image: 64); None: any.
+    min_image_side: ClassVar[int | None] = None
 
     # -- build flow (owned here) ------------------------------------------------------------
     def build(self, variant: Variant, *, weights: str | Path | None, dtype: torch.dtype,
@@ -223,7 +228,32 @@ class Adapter:
     def check_run(self, variant: Variant, options: dict[str, Any], out: Path | None = None) -> dict[str, Any]:
         """The options the user gave (None = not given), checked before anything is built:
         an option this family cannot use, a bad value or an `--out` suffix it cannot write
-        is a clear error naming what it does take."""
+        is a clear error naming what it does take. An image-to-video variant (`image_to_video`)
+        requires `--image` (the first frame: a file, checked here, or a PIL image in the API) and
+        with `image_sets_size` refuses --height / --width; another variant given `--image` that
+        it cannot use is told which variants take it."""
+        image = options.get("image")
+        if self.image_to_video(variant):
+            if image is None:
+                raise ValueError(f"{variant.name} is image-to-video: pass --image FILE (the first frame)")
+            bad = [FLAGS.get(k, "--" + k) for k in ("height", "width") if options.get(k) is not None]
+            if self.image_sets_size and bad:
+                raise ValueError(f"{variant.name} takes the video's size from --image; drop {' and '.join(bad)}")
+            given = self._check_options(variant, {k: v for k, v in options.items() if k != "image"}, out)
+            if isinstance(image, (str, os.PathLike)):
+                check_input_file(image, FLAGS["image"], image=True)
+            return {**given, "image": image}
+        try:
+            return self._check_options(variant, options, out)
+        except ValueError as e:
+            i2v = [n for n, v in self.variants.items() if self.image_to_video(v)]
+            if image is None or not i2v or "image" in self.run_options:
+                raise
+            raise ValueError(f"{e}; --image is for the image-to-video variants: {', '.join(i2v)}") from None
+
+    def _check_options(self, variant: Variant, options: dict[str, Any], out: Path | None) -> dict[str, Any]:
+        """`check_run` without the first-frame rule: the options against `run_options`, the
+        call's limits and `--out`."""
         flag = lambda k: FLAGS.get(k, "--" + k.replace("_", "-"))  # noqa: E731
         given = {k: v for k, v in options.items() if v is not None}
         bad = sorted(set(given) - set(self.run_options))
@@ -245,11 +275,23 @@ class Adapter:
 
     def check_inputs(self, given: dict[str, Any]) -> None:
         """The input files among checked run options (`--image`, `--audio`): each exists, is
-        readable and (an image) opens with PIL -- before the build, not after it. Run after
-        `check_run`, so an option the family refuses is named first."""
+        readable and (an image) opens with PIL, and an image has `min_image_side` -- before the
+        build, not after it. Run after `check_run`, so an option the family refuses is named first."""
         for k in ("image", "audio"):
             if isinstance(given.get(k), (str, os.PathLike)):
                 check_input_file(given[k], FLAGS[k], image=k == "image")
+        image = given.get("image")
+        if image is not None and self.min_image_side is not None:
+            if isinstance(image, (str, os.PathLike)):
+                from PIL import Image  # lazy: PIL costs ~15 ms; only image inputs need it
+
+                with Image.open(image) as img:
+                    size, what = img.size, f"{FLAGS['image']} {str(image)!r}"
+            else:
+                size, what = image.size, "the input image"
+            if min(size) < self.min_image_side:
+                raise ValueError(f"{what}: {size[0]}x{size[1]}; {self.family} takes input images of at least "
+                                 f"{self.min_image_side}x{self.min_image_side} pixels")
 
     def activation_estimate(self, variant: Variant, call: dict[str, Any],
                             bytes_per_element: int) -> dict[str, float] | None:

@@ -4,7 +4,6 @@ and appends its tokens to the image sequence). The numbers and their sources are
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,20 +27,6 @@ VARIANTS = {v.name: v for v in [
             description="2 double + 2 single blocks, dim 32, a 3-layer Mistral; random, offline",
             call_defaults=C.TINY_CALL),
 ]}
-# Mistral's instruction markers; the template writes the system and user turns as Mistral
-# Small 3's chat template does ([SYSTEM_PROMPT] ... [/SYSTEM_PROMPT][INST] ... [/INST]).
-_SPECIALS = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "<pad>"]
-_QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
-# Qwen3's chat template, the parts Flux2KleinPipeline uses (a user turn, the generation prompt
-# with thinking off: an empty think block).
-_QWEN_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and not "
-                  "enable_thinking %}<think>\n\n</think>\n\n{% endif %}{% endif %}")
-_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{% set text = m['content'][0]['text'] if m['content'] is not "
-             "string else m['content'] %}{% if m['role'] == 'system' %}[SYSTEM_PROMPT]{{ text }}[/SYSTEM_PROMPT]"
-             "{% else %}[INST]{{ text }}[/INST]{% endif %}{% endfor %}")
-
-
 def _random_pipeline(variant: Variant, dtype: torch.dtype, device: torch.device):
     """Random init at the variant's config, created on `device` in `dtype` directly."""
     # lazy: diffusers and transformers cost seconds; the registry imports this module to list models
@@ -54,15 +39,15 @@ def _random_pipeline(variant: Variant, dtype: torch.dtype, device: torch.device)
     cfg, klein = variant.config, "pipeline" in variant.config  # [klein]: a Qwen3 encoder
     vocab = min(cfg["tokenizer_vocab"], 4096)
     if klein:
-        tokenizer = byte_bpe_tokenizer(vocab_size=vocab, specials=_QWEN_SPECIALS, eos="<|im_end|>",
+        tokenizer = byte_bpe_tokenizer(vocab_size=vocab, specials=C.QWEN3_SPECIALS, eos="<|im_end|>",
                                        pad="<|endoftext|>", model_max_length=40960)
         te_cfg = Qwen3Config(**dict(cfg["text"], bos_token_id=None, eos_token_id=2, pad_token_id=0))
     else:
-        tokenizer = byte_bpe_tokenizer(vocab_size=vocab, specials=_SPECIALS, bos="<s>", eos="</s>", pad="<pad>",
-                                       unk="<unk>", model_max_length=131072)
+        tokenizer = byte_bpe_tokenizer(vocab_size=vocab, specials=C.MISTRAL_SPECIALS, bos="<s>", eos="</s>",
+                                       pad="<pad>", unk="<unk>", model_max_length=131072)
         te_cfg = Mistral3Config(text_config=dict(cfg["text"], bos_token_id=1, eos_token_id=2, pad_token_id=7),
                                 vision_config=cfg["vision"], **cfg["encoder"])
-    tokenizer.chat_template = _QWEN_TEMPLATE if klein else _TEMPLATE
+    tokenizer.chat_template = C.QWEN3_CHAT_TEMPLATE if klein else C.MISTRAL_CHAT_TEMPLATE
     with init_on(device, dtype):
         transformer = Flux2Transformer2DModel(**cfg["transformer"])
         text_encoder = (Qwen3ForCausalLM if klein else Mistral3ForConditionalGeneration)(te_cfg)
@@ -83,27 +68,10 @@ class Flux2Adapter(DiffusersPipelineAdapter):
     output_suffixes = (".png", ".jpg", ".jpeg", ".webp")
     run_options = DiffusersPipelineAdapter.run_options + ("image",)  # a conditioning image (editing)
     cfg_option = "guidance_scale"  # Flux2KleinPipeline: CFG at guidance_scale > 1 unless is_distilled
+    min_image_side = 64  # Flux2Pipeline refuses smaller conditioning images
 
     def build_random(self, variant: Variant, dtype: torch.dtype, device: torch.device):
         return _random_pipeline(variant, dtype, device)
-
-    def check_inputs(self, given: dict[str, Any]) -> None:
-        """`--image` (a file, or a PIL image in the API and the server) also has the size
-        Flux2Pipeline accepts (>= 64 px a side), before the build."""
-        super().check_inputs(given)
-        image = given.get("image")
-        if image is None:
-            return
-        if isinstance(image, (str, Path)):
-            from PIL import Image  # lazy: PIL costs ~15 ms; only image inputs need it
-
-            with Image.open(image) as img:
-                size, what = img.size, f"--image {str(image)!r}"
-        else:
-            size, what = image.size, "the conditioning image"
-        if min(size) < 64:
-            raise ValueError(f"{what}: {size[0]}x{size[1]}; FLUX.2 takes conditioning images of at least "
-                             "64x64 pixels")
 
     def runs_cfg(self, call: dict[str, Any], variant: Variant | None = None) -> bool:
         """Only [klein] base runs CFG (FLUX.2-dev embeds guidance, the distilled [klein] ignores it)."""

@@ -103,3 +103,19 @@ TINY_KLEIN = dict(klein(dict(TINY["transformer"], guidance_embeds=False), dict(Q
                   intermediate_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
                   head_dim=8), False), vae=TINY["vae"], tokenizer_vocab=512)
 TINY_KLEIN_CALL = dict(TINY_CALL, text_encoder_out_layers=(1, 2, 3))
+
+# The in-process tokenizers' published pieces (a tiny or random build makes its own tokenizer).
+# Mistral's instruction markers; the template writes the system and user turns as Mistral
+# Small 3's chat template does ([SYSTEM_PROMPT] ... [/SYSTEM_PROMPT][INST] ... [/INST]).
+MISTRAL_SPECIALS = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "<pad>"]
+QWEN3_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+# Qwen3's chat template, the parts Flux2KleinPipeline uses (a user turn, the generation prompt
+# with thinking off: an empty think block).
+QWEN3_CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+                       "{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+                       "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n"
+                       "{% endif %}{% endif %}")
+MISTRAL_CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{% set text = m['content'][0]['text'] if m['content'] "
+                         "is not string else m['content'] %}{% if m['role'] == 'system' %}"
+                         "[SYSTEM_PROMPT]{{ text }}[/SYSTEM_PROMPT]"
+                         "{% else %}[INST]{{ text }}[/INST]{% endif %}{% endfor %}")

@@ -9,13 +9,12 @@ two encoders (Qwen2.5-VL's language model through a chat template, ByT5 for quot
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from .._tokenizers import byte_bpe_tokenizer
-from ..base import CallLimits, Variant, check_input_file, init_on, keep_fp32_modules
+from ..base import CallLimits, Variant, init_on, keep_fp32_modules
 from ..diffusers_pipeline import DiffusersPipelineAdapter, same_layout_preparation
 from .config import VARIANTS
 
@@ -68,36 +67,13 @@ class HunyuanVideo15Adapter(DiffusersPipelineAdapter):
     run_options = ("num_inference_steps", "height", "width", "num_frames", "seed")  # + --image: image-to-video
     output_suffixes = (".mp4", ".gif")
     cfg_config_key = "guidance_scale"  # the guider component's scale: CFG (and CFG parallel) where > 1
+    image_sets_size = True  # image-to-video: HunyuanVideo15ImageToVideoPipeline sizes the video by the frame
 
     def build_random(self, variant: Variant, dtype: torch.dtype, device: torch.device):
         return _random_pipeline(variant, dtype, device)
 
     def image_to_video(self, variant: Variant) -> bool:
         return "image_encoder" in variant.config  # HunyuanVideo15ImageToVideoPipeline: SigLIP encodes the frame
-
-    def check_run(self, variant: Variant, options: dict[str, Any], out=None) -> dict[str, Any]:
-        """Image-to-video variants need `--image` (the first frame: a file, or a PIL image in the
-        API; its size sets the video's) and take no --height / --width; text-to-video ones refuse
-        `--image`."""
-        if not self.image_to_video(variant):
-            return super().check_run(variant, options, out)
-        if options.get("image") is None:
-            raise ValueError(f"{variant.name} is image-to-video: pass --image FILE (the first frame)")
-        bad = [f for k, f in (("height", "--height"), ("width", "--width")) if options.get(k) is not None]
-        if bad:
-            raise ValueError(f"{variant.name} takes the video's size from --image; drop {' and '.join(bad)}")
-        given = super().check_run(variant, {k: v for k, v in options.items() if k != "image"}, out)
-        if isinstance(options["image"], (str, Path)):
-            check_input_file(options["image"], "--image", image=True)
-        return {**given, "image": options["image"]}
-
-    def generate(self, handle, *, prompt: str, progress: bool = True, **options):
-        if isinstance(options.get("image"), (str, Path)):
-            from PIL import Image  # lazy: PIL costs ~15 ms; only an image-to-video run needs it
-
-            with Image.open(options["image"]) as img:
-                options["image"] = img.convert("RGB")
-        return super().generate(handle, prompt=prompt, progress=progress, **options)
 
     def preparations(self, pipe) -> list:
         """Block 0's video stream is the patch embedding's transposed view; blocks 1..53 get fresh

@@ -6,7 +6,6 @@ numbers are those of the Wan-AI/*-Diffusers repositories' config.json files.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -110,22 +109,6 @@ def _random_pipeline(variant: Variant, dtype: torch.dtype, device: torch.device)
     return WanPipeline(**parts)
 
 
-def _read_image(image):
-    """An image-to-video first frame: a PIL image as given, or a file read as RGB the way
-    Wan's generate.py reads `--image` (`Image.open(path).convert("RGB")`)."""
-    from PIL import Image, UnidentifiedImageError  # lazy: PIL costs ~15 ms; listing models imports this module
-
-    if not isinstance(image, (str, Path)):
-        return image
-    if not Path(image).is_file():
-        raise ValueError(f"--image {str(image)!r}: no such file")
-    try:
-        with Image.open(image) as img:
-            return img.convert("RGB")
-    except (UnidentifiedImageError, OSError) as e:
-        raise ValueError(f"--image {str(image)!r}: not an image PIL can read ({e})") from e
-
-
 class WanAdapter(DiffusersPipelineAdapter):
     family = "wan"
     spec_file = "wan.toml"
@@ -159,30 +142,6 @@ class WanAdapter(DiffusersPipelineAdapter):
     def image_to_video(variant: Variant) -> bool:
         """An I2V variant (WanImageToVideoPipeline, a CLIP image encoder): it needs a first frame."""
         return "image_encoder" in variant.config
-
-    def check_run(self, variant: Variant, options: dict[str, Any], out=None) -> dict[str, Any]:
-        """`--image` is the first frame of an image-to-video variant: required there (the file
-        is read before anything is built), refused by the text-to-video ones with the names of
-        the variants that take it."""
-        image = options.get("image")
-        if self.image_to_video(variant):
-            if image is None:
-                raise ValueError(f"{variant.name} is image-to-video: pass --image FILE (the first frame)")
-            given = super().check_run(variant, {k: v for k, v in options.items() if k != "image"}, out)
-            _read_image(image)
-            return {**given, "image": image}
-        try:
-            return super().check_run(variant, options, out)
-        except ValueError as e:
-            i2v = [n for n, v in self.variants.items() if self.image_to_video(v)]
-            if image is None or not i2v:
-                raise
-            raise ValueError(f"{e}; --image is for the image-to-video variants: {', '.join(i2v)}") from None
-
-    def generate(self, handle, *, prompt: str, progress: bool = True, **options):
-        if options.get("image") is not None:
-            options["image"] = _read_image(options["image"])
-        return super().generate(handle, prompt=prompt, progress=progress, **options)
 
     def preparations(self, pipe) -> list:
         """Wan's self-attention q/k norm + rope in one kernel where the precision step allows it

@@ -33,6 +33,11 @@ def test_small_conditioning_image_is_refused_before_the_build(tmp_path, monkeypa
         adapter.check_inputs(adapter.check_run(variant, {"image": str(small)}, tmp_path / "o.png"))
     argv = ["run", "flux.2-tiny", "--gpu", "cpu", "--prompt", "x", "--out", str(tmp_path / "o.png"), "--image", str(small)]
     assert main(argv) == 2
+    # the API's PIL image by the same rule (the contract's min_image_side), and 64 itself passes
+    with pytest.raises(ValueError, match=r"the input image: 63x80; flux2 takes input images of at least 64x64"):
+        adapter.check_inputs({"image": Image.new("RGB", (63, 80))})
+    adapter.check_inputs({"image": Image.new("RGB", (64, 64))})
+    adapter.check_inputs({"image": str(_png(tmp_path / "ok.png", 64, 96))})
 
 
 def test_image_conditioning_appends_its_tokens(tmp_path):
