@@ -27,6 +27,8 @@ VARIANTS = {v.name: v for v in [
             description="2 double + 2 single blocks, dim 32, a 3-layer Mistral; random, offline",
             call_defaults=C.TINY_CALL),
 ]}
+
+
 def _random_pipeline(variant: Variant, dtype: torch.dtype, device: torch.device):
     """Random init at the variant's config, created on `device` in `dtype` directly."""
     # lazy: diffusers and transformers cost seconds; the registry imports this module to list models
