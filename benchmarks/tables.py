@@ -50,6 +50,7 @@ UNKNOWN_COMMITS = {
     "wan2.1-i2v-14b/wan2.1-i2v-14b-480p_480x832x81_cfg_fast_h100.json":
         "corrected by hand (the device's stale git HEAD)",
     "flux/flux.1-dev_1024x1024_graphs_h100.json": "names the device's stale git HEAD, not the tree that ran",
+    "ltx-2/ltx-2-8L_512x768x121_fa3_h200.json": "names a commit that does not exist (mistyped when given on the device)",
 }
 
 
