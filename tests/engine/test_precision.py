@@ -298,3 +298,29 @@ def test_keep_originals_false_drops_the_bf16_linears_and_remove_keeps_the_fp8_on
     assert "released" not in rep2.step("precision").did
     remove(h2.modules)
     assert not any(isinstance(m, Fp8Linear) for m in h2.pipe.transformer.modules())
+
+
+def test_fp8_attention_slot_is_refused_only_when_diffusers_hub_fa3_serves_it(monkeypatch):
+    """`kernels` installed (transformers depends on it) does not block fp8 attention; diffusers
+    having fetched its Hub FA3 into the `_flash_3_hub` slot in this process does, by name."""
+    import diffusers.utils
+    from diffusers.models import attention_dispatch as ad
+    from diffusers.models.attention_dispatch import AttentionBackendName as A, _AttentionBackendRegistry as R
+
+    from magi_zoo.engine.compat import diffusers as diffusers_compat
+    from magi_zoo.engine.kernels import fa3
+
+    monkeypatch.setattr(diffusers.utils, "is_kernels_available", lambda: True)
+    monkeypatch.setattr(fa3, "_forward", fa3_fp8_forward)
+    saved = R._backends.get(A._FLASH_3_HUB), R._constraints.get(A._FLASH_3_HUB), R._supported_arg_names.get(A._FLASH_3_HUB)
+    try:
+        assert not diffusers_compat.hub_kernel_loaded(A._FLASH_3_HUB)
+        assert fa3.register_fp8() == A._FLASH_3_HUB
+        assert diffusers_compat.registered_backend(A._FLASH_3_HUB) is fa3.fa3_fp8_attention
+    finally:
+        R._backends[A._FLASH_3_HUB], R._constraints[A._FLASH_3_HUB], R._supported_arg_names[A._FLASH_3_HUB] = saved
+    config = ad._HUB_KERNELS_REGISTRY[A._FLASH_3_HUB]
+    monkeypatch.setattr(config, "kernel_fn", lambda *a, **k: None)  # what a Hub fetch leaves there
+    assert diffusers_compat.hub_kernel_loaded(A._FLASH_3_HUB)
+    with pytest.raises(RuntimeError, match="Hub FA3 kernel already serves in this process"):
+        fa3.register_fp8()

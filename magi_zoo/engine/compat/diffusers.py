@@ -71,6 +71,17 @@ def check_backend_requirements(member: Any) -> None:
         check(member)
 
 
+def hub_kernel_loaded(member: Any) -> bool:
+    """Whether diffusers has fetched a Hub kernel (the `kernels` package's download) for backend
+    `member`: a `set_attention_backend` / `attention_backend` call with that hub member ran in
+    this process, so the slot is diffusers' own in use. Having `kernels` installed is not that
+    (transformers >= 5.25 installs it for everyone). Why private: `_HUB_KERNELS_REGISTRY` holds the
+    fetched functions; no public function says whether one was fetched. checked on: diffusers 0.42.1"""
+    config = getattr(_dispatch(), "_HUB_KERNELS_REGISTRY", {}).get(member)
+    return config is not None and any(getattr(config, name, None) is not None
+                                      for name in ("kernel_fn", "wrapped_forward_fn", "wrapped_backward_fn"))
+
+
 def registered_backend(member: Any) -> Callable | None:
     """The function diffusers' dispatch calls for backend `member` (None: no entry). Why private:
     the registry's public `get_active_backend` answers for the global default only.

@@ -337,8 +337,10 @@ _FP8_EPS = 1e-12
 # The diffusers member whose registry slot carries fp8 FA3 (`diffusers_compat.fa3_hub_member()`).
 # `AttentionBackendName` cannot gain members; ``_FLASH_3_HUB`` means "FlashAttention-3 fetched
 # from the kernels hub at run time", which this project never does (no network at run time). It
-# is taken only when diffusers' own hub path cannot run here (the `kernels` package is absent),
-# so a working library backend is never replaced.
+# is taken unless diffusers' own Hub kernel already serves it in this process (a user's
+# set_attention_backend("_flash_3_hub")), so a library backend in use is never replaced. The
+# `kernels` package alone is no such use: transformers >= 5.25 installs it for everyone, and the
+# engine sets processors' backends itself (no `set_attention_backend`), so nothing is fetched.
 
 
 def quantize_per_head(x: torch.Tensor, *, smooth: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -417,15 +419,14 @@ def register_fp8():
     member = diffusers_compat.fa3_hub_member()
     if diffusers_compat.registered_backend(member) is fa3_fp8_attention:
         return member
-    try:
-        # lazy: diffusers is heavy; `import magi_zoo` never imports it
-        from diffusers.utils import is_kernels_available
-    except ImportError:  # pragma: no cover - other diffusers versions
-        is_kernels_available = lambda: False  # noqa: E731
-    if is_kernels_available():
-        raise RuntimeError("fp8 attention uses diffusers' _flash_3_hub registry slot, which the installed "
-                           "`kernels` package serves here; uninstall `kernels` or keep precision "
-                           "attention='bf16'")
+    # The slot is in use when diffusers already fetched its Hub FA3 into it in this process (a
+    # set_attention_backend("_flash_3_hub")): fp8 would take that model's attention over. Merely
+    # having `kernels` installed is not use (transformers depends on it); the engine sets each
+    # processor's backend itself, so no Hub download is ever started from here.
+    if diffusers_compat.hub_kernel_loaded(member):
+        raise RuntimeError("fp8 attention uses diffusers' _flash_3_hub registry slot, which diffusers' Hub FA3 "
+                           "kernel already serves in this process (set_attention_backend('_flash_3_hub')); "
+                           "use another backend there, or keep precision attention='bf16'")
     global _forward
     if _forward is None and not official_fa3():
         register()  # sets _forward, or raises naming the extra
