@@ -337,10 +337,7 @@ _FP8_EPS = 1e-12
 # The diffusers member whose registry slot carries fp8 FA3 (`diffusers_compat.fa3_hub_member()`).
 # `AttentionBackendName` cannot gain members; ``_FLASH_3_HUB`` means "FlashAttention-3 fetched
 # from the kernels hub at run time", which this project never does (no network at run time). It
-# is taken unless diffusers' own Hub kernel already serves it in this process (a user's
-# set_attention_backend("_flash_3_hub")), so a library backend in use is never replaced. The
-# `kernels` package alone is no such use: transformers >= 5.25 installs it for everyone, and the
-# engine sets processors' backends itself (no `set_attention_backend`), so nothing is fetched.
+# is taken unless diffusers' own Hub kernel already serves it in this process (`register_fp8`).
 
 
 def quantize_per_head(x: torch.Tensor, *, smooth: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -419,10 +416,9 @@ def register_fp8():
     member = diffusers_compat.fa3_hub_member()
     if diffusers_compat.registered_backend(member) is fa3_fp8_attention:
         return member
-    # The slot is in use when diffusers already fetched its Hub FA3 into it in this process (a
-    # set_attention_backend("_flash_3_hub")): fp8 would take that model's attention over. Merely
-    # having `kernels` installed is not use (transformers depends on it); the engine sets each
-    # processor's backend itself, so no Hub download is ever started from here.
+    # In use only where diffusers fetched its Hub FA3 here (set_attention_backend("_flash_3_hub")).
+    # `kernels` installed is not use (transformers >= 5.25 installs it); the engine sets each
+    # processor's backend itself, so nothing is fetched from here.
     if diffusers_compat.hub_kernel_loaded(member):
         raise RuntimeError("fp8 attention uses diffusers' _flash_3_hub registry slot, which diffusers' Hub FA3 "
                            "kernel already serves in this process (set_attention_backend('_flash_3_hub')); "
