@@ -703,9 +703,9 @@ def lora_forward(link: Link) -> str:
     for rel in present:
         r = load(rel)
         for x in r.rows():
-            base = x["strategy"].removesuffix("_lora")
             if not x["strategy"].endswith("_lora") or x.get("status") != "ok":
                 continue
+            base = x["strategy"].removesuffix("_lora")
             b = next((y for y in r.rows() if y.get("strategy") == base), {})  # a run may lack the base row
             slower = x["median_ms"] / b["median_ms"] - 1 if b.get("median_ms") else None
             rows.append([r.data["model"], HARNESS_NAMES.get(base, base), num(b.get("median_ms")), num(x["median_ms"]),

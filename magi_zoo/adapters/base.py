@@ -277,18 +277,13 @@ class Adapter:
         """The input files among checked run options (`--image`, `--audio`): each exists, is
         readable and (an image) opens with PIL, and an image has `min_image_side` -- before the
         build, not after it. Run after `check_run`, so an option the family refuses is named first."""
-        for k in ("image", "audio"):
-            if isinstance(given.get(k), (str, os.PathLike)):
-                check_input_file(given[k], FLAGS[k], image=k == "image")
+        sizes = {k: check_input_file(given[k], FLAGS[k], image=k == "image")
+                 for k in ("image", "audio") if isinstance(given.get(k), (str, os.PathLike))}
         image = given.get("image")
         if image is not None and self.min_image_side is not None:
-            if isinstance(image, (str, os.PathLike)):
-                from PIL import Image  # lazy: PIL costs ~15 ms; only image inputs need it
-
-                with Image.open(image) as img:
-                    size, what = img.size, f"{FLAGS['image']} {str(image)!r}"
-            else:
-                size, what = image.size, "the input image"
+            # a file's size from the header check above, a PIL image's (API, server) from itself
+            size, what = (sizes["image"], f"{FLAGS['image']} {str(image)!r}") if "image" in sizes \
+                else (image.size, "the input image")
             if min(size) < self.min_image_side:
                 raise ValueError(f"{what}: {size[0]}x{size[1]}; {self.family} takes input images of at least "
                                  f"{self.min_image_side}x{self.min_image_side} pixels")
@@ -336,9 +331,10 @@ def can_mux_audio() -> bool:
     return importlib.util.find_spec("av") is not None
 
 
-def check_input_file(path: str | os.PathLike, flag: str, *, image: bool = False) -> None:
+def check_input_file(path: str | os.PathLike, flag: str, *, image: bool = False) -> tuple[int, int] | None:
     """An input file the run reads: it exists, is a readable file and (image=True) is an
-    image PIL can read -- checked before the build, the error naming the flag and the path."""
+    image PIL can read -- checked before the build, the error naming the flag and the path.
+    Returns an image's (width, height) from its header (None for another file)."""
     p = Path(path)
     if not p.exists():
         raise ValueError(f"{flag} {str(path)!r}: no such file")
@@ -352,9 +348,11 @@ def check_input_file(path: str | os.PathLike, flag: str, *, image: bool = False)
         try:
             with Image.open(p) as img:
                 img.verify()  # reads the header and checks the data without decoding the pixels
+                return img.size
         except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
             raise ValueError(f"{flag} {str(path)!r}: not an image PIL can read ({type(e).__name__}: "
                              f"{' '.join(str(e).split())}); pass a .png, .jpg or .webp file") from None
+    return None
 
 
 @contextlib.contextmanager
