@@ -154,6 +154,7 @@ HARNESS_NAMES = {"eager": "eager", "diffusers_regional": "diffusers `compile_rep
                  "magi_zoo_unfused": "magi_zoo, fusions off", "magi_zoo": "**magi_zoo**",
                  "magi_zoo_fp8": "**magi_zoo, fp8**",
                  "magi_zoo_graphs": "magi_zoo, forward in a CUDA graph",
+                 "magi_zoo_sdpa": "magi_zoo, its attention regions on SDPA",
                  "magi_zoo_fp8_graphs": "magi_zoo, fp8, forward in a CUDA graph"}
 
 WAN_13B = "wan2.1-t2v-1.3b/wan2.1-t2v-1.3b_480x832x81_baselines_h100.json"  # the same-kernel baselines' run
@@ -190,7 +191,9 @@ FAMILIES = {"FLUX.2-dev": ("flux/flux.2-dev-4L_768x1360_h100.json",
                            # fp8 with and without the graph, the row the run above did not reach
                            "flux/flux.2-dev-4L_768x1360_fp8_graphs_h200.json",
                            # after the q/k norm + rope fusion (adapters/flux2/attention.py), with it off
-                           "flux/flux.2-dev-4L_768x1360_fused_h200.json"),
+                           "flux/flux.2-dev-4L_768x1360_fused_h200.json",
+                           # at the published depth (8 + 48 blocks), the shipped plan against diffusers on FA3
+                           "flux/flux.2-dev_768x1360_full_h200.json"),
             "Qwen-Image": ("qwen-image/qwen-image-20L_1328x1328_h100.json",
                            # after the q/k norm + rope fusion (adapters/qwen_image/attention.py)
                            "qwen-image/qwen-image_20L_h200.json",
@@ -210,7 +213,9 @@ FAMILIES = {"FLUX.2-dev": ("flux/flux.2-dev-4L_768x1360_h100.json",
                       # the shipped plan (graphs on) beside every baseline, fp32 reference (diffusers_fp8 cut off)
                       "ltx-2/ltx-2-8L_512x768x121_baselines_h200.json",
                       # with FA3 for the unmasked attentions, beside the same plan on SDPA
-                      "ltx-2/ltx-2-8L_512x768x121_fa3_h200.json")}
+                      "ltx-2/ltx-2-8L_512x768x121_fa3_h200.json",
+                      # the same again at a commit the run recorded
+                      "ltx-2/ltx-2-8L_512x768x121_fa3_rerun_h200.json")}
 
 
 # The baselines a speed claim may be made against (benchmarks/baselines.py): a bf16 row is compared
