@@ -681,3 +681,25 @@ def test_block_lora_file_names_every_block_linear_in_the_peft_layout(tmp_path):
     assert n == 40 and len(state) == 80  # 4 blocks x 10 linears, an A and a B each
     a, b = state["transformer.blocks.0.attn1.to_q.lora_A.weight"], state["transformer.blocks.3.ffn.net.2.lora_B.weight"]
     assert a.shape == (8, 32) and b.shape == (32, 8) and a.dtype == torch.bfloat16
+
+
+def test_profile_forward_profiles_a_baseline_beside_the_shipped_plan(tmp_path):
+    """`--baseline` profiles diffusers' own row (no plan applied, its regional compile), the
+    default the shipped plan: two records of one model that say which setup they timed."""
+    from benchmarks.profile_forward import main
+
+    main(["--smoke", "--out", str(tmp_path), "--runs", "1"])
+    main(["--smoke", "--out", str(tmp_path), "--runs", "1", "--baseline", "diffusers_regional"])
+    shipped = json.loads((tmp_path / "profile_wan2.1-tiny_bf16_cpu.json").read_text())
+    baseline = json.loads((tmp_path / "profile_wan2.1-tiny_diffusers_regional_cpu.json").read_text())
+    assert shipped["baseline"] is None and "regional" not in shipped["plan"]
+    assert baseline["baseline"] == "diffusers_regional" and "compile_repeated_blocks" in baseline["plan"]
+    for rec in (shipped, baseline):  # CPU: aten ops are what is counted
+        assert rec["kernels"] and rec["timing"]["median_ms"] > 0
+    md = (tmp_path / "profile_wan2.1-tiny_diffusers_regional_cpu.md").read_text()
+    assert md.startswith("# Profile: wan2.1-tiny, denoise, baseline diffusers_regional")
+    # the baseline is diffusers' setup: the shipped plan's knobs are refused before any build
+    with pytest.raises(SystemExit, match="--precision and --overrides"):
+        main(["--smoke", "--out", str(tmp_path), "--baseline", "diffusers_regional", "--precision", "fp8"])
+    with pytest.raises(SystemExit, match="CUDA device"):  # FA3 rows need Hopper
+        main(["--smoke", "--out", str(tmp_path), "--baseline", "diffusers_regional_fa3"])
