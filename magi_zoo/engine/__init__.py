@@ -24,8 +24,9 @@ from .kernels.fa3 import fa3_attention
 from .kernels.fa3 import missing_reason as fa3_missing_reason
 from .kernels.fa3 import wheel_forward as fa3_wheel_forward
 from .kernels.gelu_linear import apply as apply_gelu_linear
-from .kernels.joint_attention import (JOINT_NORMS, flux_style_processor, joint_norm_rope_attention, joint_rope_table,
-                                      real_rope_fusable, rope_tables_fit)
+from .kernels.joint_attention import (JOINT_NORMS, flux_style_processor, joint_norm_rope_attention,
+                                      joint_norm_rope_preparation, joint_rope_table, norms_fusable, real_rope_fusable,
+                                      rope_tables_fit)
 from .kernels.norm_rope import apply as apply_norm_rope
 from .kernels.norm_rope import apply_heads as apply_norm_rope_heads
 from .offload import hold as offload_hold
@@ -41,7 +42,7 @@ __all__ = ["apply", "remove", "preview", "needs_streaming", "STEP_ORDER", "insta
            # adapters' names
            "fa3_attention", "fa3_missing_reason", "fa3_wheel_forward", "apply_gelu_linear", "apply_norm_rope",
            "apply_norm_rope_heads", "joint_norm_rope_attention", "joint_rope_table", "rope_tables_fit", "Fp8Linear",
-           "JOINT_NORMS", "flux_style_processor", "real_rope_fusable",
+           "JOINT_NORMS", "flux_style_processor", "real_rope_fusable", "joint_norm_rope_preparation", "norms_fusable",
            "fp8_eligible", "offload_hold", "offload_streams", "cfg_parallel_active", "GELU_EPILOGUE_MARK",
            "marked_norm", "marked_norms", "instance_forwards", "processor_preparation", "swap_processors",
            "progress_stage", "progress_rename"]

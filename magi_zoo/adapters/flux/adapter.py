@@ -14,13 +14,13 @@ from typing import Any
 
 import torch
 
-from ...engine import Preparation
+from ...engine import Preparation, joint_norm_rope_preparation
 from ...engine.compat.diffusers import flux_latent_image_ids
 from .._tokenizers import byte_bpe_tokenizer
 from ..base import CallLimits, Variant, init_on
 from ..diffusers_pipeline import DiffusersPipelineAdapter
 from .activations import activation_gib
-from .attention import norm_rope_preparation
+from .attention import processor_class
 from .single_blocks import fused_mlp_preparation, single_stream_preparation
 
 # -- published configs ---------------------------------------------------------------------
@@ -173,7 +173,7 @@ class FluxAdapter(DiffusersPipelineAdapter):
 
     def preparations(self, pipe) -> list[Preparation]:
         return [single_stream_preparation(pipe.transformer), fused_mlp_preparation(pipe.transformer),
-                norm_rope_preparation(pipe.transformer)]
+                joint_norm_rope_preparation("Flux", [pipe.transformer], processor_class)]
 
     def call_limits(self, variant: Variant) -> CallLimits:
         """From the config: pixels divide by the VAE's downsampling (2 per level after the

@@ -1,7 +1,7 @@
 """Flux's attention on the engine's fused q/k norm + text/image join + rope
 (`flux_style_processor`, engine/kernels/joint_attention.py), when the precision step allows it.
 
-The preparation puts a `NormRopeFluxAttnProcessor` in place of every diffusers `FluxAttnProcessor`.
+The adapter's preparation (`joint_norm_rope_preparation`) puts a `NormRopeFluxAttnProcessor` in place of every diffusers `FluxAttnProcessor`.
 It is diffusers' processor (0.42) except on the path it changes -- attention with a (cos, sin)
 rotary embedding whose norms the precision step marked (`fuse_norm_rope`, NORM_ROPE_MARK), of one
 eps: it chooses diffusers' own projections (fused or separate) and hands them on, with the text
@@ -13,25 +13,14 @@ from __future__ import annotations
 
 import functools
 
-import torch.nn as nn
-
-from ...engine import Preparation, flux_style_processor, processor_preparation
+from ...engine import flux_style_processor
 from ...engine.compat.diffusers import flux_qkv_projections
 
 
 @functools.lru_cache(maxsize=None)
-def _processor_class():
+def processor_class():
     """The processor class, built once on first use (diffusers' Flux module is imported lazily)."""
     # lazy: diffusers costs seconds; the class is built when a plan first installs it
     from diffusers.models.transformers.transformer_flux import FluxAttnProcessor
 
     return flux_style_processor(FluxAttnProcessor, flux_qkv_projections())
-
-
-def norm_rope_preparation(transformer: nn.Module) -> Preparation:
-    """Install `NormRopeFluxAttnProcessor` in place of every diffusers `FluxAttnProcessor`;
-    undo restores the original processors (their state included)."""
-    return processor_preparation("fused q/k norm + rope",
-                                 "Flux's attention normalises q and k per head, joins the text and image streams and "
-                                 "applies the rotary embedding in one kernel (magi_zoo::rms_norm_rope_heads) where "
-                                 "the precision step's fuse_norm_rope marks its norms", [transformer], _processor_class)

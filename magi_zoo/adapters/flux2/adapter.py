@@ -9,47 +9,26 @@ from typing import Any
 import torch
 
 from .._tokenizers import byte_bpe_tokenizer
+from ...engine import Preparation, joint_norm_rope_preparation
 from ..base import CallLimits, Variant, init_on
 from ..diffusers_pipeline import DiffusersPipelineAdapter
 from . import config as C
-from .attention import norm_rope_preparation
-
-VARIANTS = {v.name: v for v in [
-    Variant(name="flux.2-dev", family="flux2", config=C.PUBLISHED, hub_id="black-forest-labs/FLUX.2-dev",
-            description="text-to-image and image editing, 32B, Mistral-Small-3.2 text encoder", call_defaults=C.CALL),
-    Variant(name="flux.2-klein-4b", family="flux2", config=C.klein(C.KLEIN_4B, C.QWEN3_4B, True),
-            hub_id="black-forest-labs/FLUX.2-klein-4B", description="[klein] 4B, 4-step distilled, Qwen3-4B encoder",
-            call_defaults=dict(C.KLEIN_CALL, num_inference_steps=4, guidance_scale=1.0)),
-    Variant(name="flux.2-klein-base-9b", family="flux2", config=C.klein(C.KLEIN_9B, C.QWEN3_8B, False),
-            hub_id="black-forest-labs/FLUX.2-klein-base-9B", description="[klein] 9B base (CFG), Qwen3-8B encoder",
-            call_defaults=dict(C.KLEIN_CALL, num_inference_steps=50, guidance_scale=4.0)),
-    Variant(name="flux.2-tiny", family="flux2", config=C.TINY, tiny=True,
-            description="2 double + 2 single blocks, dim 32, a 3-layer Mistral; random, offline",
-            call_defaults=C.TINY_CALL),
-]}
+from .attention import processor_classes
 
 
 def _random_pipeline(variant: Variant, dtype: torch.dtype, device: torch.device):
     """Random init at the variant's config, created on `device` in `dtype` directly."""
     # lazy: diffusers and transformers cost seconds; the registry imports this module to list models
-    from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2Pipeline, Flux2Transformer2DModel
-    from transformers import Mistral3Config, Mistral3ForConditionalGeneration  # lazy: as above
-
-    from diffusers import Flux2KleinPipeline  # lazy: as above
-    from transformers import Qwen3Config, Qwen3ForCausalLM  # lazy: as above
+    from diffusers import (AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline, Flux2Pipeline,
+                           Flux2Transformer2DModel)
+    from transformers import Mistral3Config, Mistral3ForConditionalGeneration, Qwen3Config, Qwen3ForCausalLM  # lazy: as above
 
     cfg, klein = variant.config, "pipeline" in variant.config  # [klein]: a Qwen3 encoder
-    vocab = min(cfg["tokenizer_vocab"], 4096)
-    if klein:
-        tokenizer = byte_bpe_tokenizer(vocab_size=vocab, specials=C.QWEN3_SPECIALS, eos="<|im_end|>",
-                                       pad="<|endoftext|>", model_max_length=40960)
-        te_cfg = Qwen3Config(**dict(cfg["text"], bos_token_id=None, eos_token_id=2, pad_token_id=0))
-    else:
-        tokenizer = byte_bpe_tokenizer(vocab_size=vocab, specials=C.MISTRAL_SPECIALS, bos="<s>", eos="</s>",
-                                       pad="<pad>", unk="<unk>", model_max_length=131072)
-        te_cfg = Mistral3Config(text_config=dict(cfg["text"], bos_token_id=1, eos_token_id=2, pad_token_id=7),
-                                vision_config=cfg["vision"], **cfg["encoder"])
+    tokenizer = byte_bpe_tokenizer(vocab_size=min(cfg["tokenizer_vocab"], 4096),
+                                   **(C.QWEN3_TOKENIZER if klein else C.MISTRAL_TOKENIZER))
     tokenizer.chat_template = C.QWEN3_CHAT_TEMPLATE if klein else C.MISTRAL_CHAT_TEMPLATE
+    te_cfg = (Qwen3Config(**dict(cfg["text"], **C.QWEN3_IDS)) if klein else
+              Mistral3Config(text_config=dict(cfg["text"], **C.MISTRAL_IDS), vision_config=cfg["vision"], **cfg["encoder"]))
     with init_on(device, dtype):
         transformer = Flux2Transformer2DModel(**cfg["transformer"])
         text_encoder = (Qwen3ForCausalLM if klein else Mistral3ForConditionalGeneration)(te_cfg)
@@ -62,7 +41,7 @@ def _random_pipeline(variant: Variant, dtype: torch.dtype, device: torch.device)
 class Flux2Adapter(DiffusersPipelineAdapter):
     family = "flux2"
     spec_file = "flux2.toml"
-    variants = VARIANTS
+    variants = C.VARIANTS
     aliases = {"flux.2": "flux.2-dev", "flux2": "flux.2-dev", "flux2-dev": "flux.2-dev"}
     weights_families = ("FLUX.2",)
     component_names = ("transformer", "text_encoder", "vae")
@@ -80,8 +59,8 @@ class Flux2Adapter(DiffusersPipelineAdapter):
         base = variant is not None and (variant.config.get("pipeline") or {}).get("is_distilled") is False
         return base and super().runs_cfg(call, variant)
 
-    def preparations(self, pipe) -> list:
-        return [norm_rope_preparation(pipe.transformer)]
+    def preparations(self, pipe) -> list[Preparation]:
+        return [joint_norm_rope_preparation("FLUX.2", [pipe.transformer], processor_classes)]
 
     def call_limits(self, variant: Variant) -> CallLimits:
         """Pixels divide by the VAE's downsampling (2 per level after the first: 8 published)

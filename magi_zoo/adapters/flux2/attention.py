@@ -1,5 +1,6 @@
 """FLUX.2's attention on the engine's fused q/k norm + text/image join + rope (kernels/
-joint_attention.py), when the precision step marks the norms (`fuse_norm_rope`). The double
+joint_attention.py), when the precision step marks the norms (`fuse_norm_rope`); the adapter
+installs both classes with `joint_norm_rope_preparation`. The double
 blocks' `Flux2AttnProcessor` is called as Flux.1's, so the engine builds its replacement
 (`flux_style_processor`); the single blocks' `Flux2ParallelSelfAttnProcessor` projects q, k, v and
 the MLP's input in one linear, so its replacement here splits that as diffusers (0.42) does and
@@ -10,15 +11,13 @@ from __future__ import annotations
 import functools
 
 import torch
-import torch.nn as nn
 
-from ...engine import (JOINT_NORMS, Preparation, flux_style_processor, joint_norm_rope_attention, processor_preparation,
-                       real_rope_fusable)
+from ...engine import JOINT_NORMS, flux_style_processor, joint_norm_rope_attention, real_rope_fusable
 from ...engine.compat.diffusers import flux2_qkv_projections
 
 
 @functools.lru_cache(maxsize=None)
-def _processor_classes():
+def processor_classes():
     """The two processor classes, built once on first use (diffusers' FLUX.2 module is imported lazily)."""
     # lazy: diffusers costs seconds; the classes are built when a plan first installs them
     from diffusers.models.transformers.transformer_flux2 import Flux2AttnProcessor, Flux2ParallelSelfAttnProcessor
@@ -41,13 +40,3 @@ def _processor_classes():
             return attn.to_out(torch.cat([out, attn.mlp_act_fn(mlp)], dim=-1))
 
     return flux_style_processor(Flux2AttnProcessor, flux2_qkv_projections()), NormRopeFlux2ParallelSelfAttnProcessor
-
-
-def norm_rope_preparation(transformer: nn.Module) -> Preparation:
-    """Install the two classes in place of every diffusers `Flux2AttnProcessor` and
-    `Flux2ParallelSelfAttnProcessor`; undo restores the original processors (their state included)."""
-    return processor_preparation("fused q/k norm + rope",
-                                 "FLUX.2's attention normalises q and k per head, joins the text and image streams "
-                                 "and applies the rotary embedding in one kernel (magi_zoo::rms_norm_rope_heads) "
-                                 "where the precision step's fuse_norm_rope marks its norms", [transformer],
-                                 _processor_classes)

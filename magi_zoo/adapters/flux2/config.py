@@ -1,5 +1,6 @@
 """FLUX.2's published configuration (black-forest-labs/FLUX.2-dev, the diffusers layout) and the
-tiny one, as keyword arguments of the diffusers / transformers classes.
+tiny one, as keyword arguments of the diffusers / transformers classes, and the variants over
+them (the config tables; the adapter is `adapter.py`).
 
 Where each number comes from:
 - transformer/config.json (Flux2Transformer2DModel): 128 input channels (32 latent channels x
@@ -36,6 +37,8 @@ FLUX.2 [klein] (Flux2KleinPipeline, a Qwen3 text encoder, no guidance embedder):
 """
 
 from __future__ import annotations
+
+from ..base import Variant
 
 TRANSFORMER = dict(patch_size=1, in_channels=128, out_channels=None, num_layers=8, num_single_layers=48,
                    attention_head_dim=128, num_attention_heads=48, joint_attention_dim=15360,
@@ -119,3 +122,24 @@ MISTRAL_CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{% set text = m[
                          "is not string else m['content'] %}{% if m['role'] == 'system' %}"
                          "[SYSTEM_PROMPT]{{ text }}[/SYSTEM_PROMPT]"
                          "{% else %}[INST]{{ text }}[/INST]{% endif %}{% endfor %}")
+# byte_bpe_tokenizer's arguments for each encoder's in-process tokenizer, and the special-token
+# ids its text config takes (the tokenizer puts the specials at ids 0.. in the order above).
+MISTRAL_TOKENIZER = dict(specials=MISTRAL_SPECIALS, bos="<s>", eos="</s>", pad="<pad>", unk="<unk>",
+                         model_max_length=131072)
+QWEN3_TOKENIZER = dict(specials=QWEN3_SPECIALS, eos="<|im_end|>", pad="<|endoftext|>", model_max_length=40960)
+MISTRAL_IDS = dict(bos_token_id=1, eos_token_id=2, pad_token_id=7)
+QWEN3_IDS = dict(bos_token_id=None, eos_token_id=2, pad_token_id=0)
+
+VARIANTS = {v.name: v for v in [
+    Variant(name="flux.2-dev", family="flux2", config=PUBLISHED, hub_id="black-forest-labs/FLUX.2-dev",
+            description="text-to-image and image editing, 32B, Mistral-Small-3.2 text encoder", call_defaults=CALL),
+    Variant(name="flux.2-klein-4b", family="flux2", config=klein(KLEIN_4B, QWEN3_4B, True),
+            hub_id="black-forest-labs/FLUX.2-klein-4B", description="[klein] 4B, 4-step distilled, Qwen3-4B encoder",
+            call_defaults=dict(KLEIN_CALL, num_inference_steps=4, guidance_scale=1.0)),
+    Variant(name="flux.2-klein-base-9b", family="flux2", config=klein(KLEIN_9B, QWEN3_8B, False),
+            hub_id="black-forest-labs/FLUX.2-klein-base-9B", description="[klein] 9B base (CFG), Qwen3-8B encoder",
+            call_defaults=dict(KLEIN_CALL, num_inference_steps=50, guidance_scale=4.0)),
+    Variant(name="flux.2-tiny", family="flux2", config=TINY, tiny=True,
+            description="2 double + 2 single blocks, dim 32, a 3-layer Mistral; random, offline",
+            call_defaults=TINY_CALL),
+]}

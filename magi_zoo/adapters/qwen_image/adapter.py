@@ -8,11 +8,11 @@ from typing import Any
 import torch
 
 from .._tokenizers import byte_bpe_tokenizer
-from ...engine import Preparation
+from ...engine import Preparation, joint_norm_rope_preparation
 from ..base import CallLimits, Variant, init_on
 from ..diffusers_pipeline import DiffusersPipelineAdapter
 from . import config as C
-from .attention import norm_rope_preparation
+from .attention import processor_class
 
 
 def _random_pipeline(variant: Variant, dtype: torch.dtype, device: torch.device):
@@ -53,7 +53,7 @@ class QwenImageAdapter(DiffusersPipelineAdapter):
         return _random_pipeline(variant, dtype, device)
 
     def preparations(self, pipe) -> list[Preparation]:
-        return [norm_rope_preparation(pipe.transformer)]
+        return [joint_norm_rope_preparation("Qwen-Image", [pipe.transformer], processor_class)]
 
     def call_limits(self, variant: Variant) -> CallLimits:
         """Pixels divide by the VAE's downsampling (2 per temporal-downsample entry: 8 published)

@@ -13,14 +13,11 @@ import functools
 import torch
 import torch.nn as nn
 
-from ...engine import (Preparation, joint_norm_rope_attention, joint_rope_table, marked_norms, processor_preparation,
-                       rope_tables_fit)
-
-NORMS = ("norm_q", "norm_k", "norm_added_q", "norm_added_k")  # image q, k; text q, k
+from ...engine import JOINT_NORMS, joint_norm_rope_attention, joint_rope_table, norms_fusable, rope_tables_fit
 
 
 @functools.lru_cache(maxsize=None)
-def _processor_class():
+def processor_class():
     """The processor class, built once on first use (diffusers' Qwen-Image module is imported lazily)."""
     # lazy: diffusers costs seconds; the class is built when a plan first installs it
     from diffusers.models.transformers.transformer_qwenimage import QwenDoubleStreamAttnProcessor2_0
@@ -28,7 +25,7 @@ def _processor_class():
     class NormRopeQwenAttnProcessor(QwenDoubleStreamAttnProcessor2_0):
         """`QwenDoubleStreamAttnProcessor2_0` with q/k RMSNorm + join + RoPE fused on marked layers."""
 
-        FUSES_NORM_ROPE = NORMS  # the norms the precision step marks (fuse_norm_rope)
+        FUSES_NORM_ROPE = JOINT_NORMS  # the norms the precision step marks (fuse_norm_rope)
 
         def __call__(self, attn, hidden_states, encoder_hidden_states=None, encoder_hidden_states_mask=None,
                      attention_mask=None, image_rotary_emb=None):
@@ -50,21 +47,9 @@ def _processor_class():
 
 
 def fusable(attn: nn.Module, hidden_states, encoder_hidden_states, image_rotary_emb) -> bool:
-    """Complex rotary tables (image, text) of the two streams' lengths, q/k normalised per head by
-    marked RMSNorms of one eps, the text stream's added projections present."""
-    if encoder_hidden_states is None or getattr(attn, "added_kv_proj_dim", None) is None:
-        return False
+    """A text stream, complex rotary tables (image, text) of the two streams' lengths, and the
+    engine's `norms_fusable` (marked per-head q/k RMSNorms of one eps, the added projections)."""
     head_dim = attn.inner_dim // attn.heads
-    lengths = (hidden_states.shape[1], encoder_hidden_states.shape[1])
-    return (rope_tables_fit(image_rotary_emb, lengths, head_dim)
-            and marked_norms([getattr(attn, name, None) for name in NORMS], head_dim))
-
-
-def norm_rope_preparation(transformer: nn.Module) -> Preparation:
-    """Install `NormRopeQwenAttnProcessor` in place of every diffusers `QwenDoubleStreamAttnProcessor2_0`;
-    undo restores the original processors (their state included)."""
-    return processor_preparation("fused q/k norm + rope",
-                                 "Qwen-Image's attention normalises q and k per head, joins the text and image "
-                                 "streams and applies the rotary embedding in real arithmetic in one kernel "
-                                 "(magi_zoo::rms_norm_rope_heads) where the precision step's fuse_norm_rope marks "
-                                 "its norms", [transformer], _processor_class)
+    return (encoder_hidden_states is not None
+            and rope_tables_fit(image_rotary_emb, (hidden_states.shape[1], encoder_hidden_states.shape[1]), head_dim)
+            and norms_fusable(attn, encoder_hidden_states, head_dim))

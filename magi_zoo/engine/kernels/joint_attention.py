@@ -35,6 +35,8 @@ import torch.nn as nn
 from ..compat import diffusers as diffusers_compat
 from ..custom_ops import register_custom_op
 from ..precision.fusions import marked_norms
+from ..prepare.rewrites import processor_preparation
+from ..prepare.step import Preparation
 from .norm_rope import apply_heads
 
 # The q/k RMSNorms of diffusers' MMDiT attention, as its processors name them: the image stream's
@@ -117,16 +119,34 @@ def rope_tables_fit(freqs, lengths: Sequence[int], head_dim: int) -> bool:
                     for f, n in zip(freqs, lengths)))
 
 
-def real_rope_fusable(attn: nn.Module, encoder_hidden_states, rotary_emb, head_dim: int) -> bool:
-    """Whether a Flux-style call may take the kernel: a real (cos, sin) rotary embedding of
-    (tokens, head_dim) each, q and k normalised per head by marked RMSNorms of one eps -- and,
-    with a text stream, its added projections and marked norms of the same eps."""
-    if not (isinstance(rotary_emb, tuple) and len(rotary_emb) == 2 and rotary_emb[0].dim() == 2):
-        return False
+def norms_fusable(attn: nn.Module, encoder_hidden_states, head_dim: int) -> bool:
+    """Whether `attn`'s q and k are normalised per head by marked RMSNorms of one eps (the kernel
+    takes one) -- and, with a text stream, whether its added projections and norms are there too,
+    marked, of the same eps. The rotary table's form is the caller's check."""
     if encoder_hidden_states is not None and getattr(attn, "added_kv_proj_dim", None) is None:
         return False
     names = JOINT_NORMS if encoder_hidden_states is not None else JOINT_NORMS[:2]
     return marked_norms([getattr(attn, name, None) for name in names], head_dim)
+
+
+def real_rope_fusable(attn: nn.Module, encoder_hidden_states, rotary_emb, head_dim: int) -> bool:
+    """Whether a Flux-style call may take the kernel: a real (cos, sin) rotary embedding of
+    (tokens, head_dim) each, and `norms_fusable`."""
+    return (isinstance(rotary_emb, tuple) and len(rotary_emb) == 2 and rotary_emb[0].dim() == 2
+            and norms_fusable(attn, encoder_hidden_states, head_dim))
+
+
+def joint_norm_rope_preparation(model: str, transformers, processor_class: Callable[[], type | tuple[type, ...]]
+                                ) -> Preparation:
+    """The preparation that installs a family's joint-attention processor(s) built on
+    `joint_norm_rope_attention` (`processor_preparation`: each replaces its diffusers base class
+    under `transformers`; the undo restores the original processors, their state included).
+    `model` names the family in the report's line."""
+    return processor_preparation("fused q/k norm + rope",
+                                 f"{model}'s attention normalises q and k per head, joins the text and image streams "
+                                 "and applies the rotary embedding in one kernel (magi_zoo::rms_norm_rope_heads) "
+                                 "where the precision step's fuse_norm_rope marks its norms", list(transformers),
+                                 processor_class)
 
 
 def flux_style_processor(base: type, qkv_projections: Callable) -> type:
