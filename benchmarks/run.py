@@ -52,7 +52,9 @@ CPU), batch 1 unless `--shape batch=N`. Strategies are the real thing:
 - magi_zoo_sdpa:      the shipped spec with every attention region it names put back on
                       torch SDPA (`backend="native"`): what the spec's attention choice buys.
 - magi_zoo_fa3:       the shipped spec with every attention region it names on `fa3` (e.g.
-                      BAGEL's MoT attention, which ships on SDPA): what FA3 would buy.
+                      BAGEL's MoT attention, which ships on SDPA): what FA3 would buy; a spec
+                      with no attention section (Flux.1's) gets `fa3` on the regions its
+                      precision section names, the denoiser's repeated blocks.
 - magi_zoo_lora / magi_zoo_fp8_lora: magi_zoo / magi_zoo_fp8 with a LoRA fused at load
                       (`load(..., lora=[file])`): a rank-64 LoRA on every linear of the
                       repeated blocks, written by the harness in diffusers' peft layout with
@@ -133,6 +135,11 @@ def _zoo_kwargs(strategy: str, adapter, gpu: str) -> dict[str, Any]:
         return {"overrides": {"precision": common.fusions_off(adapter, gpu)}}
     if strategy in ("magi_zoo_sdpa", "magi_zoo_fa3"):
         keys = common.spec_keys(adapter, gpu, "attention")
+        if not keys and strategy == "magi_zoo_fa3":
+            # no attention section: the library default everywhere; FA3 then goes on the regions
+            # the precision section names (the denoiser's repeated blocks: every attention layer
+            # under them)
+            keys = common.spec_keys(adapter, gpu, "precision")
         if not keys:
             raise TypeError(f"{strategy}: the spec sets no attention backend here, so it equals magi_zoo")
         return {"overrides": {"attention": {k: "native" if strategy == "magi_zoo_sdpa" else "fa3" for k in keys}}}
