@@ -12,12 +12,14 @@ profiles `--runs` forwards of the family's first entry (the denoiser step) on it
 inputs. `--baseline NAME` profiles a baseline instead, built as `benchmarks.run` builds that
 row (diffusers' pipeline with no plan applied, then `compile_repeated_blocks(fullgraph=True)`,
 and for the `baselines.BASELINES` rows their attention backend / torchao fp8): the two profiles
-of one run side by side say which kernels the engine changed and which it shares. Kernels are grouped: attention (flash / FA3 / cuDNN / SDPA kernels), gemm (cuBLAS,
+of one run side by side say which kernels the engine changed and which it shares.
+
+Kernels are grouped: attention (flash / FA3 / cuDNN / SDPA kernels), gemm (cuBLAS,
 cuBLASLt, CUTLASS, nvjet; fp8 `_scaled_mm` included), triton (inductor's fused elementwise
 and reduction kernels: ``triton_poi`` pointwise, ``triton_red`` / ``triton_per``
 reductions), other. Also reported: GPU busy time against the wall time of the forward (the
 gap is launch overhead and host work, what CUDA graphs would remove). Writes
-``profile_<model>_<precision>_<card>.{json,md}`` with the top kernels.
+``profile_<model>_<label, baseline or precision>_<card>.{json,md}`` with the top kernels.
 """
 
 from __future__ import annotations
