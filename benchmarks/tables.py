@@ -372,13 +372,13 @@ def flux_baselines(link: Link) -> str:
     return baseline_rows(FLUX_BASELINES, link) + "\n\n" + harness(FLUX_SAME_KERNEL, same_kernel, link)
 
 
-def _profile(rel: str) -> tuple[dict[str, float], float, str, str]:
-    """(ms per forward by kernel category, the unprofiled forward's median ms, commit, the plan's
-    attention as the record says it) of a benchmarks.profile_forward record."""
-    data = json.loads((RESULTS / rel).read_text())
-    cats = {row["category"]: row["ms_per_forward"] for row in data["summary"]}
-    attention = (data.get("plan") or "not recorded").split(" | ")[0]
-    return cats, data["timing"]["median_ms"], data["environment"].get("commit") or "not recorded", attention
+def _profile(rel: str) -> tuple[Result, dict[str, float], float, str]:
+    """(the record, ms per forward by kernel category, the unprofiled forward's median ms, the
+    plan's attention as the record says it) of a benchmarks.profile_forward record."""
+    r = load(rel)
+    cats = {row["category"]: row["ms_per_forward"] for row in r.data["summary"]}
+    attention = (r.data.get("plan") or "not recorded").split(" | ")[0]
+    return r, cats, r.data["timing"]["median_ms"], attention
 
 
 def profile_pairs(link: Link) -> str:
@@ -389,7 +389,7 @@ def profile_pairs(link: Link) -> str:
     the shipped plan spends on them now (its forward minus its own GEMM and attention)."""
     parts = []
     for what, shipped_rel, base_rel, goal in PROFILE_PAIRS:
-        (ours, ours_ms, commit, attention), (base, base_ms, base_commit, _) = _profile(shipped_rel), _profile(base_rel)
+        (shipped, ours, ours_ms, attention), (baseline, base, base_ms, _) = _profile(shipped_rel), _profile(base_rel)
         rows = [[c, num(ours.get(c, 0.0), 2), num(base.get(c, 0.0), 2)] for c in PROFILE_CATEGORIES
                 if c in ours or c in base]
         rows.append(["forward, unprofiled (median of 5)", num(ours_ms, 1), num(base_ms, 1)])
@@ -397,9 +397,8 @@ def profile_pairs(link: Link) -> str:
         shared = base["gemm"] + base["attention"]
         allowed = base_ms / goal - shared
         now = ours_ms - ours["gemm"] - ours["attention"]
-        card = "H200" if shipped_rel.endswith("_h200.json") else "H100"
         parts.append(
-            f"**{what}** ({card}; shipped plan at {commit[:12]}, baseline at {base_commit[:12]})\n\n"
+            f"**{what}** ({shipped.card}; shipped plan at {shipped.commit}, baseline at {baseline.commit})\n\n"
             + table(["GPU ms per forward", "shipped plan", "diffusers regional, FA3"], rows)
             + f"\n\nAt the goal ({ratio(goal)} the baseline) a forward takes {num(base_ms / goal, 1)} ms; the "
             f"baseline's GEMMs and attention take {num(shared, 1)} ms of it, which leaves {num(allowed, 1)} ms for "
