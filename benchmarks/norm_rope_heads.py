@@ -11,8 +11,9 @@ program / warps, GPU time only (CUDA-graph replays). Each variant's result is ch
 the definition; GB/s counts one read of the inputs and one write of the output. CUDA only.
 
 Candidates (a program takes `units` (token, head) rows of head_dim channels):
-- "pairs3d": a (units, head_dim / 2, 2) tile, tl.split / tl.join on the pair axis (the op's own
-  kernel, `norm_rope._launch_heads`);
+- "pairs3d": a (units, head_dim / 2, 2) tile, tl.split / tl.join on the pair axis (the op's
+  kernel when this ran; now `norm_rope_layouts.launch_pairs_heads`, see that script for the
+  flat tile that replaced it);
 - "partner": a (units, head_dim) tile, each channel's pair partner (c ^ 1) as a second load (an
   L1 hit), the rotation as y * cos + sign * y_partner * sin: no split, join or reshape;
 - "pairs2d": a (units * head_dim / 2, 2) tile as Wan's kernel, the per-row sums through a reshape.
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import functools
 
-from benchmarks import common
+from benchmarks import common, norm_rope_layouts
 
 SHAPES = {  # name: (text prefix tokens, tokens, heads, head_dim)
     "flux double (512 + 4096)": (512, 4096, 24, 128),
@@ -146,7 +147,7 @@ def main(argv=None):
         for cand in ("pairs3d", "partner", "pairs2d"):
             for units in (2, 4, 8, 16, 32):
                 for warps in (2, 4, 8):
-                    fn = (functools.partial(norm_rope._launch_heads, x, w, p, pw, 1e-6, cos, sin, units, warps)
+                    fn = (functools.partial(norm_rope_layouts.launch_pairs_heads, x, w, p, pw, 1e-6, cos, sin, units, warps)
                           if cand == "pairs3d" else
                           functools.partial(launch, cand, x, w, p, pw, 1e-6, cos, sin, units, warps))
                     variants.append((f"{cand} units={units} warps={warps}", fn))

@@ -5,12 +5,14 @@
 
 `norm_rope_heads.py` compared tile layouts for the per-head op at Flux.1's shapes on an H100;
 its winner (a (units, head_dim / 2, 2) tile of pairs) ran at ~2.1 TB/s there and ~2.0 on an
-H200 inside a Flux forward (3.24 ms for 114 calls). This script asks whether a tile loaded
+H200 inside a Flux forward (3.24 ms for 114 calls). This script asked whether a tile loaded
 flat -- (rows, head_dim), contiguous, so each thread's load is 16 bytes instead of one 4-byte
 pair -- and split into pairs in registers (`tl.reshape` + `tl.split`) moves more bytes per
 second, for the per-head op (Flux, FLUX.2, Qwen-Image) and the all-heads op (Wan: the norm
 over heads x head_dim). Also tried: loading cos/sin once per program when its rows share one
-token (heads divisible by the rows per program), instead of once per row.
+token (heads divisible by the rows per program), instead of once per row. It did: both ops now
+load flat (`engine/kernels/norm_rope.py`); the previous kernels are kept here as the
+"pairs" rows, so the comparison reruns.
 
 Times are GPU time from CUDA-graph replays (the host's launch cost is not counted; a compiled
 region launches these asynchronously); GB/s counts one read of q or k and one write. Each
@@ -100,7 +102,101 @@ def _candidates():
         out = tl.reshape(tl.join(ye * ce[None, :] - yo * so[None, :], ye * so[None, :] + yo * ce[None, :]), (HP, D))
         tl.store(out_ptr + row * (heads * D) + offs, out.to(out_ptr.dtype.element_ty), mask=m)
 
-    return heads_flat, rows_flat
+    @triton.jit
+    def pairs_rows(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, tokens, n, half_d, sx, scs, sss, so, eps,
+                         HAS_W: tl.constexpr, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        tok = row % tokens
+        p = tl.arange(0, BLOCK)  # pair index within the row
+        two = tl.arange(0, 2)
+        cols = 2 * p[:, None] + two[None, :]  # (BLOCK, 2): channels 2p, 2p + 1
+        mask = cols < n
+        x = tl.load(x_ptr + row * sx + cols, mask=mask, other=0.0).to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(tl.sum(x * x, axis=1), axis=0) / n + eps)
+        y = x * rstd
+        if HAS_W:
+            y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        ye, yo = tl.split(y)
+        j = p % half_d  # pair index within the head
+        pm = 2 * p < n
+        c = tl.load(cos_ptr + tok * scs + 2 * j, mask=pm, other=0.0).to(tl.float32)
+        s = tl.load(sin_ptr + tok * sss + 2 * j + 1, mask=pm, other=0.0).to(tl.float32)
+        out = tl.join(ye * c - yo * s, ye * s + yo * c)
+        tl.store(out_ptr + row * so + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def pairs_heads(x_ptr, w_ptr, p_ptr, pw_ptr, cos_ptr, sin_ptr, out_ptr, n_units, heads, joint, text,
+                              sxb, sxs, sxh, spb, sps, sph, scs, sss, eps, D: tl.constexpr, HALF: tl.constexpr,
+                              HAS_W: tl.constexpr, HAS_P: tl.constexpr, UNITS: tl.constexpr):
+        u = tl.program_id(0).to(tl.int64) * UNITS + tl.arange(0, UNITS)
+        live = u < n_units
+        h = u % heads
+        tok = (u // heads) % joint
+        b = u // (heads * joint)
+        p = tl.arange(0, HALF)
+        two = tl.arange(0, 2)
+        cols = 2 * p[:, None] + two[None, :]  # (HALF, 2): channels 2j, 2j + 1
+        cmask = (cols < D)[None, :, :]
+        img = tok >= text
+        m_img = (live & img)[:, None, None] & cmask
+        x_off = b * sxb + (tok - text) * sxs + h * sxh
+        x = tl.load(x_ptr + x_off[:, None, None] + cols[None, :, :], mask=m_img, other=0.0).to(tl.float32)
+        if HAS_P:
+            m_txt = (live & (tok < text))[:, None, None] & cmask
+            p_off = b * spb + tok * sps + h * sph
+            x += tl.load(p_ptr + p_off[:, None, None] + cols[None, :, :], mask=m_txt, other=0.0).to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(tl.sum(x * x, axis=2), axis=1) / D + eps)
+        y = x * rstd[:, None, None]
+        if HAS_W:
+            w = tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)[None, :, :]
+            if HAS_P:
+                pw = tl.load(pw_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)[None, :, :]
+                w = tl.where(img[:, None, None], w, pw)
+            y = y * w
+        rope = (live[:, None, None] & cmask)
+        c = tl.load(cos_ptr + tok[:, None, None] * scs + cols[None, :, :], mask=rope, other=0.0).to(tl.float32)
+        s = tl.load(sin_ptr + tok[:, None, None] * sss + cols[None, :, :], mask=rope, other=0.0).to(tl.float32)
+        ye, yo = tl.split(y)
+        ce, co = tl.split(c)
+        se, so = tl.split(s)
+        out = tl.join(ye * ce - yo * se, yo * co + ye * so)
+        tl.store(out_ptr + u[:, None, None] * D + cols[None, :, :], out.to(out_ptr.dtype.element_ty), mask=rope)
+
+    return heads_flat, rows_flat, pairs_rows, pairs_heads
+
+
+def launch_pairs_heads(x, w, p, pw, eps, cos, sin, units: int = 4, warps: int = 2):
+    """The per-head op's previous kernel: a (units, head_dim / 2, 2) tile of 4-byte pair loads (its
+    shipped setting: 4 rows of 128 on 2 warps)."""
+    import torch
+    import triton
+
+    b, s, h, d = x.shape
+    t = 0 if p is None else p.shape[1]
+    out = torch.empty((b, t + s, h, d), dtype=x.dtype, device=x.device)
+    n = b * (t + s) * h
+    pp, ppw = (p, pw) if p is not None else (x, w)
+    _candidates()[3][(triton.cdiv(n, units),)](
+        x, w, pp, ppw, cos, sin, out, n, h, t + s, t, x.stride(0), x.stride(1), x.stride(2), pp.stride(0),
+        pp.stride(1), pp.stride(2), cos.stride(0), sin.stride(0), float(eps), D=d, HALF=triton.next_power_of_2(d // 2),
+        HAS_W=True, HAS_P=p is not None, UNITS=units, num_warps=warps)
+    return out
+
+
+def launch_pairs_rows(x, w, eps, cos, sin, heads: int):
+    """The all-heads op's previous kernel: one row per program as a (pairs, 2) tile."""
+    import torch
+    import triton
+
+    b, s, n = x.shape
+    x2 = x.reshape(b * s, n)
+    cos2, sin2 = cos.reshape(s, -1), sin.reshape(s, -1)
+    out = torch.empty((b, s, heads, n // heads), dtype=x.dtype, device=x.device)
+    block = triton.next_power_of_2(n // 2)
+    _candidates()[2][(b * s,)](x2, w, cos2, sin2, out, s, n, n // heads // 2, x2.stride(0), cos2.stride(0),
+                               sin2.stride(0), n, float(eps), HAS_W=True, BLOCK=block,
+                               num_warps=4 if block <= 1024 else 8)
+    return out
 
 
 def launch_heads_flat(x, w, p, pw, eps, cos, sin, units: int, warps: int, same_token: bool):
@@ -170,7 +266,8 @@ def main(argv=None):
         want = norm_rope.reference_heads(x, w, p, pw, 1e-6, cos, sin)
         nbytes = 2 * 2 * (x.numel() + (p.numel() if p is not None else 0))
         variants = [("inductor (definition compiled)", lambda: heads_ref(x, w, p, pw, 1e-6, cos, sin)),
-                    ("shipped op", lambda: norm_rope.rms_norm_rope_heads(x, w, p, pw, 1e-6, cos, sin))]
+                    ("shipped op", lambda: norm_rope.rms_norm_rope_heads(x, w, p, pw, 1e-6, cos, sin)),
+                    ("pairs (the op's previous kernel)", lambda: launch_pairs_heads(x, w, p, pw, 1e-6, cos, sin))]
         for units in (2, 4, 8, 16):
             for warps in (1, 2, 4, 8):
                 for same in (True, False):
@@ -190,7 +287,8 @@ def main(argv=None):
         sin = torch.sin(ang).repeat_interleave(2, -1).reshape(1, s, 1, d)
         want = norm_rope.reference(x, w, 1e-6, cos, sin, h)
         variants = [("inductor (definition compiled)", lambda: rows_ref(x, w, 1e-6, cos, sin, h)),
-                    ("shipped op", lambda: norm_rope.rms_norm_rope(x, w, 1e-6, cos, sin, h))]
+                    ("shipped op", lambda: norm_rope.rms_norm_rope(x, w, 1e-6, cos, sin, h)),
+                    ("pairs (the op's previous kernel)", lambda: launch_pairs_rows(x, w, 1e-6, cos, sin, h))]
         for warps in (2, 4, 8, 16):
             variants.append((f"flat warps={warps}", functools.partial(launch_rows_flat, x, w, 1e-6, cos, sin, h,
                                                                       warps)))

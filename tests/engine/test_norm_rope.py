@@ -85,14 +85,14 @@ def _rope_inputs(b, s, heads, d, device, dtype=torch.bfloat16):
     g = torch.Generator(device=device).manual_seed(0)
     x = (torch.randn(b, s, heads * d, device=device, generator=g) * 3 + 0.5).to(dtype)
     w = (1 + 0.1 * torch.randn(heads * d, device=device, generator=g)).to(dtype)
-    ang = torch.rand(1, s, 1, d // 2, device=device, generator=g) * 6.28
-    cos = torch.cos(ang).repeat_interleave(2, -1)
-    sin = torch.sin(ang).repeat_interleave(2, -1)
-    return x, w, cos, sin
+    # not repeated per pair (diffusers' Wan tables are): every channel its own angle, so a kernel
+    # that read cos[2j + 1] or sin[2j] where the definition reads cos[2j] and sin[2j + 1] fails
+    ang = torch.rand(1, s, 1, d, device=device, generator=g) * 6.28
+    return x, w, torch.cos(ang), torch.sin(ang)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("b, s, heads, d", [(1, 300, 12, 128), (2, 77, 40, 128), (1, 5, 2, 32)])
+@pytest.mark.parametrize("b, s, heads, d", [(1, 300, 12, 128), (2, 77, 40, 128), (1, 5, 2, 32), (1, 9, 3, 96)])
 def test_triton_kernel_equals_the_definition(b, s, heads, d):
     x, w, cos, sin = _rope_inputs(b, s, heads, d, "cuda")
     got = norm_rope.rms_norm_rope(x, w, 1e-6, cos, sin, heads)
@@ -102,6 +102,9 @@ def test_triton_kernel_equals_the_definition(b, s, heads, d):
     torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
     # no rounding between norm and rotation: at least as close to fp32 as the unfused path
     assert _rel(got, fp32) <= _rel(want, fp32) * 1.05 + 1e-5
+    # no norm weight (padded heads and channels masked the same way)
+    torch.testing.assert_close(norm_rope.rms_norm_rope(x, None, 1e-6, cos, sin, heads),
+                               norm_rope.reference(x, None, 1e-6, cos, sin, heads), rtol=2e-2, atol=2e-2)
 
 
 def test_training_takes_the_differentiable_definition():

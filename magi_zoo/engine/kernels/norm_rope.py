@@ -7,11 +7,13 @@ Why: Wan normalises q and k over all heads (an RMSNorm over 1,536 channels at 1.
 14B) and then rotates channel pairs (2j, 2j+1) by per-token angles. Under inductor that is a
 looped reduction plus strided pair reads and writes, ~0.9 TB/s on an H100: 13.4 ms of a 457 ms
 Wan-1.3B forward (benchmarks/results/profiles/profile_wan2.1-t2v-1.3b_bf16_h100.md). This kernel reads
-each token's row once, keeps it in registers as (pairs, 2), and writes the rotated row once,
-already in the (batch, tokens, heads, head_dim) layout attention takes. Measured (H100,
-Wan2.1-I2V-14B forward, benchmarks/results/profiles/profile_wan2.1-i2v-14b-480p_bf16_{unfused,fused}_h100.md):
-inductor's kernel 56.1 ms per forward, this one 39.9 (~1.3 TB/s: one row per program leaves
-few rows in flight; the next thing to tune). A version reading rows contiguously with each
+each token's row once, keeps it in registers, and writes the rotated row once, already in the
+(batch, tokens, heads, head_dim) layout attention takes. Its first layout held the row as
+(pairs, 2): inductor's 56.1 ms per Wan2.1-I2V-14B forward became 39.9 on an H100
+(benchmarks/results/profiles/profile_wan2.1-i2v-14b-480p_bf16_{unfused,fused}_h100.md), ~1.3 TB/s,
+because a pair is one 4-byte load per thread. The row is now loaded flat as a (heads, head_dim)
+tile -- 16-byte loads -- and split into pairs in registers: on an H200 at 480x832x81, 1.3B's
+call 95 -> 60 us and 14B's 406 -> 216 (benchmarks/norm_rope_layouts.py). A version reading each
 pair partner as a second load was slower (87.7 ms, ..._bf16_fused2_h100.md) and was dropped.
 Training (gradients wanted) takes the definition in torch ops: the op has no backward.
 
@@ -33,7 +35,7 @@ from ..custom_ops import register_custom_op
 from .triton_bundle import track
 from . import triton_available
 
-MAX_ROW = 16384  # widest row (heads x head_dim) the kernel holds in registers
+MAX_TILE = 16384  # most (padded) channels of one row the all-heads kernel holds in registers
 
 
 def reference(x: torch.Tensor, weight: torch.Tensor | None, eps: float, cos: torch.Tensor, sin: torch.Tensor,
@@ -66,9 +68,10 @@ def _check(x, weight, cos, sin, heads):
                          f"and {tuple(sin.shape)}")
 
 
-def _kernel_ok(x, weight, cos, sin) -> bool:
+def _kernel_ok(x, weight, cos, sin, heads) -> bool:
     b, s, n = x.shape
-    return (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and n <= MAX_ROW and b * s > 0
+    hp, dp = _tile(heads, n // heads)
+    return (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and hp * dp <= MAX_TILE and b * s > 0
             and cos.dim() == 4 and cos.shape[0] == 1 and cos.shape[1] == s and cos.shape[2] == 1
             and (weight is None or weight.is_cuda) and triton_available())
 
@@ -79,48 +82,55 @@ def rms_norm_rope(x: torch.Tensor, weight: torch.Tensor | None, eps: float, cos:
     """(batch, tokens, heads, head_dim) = rope(rms_norm(x) * weight) (module docstring); one Triton
     pass on CUDA for cos/sin of shape (1, tokens, 1, head_dim), `reference` elsewhere."""
     _check(x, weight, cos, sin, heads)
-    if not _kernel_ok(x, weight, cos, sin):
+    if not _kernel_ok(x, weight, cos, sin, heads):
         return reference(x, weight, eps, cos, sin, heads)
     return _launch(x, weight, eps, cos, sin, heads)
 
 
 @functools.cache
 def _kernel():
-    """The Triton kernel, built on first use (importing this module needs no triton)."""
+    """The Triton kernel, built on first use (importing this module needs no triton). A program
+    takes one token's row as a (heads, head_dim) tile (both padded to powers of two, masked),
+    loaded flat -- 16-byte loads per thread -- and split into (2j, 2j + 1) pairs in registers."""
     # lazy: triton is optional (CPU builds of torch lack it) and costly; built on first CUDA call
     import triton
     import triton.language as tl  # lazy: with triton, above
 
     @track  # its compiled files travel in the compile cache (triton_bundle)
     @triton.jit
-    def norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, tokens, n, half_d, sx, scs, sss, so, eps,
-                         HAS_W: tl.constexpr, BLOCK: tl.constexpr):
+    def norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, tokens, heads, d, sx, scs, sss, eps,
+                         HAS_W: tl.constexpr, HP: tl.constexpr, DP: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         tok = row % tokens
-        p = tl.arange(0, BLOCK)  # pair index within the row
-        two = tl.arange(0, 2)
-        cols = 2 * p[:, None] + two[None, :]  # (BLOCK, 2): channels 2p, 2p + 1
-        mask = cols < n
-        x = tl.load(x_ptr + row * sx + cols, mask=mask, other=0.0).to(tl.float32)
-        rstd = 1.0 / tl.sqrt(tl.sum(tl.sum(x * x, axis=1), axis=0) / n + eps)
+        hh = tl.arange(0, HP)
+        col = tl.arange(0, DP)
+        cm = col < d
+        m = (hh < heads)[:, None] & cm[None, :]
+        offs = hh[:, None] * d + col[None, :]
+        x = tl.load(x_ptr + row * sx + offs, mask=m, other=0.0).to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(tl.sum(x * x, axis=1), axis=0) / (heads * d) + eps)
         y = x * rstd
         if HAS_W:
-            y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        ye, yo = tl.split(y)
-        j = p % half_d  # pair index within the head
-        pm = 2 * p < n
-        c = tl.load(cos_ptr + tok * scs + 2 * j, mask=pm, other=0.0).to(tl.float32)
-        s = tl.load(sin_ptr + tok * sss + 2 * j + 1, mask=pm, other=0.0).to(tl.float32)
-        out = tl.join(ye * c - yo * s, ye * s + yo * c)
-        tl.store(out_ptr + row * so + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+            y = y * tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
+        # Wan's convention: channel pair j turns by cos[2j] and sin[2j + 1]
+        c, _ = tl.split(tl.reshape(tl.load(cos_ptr + tok * scs + col, mask=cm, other=0.0).to(tl.float32),
+                                   (DP // 2, 2)))
+        _, s = tl.split(tl.reshape(tl.load(sin_ptr + tok * sss + col, mask=cm, other=0.0).to(tl.float32),
+                                   (DP // 2, 2)))
+        ye, yo = tl.split(tl.reshape(y, (HP, DP // 2, 2)))
+        out = tl.join(ye * c[None, :] - yo * s[None, :], ye * s[None, :] + yo * c[None, :])
+        tl.store(out_ptr + row * (heads * d) + offs, tl.reshape(out, (HP, DP)).to(out_ptr.dtype.element_ty),
+                 mask=m)
 
     return norm_rope_kernel
 
 
-def _launch(x, weight, eps, cos, sin, heads):
-    # lazy: triton is optional (CPU builds of torch lack it) and costly; built on first CUDA call
-    import triton
+def _tile(heads: int, d: int) -> tuple[int, int]:
+    """(heads, head_dim) padded to powers of two: the all-heads kernel's tile."""
+    return 1 << (heads - 1).bit_length(), 1 << (d - 1).bit_length()
 
+
+def _launch(x, weight, eps, cos, sin, heads):
     b, s, n = x.shape
     x2 = x.reshape(b * s, n)
     if x2.stride(-1) != 1:
@@ -128,12 +138,16 @@ def _launch(x, weight, eps, cos, sin, heads):
     cos2, sin2 = cos.reshape(s, -1), sin.reshape(s, -1)
     cos2 = cos2 if cos2.stride(-1) == 1 else cos2.contiguous()
     sin2 = sin2 if sin2.stride(-1) == 1 else sin2.contiguous()
-    out = torch.empty((b, s, heads, n // heads), dtype=x.dtype, device=x.device)
-    block = triton.next_power_of_2(n // 2)
+    d = n // heads
+    out = torch.empty((b, s, heads, d), dtype=x.dtype, device=x.device)
+    hp, dp = _tile(heads, d)
     w = weight.contiguous() if weight is not None else x2
-    _kernel()[(b * s,)](x2, w, cos2, sin2, out, s, n, n // heads // 2, x2.stride(0), cos2.stride(0),
-                        sin2.stride(0), n, float(eps), HAS_W=weight is not None, BLOCK=block,
-                        num_warps=4 if block <= 1024 else 8)
+    # 32 fp32 values per thread (a warp per 1,024 tile elements): at Wan's 480x832x81 shapes on an
+    # H200 that is the fastest warp count at both widths -- 1.3B's 16 x 128 tile on 2 warps 3.4 TB/s,
+    # 14B's 64 x 128 on 8 warps 3.1 TB/s, against 2.1 and 1.7 for the (pairs, 2) tile this replaced
+    # (benchmarks/norm_rope_layouts.py, results/kernels/norm_rope_layouts_h200.md)
+    _kernel()[(b * s,)](x2, w, cos2, sin2, out, s, heads, d, x2.stride(0), cos2.stride(0), sin2.stride(0),
+                        float(eps), HAS_W=weight is not None, HP=hp, DP=dp, num_warps=max(1, hp * dp // 1024))
     return out
 
 
@@ -155,7 +169,9 @@ def apply(x: torch.Tensor, norm: torch.nn.Module, rotary_emb, heads: int) -> tor
 # ~0.5 TB/s: benchmarks/results/profiles/profile_flux.1-dev_bf16_h100.md) plus the concatenation's copy.
 # This kernel reads each (token, head) row of D channels once, from whichever stream holds the
 # token, and writes the joint (batch, prefix + tokens, heads, head_dim) result once: 26-28 us per
-# call at 1024^2 on an H100 against inductor's 43-68 (GPU time, benchmarks/norm_rope_heads.py).
+# call at 1024^2 on an H100 against inductor's 43-68 (GPU time, benchmarks/norm_rope_heads.py),
+# as a (rows, pairs, 2) tile; loaded flat and split in registers as now, 19-25 us on an H200
+# against 23-27 for that tile and inductor's 42-60 (benchmarks/norm_rope_layouts.py).
 # The joint attention around it, shared by Flux's and Qwen-Image's processors: joint_attention.py.
 
 
@@ -221,7 +237,8 @@ def rms_norm_rope_heads(x: torch.Tensor, weight: torch.Tensor | None, prefix: to
 @functools.cache
 def _heads_kernel():
     """The per-head kernel, built on first use. A program takes UNITS (token, head) rows of D
-    channels, as (UNITS, D / 2, 2) pairs; a row's token t < T is read from the prefix, else from x."""
+    channels as a (UNITS, DP) tile (DP: D padded to a power of two), loaded flat and split into
+    (2j, 2j + 1) pairs in registers; a row's token t < T is read from the prefix, else from x."""
     # lazy: triton is optional (CPU builds of torch lack it) and costly; built on first CUDA call
     import triton
     import triton.language as tl  # lazy: with triton, above
@@ -229,46 +246,42 @@ def _heads_kernel():
     @track  # its compiled files travel in the compile cache (triton_bundle)
     @triton.jit
     def head_norm_rope_kernel(x_ptr, w_ptr, p_ptr, pw_ptr, cos_ptr, sin_ptr, out_ptr, n_units, heads, joint, text,
-                              sxb, sxs, sxh, spb, sps, sph, scs, sss, eps, D: tl.constexpr, HALF: tl.constexpr,
+                              sxb, sxs, sxh, spb, sps, sph, scs, sss, eps, D: tl.constexpr, DP: tl.constexpr,
                               HAS_W: tl.constexpr, HAS_P: tl.constexpr, UNITS: tl.constexpr):
         u = tl.program_id(0).to(tl.int64) * UNITS + tl.arange(0, UNITS)
         live = u < n_units
         h = u % heads
         tok = (u // heads) % joint
         b = u // (heads * joint)
-        p = tl.arange(0, HALF)
-        two = tl.arange(0, 2)
-        cols = 2 * p[:, None] + two[None, :]  # (HALF, 2): channels 2j, 2j + 1
-        cmask = (cols < D)[None, :, :]
+        col = tl.arange(0, DP)
+        cm = (col < D)[None, :]
         img = tok >= text
-        m_img = (live & img)[:, None, None] & cmask
         x_off = b * sxb + (tok - text) * sxs + h * sxh
-        x = tl.load(x_ptr + x_off[:, None, None] + cols[None, :, :], mask=m_img, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + x_off[:, None] + col[None, :], mask=(live & img)[:, None] & cm, other=0.0).to(tl.float32)
         if HAS_P:
-            m_txt = (live & (tok < text))[:, None, None] & cmask
             p_off = b * spb + tok * sps + h * sph
-            x += tl.load(p_ptr + p_off[:, None, None] + cols[None, :, :], mask=m_txt, other=0.0).to(tl.float32)
-        rstd = 1.0 / tl.sqrt(tl.sum(tl.sum(x * x, axis=2), axis=1) / D + eps)
-        y = x * rstd[:, None, None]
+            x += tl.load(p_ptr + p_off[:, None] + col[None, :], mask=(live & (tok < text))[:, None] & cm,
+                         other=0.0).to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
+        y = x * rstd[:, None]
         if HAS_W:
-            w = tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)[None, :, :]
+            w = tl.load(w_ptr + col, mask=col < D, other=0.0).to(tl.float32)[None, :]
             if HAS_P:
-                pw = tl.load(pw_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)[None, :, :]
-                w = tl.where(img[:, None, None], w, pw)
+                w = tl.where(img[:, None], w, tl.load(pw_ptr + col, mask=col < D, other=0.0).to(tl.float32)[None, :])
             y = y * w
-        rope = (live[:, None, None] & cmask)
-        c = tl.load(cos_ptr + tok[:, None, None] * scs + cols[None, :, :], mask=rope, other=0.0).to(tl.float32)
-        s = tl.load(sin_ptr + tok[:, None, None] * sss + cols[None, :, :], mask=rope, other=0.0).to(tl.float32)
-        ye, yo = tl.split(y)
-        ce, co = tl.split(c)
-        se, so = tl.split(s)
-        out = tl.join(ye * ce - yo * se, yo * co + ye * so)
-        tl.store(out_ptr + u[:, None, None] * D + cols[None, :, :], out.to(out_ptr.dtype.element_ty), mask=rope)
+        rope = live[:, None] & cm
+        c = tl.load(cos_ptr + tok[:, None] * scs + col[None, :], mask=rope, other=0.0).to(tl.float32)
+        s = tl.load(sin_ptr + tok[:, None] * sss + col[None, :], mask=rope, other=0.0).to(tl.float32)
+        ye, yo = tl.split(tl.reshape(y, (UNITS, DP // 2, 2)))
+        ce, co = tl.split(tl.reshape(c, (UNITS, DP // 2, 2)))
+        se, so = tl.split(tl.reshape(s, (UNITS, DP // 2, 2)))
+        out = tl.reshape(tl.join(ye * ce - yo * se, yo * co + ye * so), (UNITS, DP))
+        tl.store(out_ptr + u[:, None] * D + col[None, :], out.to(out_ptr.dtype.element_ty), mask=rope)
 
     return head_norm_rope_kernel
 
 
-def _launch_heads(x, weight, prefix, prefix_weight, eps, cos, sin, units: int | None = None, warps: int = 2):
+def _launch_heads(x, weight, prefix, prefix_weight, eps, cos, sin):
     # lazy: triton is optional (CPU builds of torch lack it) and costly; built on first CUDA call
     import triton
 
@@ -277,19 +290,20 @@ def _launch_heads(x, weight, prefix, prefix_weight, eps, cos, sin, units: int | 
     out = torch.empty((b, t + s, h, d), dtype=x.dtype, device=x.device)
     cos = cos if cos.stride(-1) == 1 else cos.contiguous()
     sin = sin if sin.stride(-1) == 1 else sin.contiguous()
-    half = triton.next_power_of_2(d // 2)
-    # ~512 channels per program on 2 warps: at Flux's shapes 2.1-2.2 TB/s, where 4,096 channels on
-    # 8 warps ran at 0.4 TB/s and inductor's kernel at 0.8-1.3 (benchmarks/norm_rope_heads.py,
-    # results/kernels/norm_rope_heads_h100.md: the speed swings 5x with these two numbers)
-    units = units or max(1, 512 // (2 * half))
+    dp = triton.next_power_of_2(d)
+    # ~1,024 channels per program on 2 warps (8 rows of 128): at Flux.1's and FLUX.2's shapes on an
+    # H200 the fastest setting over a whole forward's calls, 2.3-3.4 TB/s against 2.1-2.6 for the
+    # (rows, pairs, 2) tile this replaced, whose loads were 4 bytes wide
+    # (benchmarks/norm_rope_layouts.py, results/kernels/norm_rope_layouts_h200.md)
+    units = max(1, 1024 // dp)
     n = b * (t + s) * h
     p = prefix if prefix is not None else x
     w = weight if weight is not None else x
     pw = prefix_weight if prefix_weight is not None else w
     _heads_kernel()[(triton.cdiv(n, units),)](
         x, w, p, pw, cos, sin, out, n, h, t + s, t, x.stride(0), x.stride(1), x.stride(2), p.stride(0), p.stride(1),
-        p.stride(2), cos.stride(0), sin.stride(0), float(eps), D=d, HALF=half, HAS_W=weight is not None,
-        HAS_P=prefix is not None, UNITS=units, num_warps=warps)
+        p.stride(2), cos.stride(0), sin.stride(0), float(eps), D=d, DP=dp, HAS_W=weight is not None,
+        HAS_P=prefix is not None, UNITS=units, num_warps=2)
     return out
 
 
