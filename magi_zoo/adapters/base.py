@@ -229,9 +229,10 @@ class Adapter:
         """The options the user gave (None = not given), checked before anything is built:
         an option this family cannot use, a bad value or an `--out` suffix it cannot write
         is a clear error naming what it does take. An image-to-video variant (`image_to_video`)
-        requires `--image` (the first frame: a file, checked here, or a PIL image in the API) and
-        with `image_sets_size` refuses --height / --width; another variant given `--image` that
-        it cannot use is told which variants take it."""
+        requires `--image` (the first frame: a file, or a PIL image in the API) and with
+        `image_sets_size` refuses --height / --width; another variant given `--image` that it
+        cannot use is told which variants take it. Input files are `check_inputs`' job (the CLI
+        calls both before the build, the server both when a request arrives)."""
         image = options.get("image")
         if self.image_to_video(variant):
             if image is None:
@@ -240,9 +241,7 @@ class Adapter:
             if self.image_sets_size and bad:
                 raise ValueError(f"{variant.name} takes the video's size from --image; drop {' and '.join(bad)}")
             given = self._check_options(variant, {k: v for k, v in options.items() if k != "image"}, out)
-            if isinstance(image, (str, os.PathLike)):
-                check_input_file(image, FLAGS["image"], image=True)
-            return {**given, "image": image}
+            return {**given, "image": image}  # the file itself: `check_inputs`, once
         try:
             return self._check_options(variant, options, out)
         except ValueError as e:

@@ -64,12 +64,14 @@ def test_image_is_required_by_i2v_and_refused_by_t2v(png, tmp_path):
     a, v720 = adapters.lookup("wan2.1-i2v-14b-720p")
     with pytest.raises(ValueError, match=r"wan2\.1-i2v-14b-720p is image-to-video: pass --image FILE"):
         a.check_run(v720, {"image": None}, tmp_path / "out.mp4")
+    # the file itself is check_inputs' (each caller runs it after check_run: the header is read once)
     with pytest.raises(ValueError, match=r"--image '.*nope\.png': no such file"):
-        a.check_run(v720, {"image": str(tmp_path / "nope.png")}, tmp_path / "out.mp4")
+        a.check_inputs(a.check_run(v720, {"image": str(tmp_path / "nope.png")}, tmp_path / "out.mp4"))
     (tmp_path / "text.png").write_text("not an image")
     with pytest.raises(ValueError, match=r"not an image PIL can read"):
-        a.check_run(v720, {"image": str(tmp_path / "text.png")}, tmp_path / "out.mp4")
+        a.check_inputs(a.check_run(v720, {"image": str(tmp_path / "text.png")}, tmp_path / "out.mp4"))
     assert a.check_run(v720, {"image": str(png)}, tmp_path / "out.mp4") == {"image": str(png)}
+    a.check_inputs({"image": str(png)})
     a, tiny = adapters.lookup("wan2.1-tiny")
     with pytest.raises(ValueError, match=r"wan2\.1-tiny cannot use --image; .*; --image is for the image-to-video "
                                          r"variants: wan2\.1-i2v-14b-480p, wan2\.1-i2v-14b-720p, "
