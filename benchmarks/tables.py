@@ -165,7 +165,7 @@ FLUX_BASELINES = "flux/flux.1-dev_1024x1024_baselines_h100.json"  # the same-ker
 # The same-kernel baselines beside the shipped plan in one run on an H200 (no diffusers_fp8 row:
 # its compile alone ran 436 s on the H100; its magi_zoo_fa3 row was refused, the spec naming no
 # attention section for Flux.1)
-FLUX_SAME_KERNEL = "flux/flux.1-dev_1024x1024_fa3_h200.json"
+FLUX_SAME_KERNEL = "flux/flux.1-dev_1024x1024_fa3bf16_h200.json"  # the H200 plan with FA3 in bf16
 # Kernel-by-kernel profiles of the shipped plan and of its same-kernel baseline (benchmarks.
 # profile_forward, `--baseline diffusers_regional_fa3`), one card and commit per pair, with the
 # speed goal each model has against that baseline (issue 30: Wan2.1-1.3B 1.10x, Flux.1-dev
@@ -178,9 +178,6 @@ PROFILE_PAIRS = (
      "profiles/profile_wan2.1-t2v-1.3b_diffusers_regional_fa3_h200.json", 1.10),
     ("Flux.1-dev, 1024×1024", "profiles/profile_flux.1-dev_shipped_h200.json",
      "profiles/profile_flux.1-dev_diffusers_regional_fa3_h200.json", 1.08),
-    ("Flux.1-dev, 1024×1024, the shipped plan with its attention on FA3 (an override)",
-     "profiles/profile_flux.1-dev_fa3_h200.json", "profiles/profile_flux.1-dev_diffusers_regional_fa3_h200.json",
-     1.08),
 )
 PROFILE_CATEGORIES = ("gemm", "attention", "triton_pointwise", "triton_reduction", "triton_other", "other")
 I2V_LOOP = ("wan2.1-i2v-14b/denoise_loop_wan2.1-i2v-14b-480p_bf16_15steps_h100.json",
