@@ -11,9 +11,9 @@ program / warps, GPU time only (CUDA-graph replays). Each variant's result is ch
 the definition; GB/s counts one read of the inputs and one write of the output. CUDA only.
 
 Candidates (a program takes `units` (token, head) rows of head_dim channels):
-- "pairs3d": a (units, head_dim / 2, 2) tile, tl.split / tl.join on the pair axis (the op's
-  kernel when this ran; now `norm_rope_layouts.launch_pairs_heads`, see that script for the
-  flat tile that replaced it);
+- "pairs3d" (in the H100 results): a (units, head_dim / 2, 2) tile, tl.split / tl.join on the
+  pair axis -- the op's kernel when this ran, since replaced by a flat tile split in registers
+  (`norm_rope_layouts.py`: the "shipped op" rows here are that kernel now);
 - "partner": a (units, head_dim) tile, each channel's pair partner (c ^ 1) as a second load (an
   L1 hit), the rotation as y * cos + sign * y_partner * sin: no split, join or reshape;
 - "pairs2d": a (units * head_dim / 2, 2) tile as Wan's kernel, the per-row sums through a reshape.
@@ -125,7 +125,6 @@ def launch(name: str, x, w, p, pw, eps, cos, sin, units: int, warps: int):
 
 def main(argv=None):
     import torch
-    import triton.testing
 
     from magi_zoo.engine.kernels import norm_rope
 
@@ -133,46 +132,17 @@ def main(argv=None):
     comp = torch.compile(norm_rope.reference_heads, fullgraph=True, dynamic=False)
     rows = []
     for name, (t, s, h, d) in SHAPES.items():
-        g = torch.Generator(device=dev).manual_seed(0)
-        x = torch.randn(1, s, h, d, device=dev, generator=g).to(torch.bfloat16)
-        p = torch.randn(1, t, h, d, device=dev, generator=g).to(torch.bfloat16) if t else None
-        w = (1 + 0.1 * torch.randn(d, device=dev, generator=g)).to(torch.bfloat16)
-        pw = (1 + 0.1 * torch.randn(d, device=dev, generator=g)).to(torch.bfloat16) if t else None
-        ang = torch.rand(t + s, d // 2, device=dev, generator=g) * 6.28
-        cos, sin = torch.cos(ang).repeat_interleave(2, -1), torch.sin(ang).repeat_interleave(2, -1)
+        x, w, p, pw, cos, sin = norm_rope_layouts.heads_inputs(dev, t, s, h, d)
         want = norm_rope.reference_heads(x, w, p, pw, 1e-6, cos, sin)
-        nbytes = 2 * x.numel() * 2 + (2 * p.numel() * 2 if p is not None else 0)
+        nbytes = 2 * 2 * (x.numel() + (p.numel() if p is not None else 0))
         variants = [("inductor (definition compiled)", lambda: comp(x, w, p, pw, 1e-6, cos, sin)),
                     ("shipped op", lambda: norm_rope.rms_norm_rope_heads(x, w, p, pw, 1e-6, cos, sin))]
-        for cand in ("pairs3d", "partner", "pairs2d"):
-            for units in (2, 4, 8, 16, 32):
-                for warps in (2, 4, 8):
-                    fn = (functools.partial(norm_rope_layouts.launch_pairs_heads, x, w, p, pw, 1e-6, cos, sin, units, warps)
-                          if cand == "pairs3d" else
-                          functools.partial(launch, cand, x, w, p, pw, 1e-6, cos, sin, units, warps))
-                    variants.append((f"{cand} units={units} warps={warps}", fn))
-        for variant, fn in variants:
-            try:
-                with torch.no_grad():
-                    got = fn()
-                    err = float(((got.float() - want.float()).norm() / want.float().norm()).item())
-                    # GPU time alone: replayed from a CUDA graph, so the host's launch cost (tens of
-                    # microseconds, as long as the kernel) is not counted; a compiled region launches
-                    # these asynchronously
-                    ms = triton.testing.do_bench_cudagraph(fn, rep=40)
-            except Exception as e:  # a candidate that does not compile is a row, not a crash
-                rows.append({"shape": name, "variant": variant, "median_ms": None, "gb_per_s": None,
-                             "rel_err_vs_definition": f"{type(e).__name__}: {str(e)[:80]}"})
-                continue
-            rows.append({"shape": name, "variant": variant, "median_ms": round(ms, 4),
-                         "gb_per_s": round(nbytes / (ms * 1e-3) / 1e9), "rel_err_vs_definition": float(f"{err:.3g}")})
-            print(rows[-1], flush=True)
-    md = (f"# Flux q/k per-head RMSNorm + join + rope: kernel layouts\n\n{common.env_line(env)}\n\n"
-          "command: `python -m benchmarks.norm_rope_heads`\n\n"
-          + common.results_table(rows, ["shape", "variant", "median_ms", "gb_per_s", "rel_err_vs_definition"]) + "\n")
-    for path in common.write_results(args.out, f"norm_rope_heads_{common.card_tag(env)}", {"env": env, "rows": rows},
-                                     md):
-        print("wrote", path)
+        variants += [(f"{cand} units={units} warps={warps}",
+                      functools.partial(launch, cand, x, w, p, pw, 1e-6, cos, sin, units, warps))
+                     for cand in ("partner", "pairs2d") for units in (2, 4, 8, 16, 32) for warps in (2, 4, 8)]
+        norm_rope_layouts.measure(rows, name, variants, want, nbytes)
+    norm_rope_layouts.write(args, env, rows, "norm_rope_heads", "Flux q/k per-head RMSNorm + join + rope: kernel layouts",
+                            "python -m benchmarks.norm_rope_heads")
 
 
 if __name__ == "__main__":

@@ -130,7 +130,7 @@ def _tile(heads: int, d: int) -> tuple[int, int]:
     return 1 << (heads - 1).bit_length(), 1 << (d - 1).bit_length()
 
 
-def _launch(x, weight, eps, cos, sin, heads):
+def _launch(x, weight, eps, cos, sin, heads, warps: int | None = None):
     b, s, n = x.shape
     x2 = x.reshape(b * s, n)
     if x2.stride(-1) != 1:
@@ -147,7 +147,7 @@ def _launch(x, weight, eps, cos, sin, heads):
     # 14B's 64 x 128 on 8 warps 3.1 TB/s, against 2.1 and 1.7 for the (pairs, 2) tile this replaced
     # (benchmarks/norm_rope_layouts.py, results/kernels/norm_rope_layouts_h200.md)
     _kernel()[(b * s,)](x2, w, cos2, sin2, out, s, heads, d, x2.stride(0), cos2.stride(0), sin2.stride(0),
-                        float(eps), HAS_W=weight is not None, HP=hp, DP=dp, num_warps=max(1, hp * dp // 1024))
+                        float(eps), HAS_W=weight is not None, HP=hp, DP=dp, num_warps=warps or max(1, hp * dp // 1024))
     return out
 
 
@@ -281,7 +281,7 @@ def _heads_kernel():
     return head_norm_rope_kernel
 
 
-def _launch_heads(x, weight, prefix, prefix_weight, eps, cos, sin):
+def _launch_heads(x, weight, prefix, prefix_weight, eps, cos, sin, units: int | None = None, warps: int = 2):
     # lazy: triton is optional (CPU builds of torch lack it) and costly; built on first CUDA call
     import triton
 
@@ -295,7 +295,7 @@ def _launch_heads(x, weight, prefix, prefix_weight, eps, cos, sin):
     # H200 the fastest setting over a whole forward's calls, 2.3-3.4 TB/s against 2.1-2.6 for the
     # (rows, pairs, 2) tile this replaced, whose loads were 4 bytes wide
     # (benchmarks/norm_rope_layouts.py, results/kernels/norm_rope_layouts_h200.md)
-    units = max(1, 1024 // dp)
+    units = units or max(1, 1024 // dp)
     n = b * (t + s) * h
     p = prefix if prefix is not None else x
     w = weight if weight is not None else x
@@ -303,7 +303,7 @@ def _launch_heads(x, weight, prefix, prefix_weight, eps, cos, sin):
     _heads_kernel()[(triton.cdiv(n, units),)](
         x, w, p, pw, cos, sin, out, n, h, t + s, t, x.stride(0), x.stride(1), x.stride(2), p.stride(0), p.stride(1),
         p.stride(2), cos.stride(0), sin.stride(0), float(eps), D=d, DP=dp, HAS_W=weight is not None,
-        HAS_P=prefix is not None, UNITS=units, num_warps=2)
+        HAS_P=prefix is not None, UNITS=units, num_warps=warps)
     return out
 
 
