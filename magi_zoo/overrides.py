@@ -21,10 +21,12 @@ argument, since the model's spec does not say which of its modules may change.
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Any, Mapping
 
 from .specs import MATMUL_FORMATS, PlanLayer, SpecFile
+from .specs.plan import flat_options
 from .specs.gpu_profiles import GpuProfile
 from .specs.recompute_spec import with_recompute
 
@@ -40,7 +42,44 @@ def spec_layers(adapter: Any, profile: GpuProfile, *, spec_file: str | Path | No
     arguments (those of `user_layer`) when it sets anything."""
     layers = SpecFile.from_toml(spec_file if spec_file is not None else adapter.spec_path()).layers_for(profile.name)
     top = user_layer(layers, profile, **user)
-    return [*layers, ("user", top)] if top else layers
+    out = [*layers, ("user", top)] if top else layers
+    check_plan_names(out)
+    return out
+
+
+def check_plan_names(layers: Layers) -> None:
+    """The names a plan gives to libraries, checked before anything is built: each attention
+    backend against the engine's and diffusers' names, each compile backend against
+    torch.compile's registry, each inductor option against inductor's config. The steps would
+    meet a typo only after the build (torch.compile checks its options when it wraps a region)."""
+    # lazy: the engine's names need diffusers and torch's dynamo, which a spec read alone does not
+    from .engine.attention import check_name
+    from .engine.compat import torch as torch_compat  # lazy: as above
+
+    backends = None
+    for layer_name, layer in layers:
+        where = "your overrides" if layer_name == "user" else f"the spec's {layer_name} layer"
+        for key, _, spec in layer.items("attention"):
+            if spec.backend is not None and spec.backend != "auto":
+                try:
+                    check_name(spec.backend)
+                except ValueError as e:
+                    raise ValueError(f"[attention] {key!r} in {where}: {e}") from None
+        for key, method, spec in layer.items("compile"):
+            at = key if method == "forward" else f"{key}.{method}"
+            if "backend" in spec.explicit():
+                backends = backends or torch_compat.compile_backends()
+                if spec.backend not in backends:
+                    close = difflib.get_close_matches(spec.backend, backends, n=1)
+                    raise ValueError(f"[compile] {at!r} in {where}: backend {spec.backend!r} is not a torch.compile "
+                                     f"backend{f' -- did you mean {close[0]!r}?' if close else ''}; e.g. 'inductor', "
+                                     "'aot_eager', 'eager'")
+            if spec.options and spec.backend == "inductor":
+                bad = [name for name in flat_options(spec.options) if not torch_compat.inductor_has_option(name)]
+                if bad:
+                    raise ValueError(f"[compile] {at!r} in {where}: {', '.join(map(repr, bad))} "
+                                     f"{'is not an inductor option' if len(bad) == 1 else 'are not inductor options'} "
+                                     "(torch._inductor.config names them, e.g. 'max_autotune', 'triton.cudagraphs')")
 
 
 def user_layer(base: Layers, profile: GpuProfile, *, compile: Any = None, overrides: Any = None,
@@ -83,10 +122,10 @@ def _compile_over(user: PlanLayer, compile: Any) -> PlanLayer:
         return compile.merged_over(user)
     if isinstance(compile, Mapping):
         return PlanLayer(compile=compile).merged_over(user)
-    if compile not in (None, True, False):
+    if not any(compile is v for v in (None, True, False)):  # identity: 0 == False and 1 == True, but mean neither
         raise TypeError(
             "compile= takes None/True (use the spec), False (run eager), or a compile override "
-            f"{{submodule key: spec}}; got {type(compile).__name__}"
+            f"{{submodule key: spec}}; got {type(compile).__name__} {compile!r}"
         )
     return user
 

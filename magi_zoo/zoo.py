@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import os
 import time
 import typing
 from pathlib import Path
@@ -27,16 +28,24 @@ from .train import calibrate as calibrate_handle
 from .train import set_train_mode, trainable_module
 
 
+# The dtypes a model may be built in, by the names `load` and `--dtype` take (case-insensitive):
+# the floating-point types the pipelines run in. float64 and the integer / bool / complex types
+# are no model dtype (torch refuses them as a default dtype deep inside the build).
+DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
+          "half": torch.float16, "float32": torch.float32, "fp32": torch.float32, "float": torch.float32}
+
+
 def _dtype(dtype: str | torch.dtype | None, profile: GpuProfile) -> torch.dtype:
+    if dtype is None:
+        dtype = profile.default_dtype
     if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPES.values():
+            raise ValueError(f"dtype {dtype}: models are built in bfloat16, float16 or float32")
         return dtype
-    name = dtype or profile.default_dtype
-    aliases = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
-    name = aliases.get(name, name)
-    value = getattr(torch, name, None)
-    if not isinstance(value, torch.dtype):
-        raise ValueError(f"unknown dtype {dtype!r}; use bfloat16, float16 or float32 (or a torch.dtype)")
-    return value
+    if not isinstance(dtype, str) or dtype.lower() not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; use bfloat16, float16 or float32 (bf16 / fp16 / fp32, or the "
+                         "torch.dtype)")
+    return DTYPES[dtype.lower()]
 
 
 class ZooPipeline:
@@ -81,7 +90,9 @@ class ZooPipeline:
             raise ValueError("swap_lora needs a load with lora=[...] and lora_hotswap=True (a fused LoRA is merged "
                              "into the weights; load again to change it)")
         slot = self.lora.specs[0]
-        spec = lora_loader.LoraSpec(str(source), float(scale), slot.component)
+        # not converted: LoraSpec refuses a scale that is no finite number, a source that is no path
+        spec = lora_loader.LoraSpec(os.fspath(source) if isinstance(source, os.PathLike) else source, scale,
+                                    slot.component)
         state = lora_loader.prepare([spec], self.pipe, self.adapter.components(self.pipe), self.variant.name)[0]
         lora_loader.swap(self.pipe, self.lora, spec, state)
         if self._report is not None:
@@ -312,7 +323,9 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
     dt = _dtype(dtype, profile)
     dev = torch.device(device if device is not None else profile.device)
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"gpu={gpu!r} needs CUDA, which is not available here; use gpu='cpu'")
+        asked = f"device={device!r}" if device is not None else f"gpu={gpu!r}"
+        raise RuntimeError(f"{asked} needs CUDA, which is not available here; use gpu='cpu'"
+                           + (" and no device= (or device='cpu')" if device is not None else ""))
     if precision is None and profile.fp8 and weights is not None and Path(str(weights)).is_dir() \
             and read_manifest(weights) is not None:
         precision = "fp8"  # an fp8 checkpoint: its regions' plan is fp8 (fusions included), on a card with fp8

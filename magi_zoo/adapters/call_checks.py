@@ -4,7 +4,7 @@ Every family says what its calls can make as a `CallLimits`, filled from its var
 config (`Adapter.call_limits`); `check_call` applies the same rule to all of them:
 
 - counts (steps, frames, sizes, token budgets) are positive integers; guidance scales are
-  numbers >= 0;
+  numbers >= 0; a seed is an integer a torch.Generator takes (0 to 2**64 - 1);
 - height and width divide by the pixels one token covers (the VAE's downsampling times the
   patch size), and a video's frame count is 1 + k times the VAE's temporal factor (the
   pipelines would otherwise round it, or fail deep inside a reshape);
@@ -26,6 +26,7 @@ COUNTS = ("num_inference_steps", "num_frames", "height", "width", "max_new_token
           "talker_max_new_tokens", "max_sequence_length", "num_images_per_prompt", "num_videos_per_prompt")
 # Guidance scales: a negative one has no meaning (0 / 1 turn guidance off, per pipeline).
 SCALES = ("guidance_scale", "guidance_scale_2", "true_cfg_scale", "cfg_text_scale", "cfg_img_scale")
+SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed takes 64-bit seeds; a larger one overflows at generation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +67,10 @@ def check_call(variant: str, call: Mapping[str, Any], limits: CallLimits | None,
         v = call.get(k)
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0):
             raise ValueError(f"{name(k)} must be a number >= 0, got {v!r}")
+    seed = call.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX):
+        raise ValueError(f"{name('seed')} must be an integer from 0 to 2**64 - 1 (a torch.Generator seed), got "
+                         f"{seed!r}")
     if limits is None:
         return
     m = limits.pixel_multiple

@@ -27,6 +27,7 @@ leaves out, are `lora_deltas`'s.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import warnings
@@ -66,6 +67,17 @@ class LoraSpec:
         stem = Path(self.source.rstrip("/")).stem or "lora"
         return re.sub(r"\W", "_", stem)
 
+    def __post_init__(self):
+        # checked here so every way of making one (API entries, --lora, swap_lora) is held to it;
+        # values are not converted: a scale of "2" or True is a mistake to name, not a number to guess
+        if not isinstance(self.source, str) or not self.source:
+            raise ValueError(f"lora source {self.source!r}: a .safetensors path, a directory or a hub id (a string)")
+        if isinstance(self.scale, bool) or not isinstance(self.scale, (int, float)) or not math.isfinite(self.scale):
+            raise ValueError(f"lora {self.source!r}: scale {self.scale!r} is not a finite number; pass e.g. 1.0 "
+                             "(or 0.8 for a lighter merge)")
+        if not isinstance(self.component, str):
+            raise ValueError(f"lora {self.source!r}: component {self.component!r}; choices: {', '.join(COMPONENTS)}")
+
     def describe(self) -> str:
         where = "" if self.component == "transformer" else f" into {self.component}"
         return f"{self.source} (scale {self.scale:g}{where})"
@@ -75,26 +87,33 @@ def lora_specs(lora: Any, lora_scale: float = 1.0) -> list[LoraSpec]:
     """`load(lora=...)` as LoraSpecs. Each entry: a path or hub id (merged at `lora_scale`), a
     (source, scale) pair, a dict of LoraSpec fields, or a LoraSpec; one entry alone is accepted
     too. Per-LoRA scales multiply `lora_scale`."""
+    if isinstance(lora_scale, bool) or not isinstance(lora_scale, (int, float)) or not math.isfinite(lora_scale):
+        raise ValueError(f"lora_scale={lora_scale!r}: a finite number (the strength every LoRA is merged at, e.g. 1.0)")
     if lora is None:
+        if lora_scale != 1.0:
+            raise ValueError(f"lora_scale={lora_scale!r} without lora=: it scales the LoRAs given in lora=[...]; "
+                             "pass them, or drop lora_scale")
         return []
     if isinstance(lora, (str, os.PathLike, LoraSpec, Mapping)) or (isinstance(lora, tuple) and len(lora) == 2
                                                                     and isinstance(lora[1], (int, float))):
         lora = [lora]
-    if not isinstance(lora_scale, (int, float)) or isinstance(lora_scale, bool):
-        raise ValueError(f"lora_scale={lora_scale!r}: a number (the strength every LoRA is merged at, e.g. 1.0)")
+    if not isinstance(lora, (list, tuple)):
+        raise ValueError(f"lora={lora!r}: pass a path or hub id, a (path, scale) pair, a dict, or a list of them")
     out = []
     for item in lora:
         if isinstance(item, LoraSpec):
             spec = item
         elif isinstance(item, (str, os.PathLike)):
-            spec = LoraSpec(str(item))
+            spec = LoraSpec(os.fspath(item))
         elif isinstance(item, tuple) and len(item) == 2:
-            spec = LoraSpec(str(item[0]), float(item[1]))
+            source = os.fspath(item[0]) if isinstance(item[0], os.PathLike) else item[0]
+            spec = LoraSpec(source, item[1])
         elif isinstance(item, Mapping):
             bad = set(item) - {f.name for f in dataclasses.fields(LoraSpec)}
             if bad or "source" not in item:
                 raise ValueError(f"lora entry {dict(item)!r}: takes the keys source (required), scale, component")
-            spec = LoraSpec(str(item["source"]), float(item.get("scale", 1.0)), str(item.get("component", "transformer")))
+            source = os.fspath(item["source"]) if isinstance(item["source"], os.PathLike) else item["source"]
+            spec = LoraSpec(source, item.get("scale", 1.0), item.get("component", "transformer"))
         else:
             raise ValueError(f"lora entry {item!r}: pass a path or hub id, a (path, scale) pair or "
                              "{'source': ..., 'scale': ..., 'component': ...}")
@@ -120,12 +139,19 @@ def parse_cli(text: str) -> LoraSpec:
         try:
             value = float(scale)
         except ValueError:
-            source, value = rest, 1.0  # a ':' inside the path, no scale
+            if not Path(rest).exists():  # a ':' inside an existing path is the path's own; otherwise a bad scale
+                raise ValueError(f"--lora {text!r}: no file {rest!r}, and {scale!r} after the last ':' is not a "
+                                 "scale (a number): expected [COMPONENT=]PATH[:SCALE], e.g. --lora style.safetensors:0.8"
+                                 ) from None
+            source, value = rest, 1.0
     else:
         source, value = rest, 1.0
     if not source:
         raise ValueError(f"--lora {text!r}: expected [COMPONENT=]PATH[:SCALE], e.g. --lora style.safetensors:0.8")
-    return LoraSpec(source, value, component)
+    try:
+        return LoraSpec(source, value, component)
+    except ValueError as e:
+        raise ValueError(f"--lora {text!r}: {e}") from None
 
 
 def require_peft() -> None:

@@ -197,13 +197,14 @@ _REFUSED_SUFFIXES = {"_dir": "a directory", "_path": "a path", "logpath": "a log
                      "_library": "a library to link", "_TESTING_ONLY": "a testing-only switch"}
 
 
-def _flat_options(options: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
+def flat_options(options: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
+    """Inductor option names in `options`, nested tables flattened ("triton.cudagraphs")."""
     # TOML's `options = { cpp.cxx = "..." }` (unquoted dotted key) is a nested table; name
     # it as inductor does, "cpp.cxx". Inductor also reads '-' as '_'.
     for k, v in options.items():
         name = f"{prefix}{str(k).replace('-', '_')}"
         if isinstance(v, Mapping):
-            yield from _flat_options(v, f"{name}.")
+            yield from flat_options(v, f"{name}.")
         yield name
 
 
@@ -218,7 +219,7 @@ def refused_file_option(name: str) -> str | None:
 def _check_file_options(layer: "PlanLayer", where: str) -> None:
     """Refuse `REFUSED_FILE_OPTIONS` in a layer read from a spec file."""
     for key, method, spec in layer.items("compile"):
-        for name in _flat_options(spec.options or {}):
+        for name in flat_options(spec.options or {}):
             why = refused_file_option(name)
             if why is not None:
                 at = key if method == "forward" else f"{key}.{method}"

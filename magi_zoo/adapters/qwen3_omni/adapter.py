@@ -15,6 +15,7 @@ compile the variable-length prompt pass and the fixed-shape one-token step diffe
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from ...engine.compat.transformers import install_output_capturing_hooks
 from ..base import Adapter, Output, Variant, init_on
 from ..diffusers_pipeline import LOAD_ERRORS, weights_error
 from .configs import PUBLISHED, TINY, build_config, check_voice, voices
+from .inputs import read_wav
 from .ops import install_prefill_decode, register_experts_impl
 from .pipeline import CACHE_BUCKET, OmniOutput, Qwen3OmniPipeline, _cache_kwarg, thinker_text_model
 from .regions import own_code_preparation
@@ -186,14 +188,22 @@ class Qwen3OmniAdapter(Adapter):
         given = super().check_run(variant, options, out)
         if given.get("audio_out") is not None and Path(given["audio_out"]).suffix.lower() != ".wav":
             raise ValueError(f"--audio-out {given['audio_out']!r}: speech is written as .wav")
-        for flag in ("audio", "image"):
-            if given.get(flag) is not None and not Path(given[flag]).is_file():
-                raise ValueError(f"--{flag} {given[flag]!r}: no such file")
         if given.get("voice") is not None:
             if given.get("audio_out") is None:
                 raise ValueError("--voice picks the speech voice: add --audio-out speech.wav")
             check_voice(given["voice"], voices(variant.config))
         return given
+
+    def check_inputs(self, given: dict[str, Any]) -> None:
+        """The base checks (each file exists and is readable; an image opens), then the audio clip
+        decoded as the pipeline will read it (`inputs.read_wav`), before the build: a file that
+        is no sound, or a clip without samples, is refused here, not after the thinker starts."""
+        super().check_inputs(given)
+        audio = given.get("audio")
+        # a clip is small (seconds of 16 kHz samples): decoding it twice, here and in the call,
+        # costs milliseconds against a build; an array from the API is the call's own to check
+        if isinstance(audio, (str, os.PathLike)) and read_wav(audio).size == 0:
+            raise ValueError(f"--audio {str(audio)!r}: the clip has no samples; pass a recording")
 
     def entry(self, pipe: Qwen3OmniPipeline, name: str) -> tuple[nn.Module, str]:
         """The thinker's text decoder, whose `prefill` / `decode_step` the plan compiles."""

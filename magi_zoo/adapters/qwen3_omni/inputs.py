@@ -61,7 +61,7 @@ def _read_pcm_wav(path: Path) -> tuple[np.ndarray, int]:
             width, channels, rate = w.getsampwidth(), w.getnchannels(), w.getframerate()
             raw = w.readframes(w.getnframes())
     except (wave.Error, EOFError) as e:
-        raise ValueError(f"--audio {str(path)!r}: not a PCM .wav file ({e}); convert it, e.g. "
+        raise ValueError(f"--audio {str(path)!r}: not a PCM .wav file ({str(e) or type(e).__name__}); convert it, e.g. "
                          "ffmpeg -i in.wav -acodec pcm_s16le out.wav") from e
     if width == 1:  # 8-bit PCM is unsigned
         x = (np.frombuffer(raw, np.uint8).astype(np.float32) - 128) / 128

@@ -209,14 +209,24 @@ def run_parallel_fields(nproc: int | None, *, ulysses: int | None, ring: int | N
     Degrees not given are chosen by `default_parallel` (from the process count, whether the
     call runs CFG and the denoiser's attention `heads`); the product is checked against the
     process count here, before anything is built or launched."""
+    if nproc is not None and nproc < 1:
+        raise ValueError(f"--nproc must be a positive integer (the number of processes), got {nproc}")
+    for flag, degree in (("--ulysses", ulysses), ("--ring", ring)):
+        if degree is not None and degree < 1:
+            raise ValueError(f"{flag} must be a positive integer (a degree; 1 = no split), got {degree}")
     given = {k: v for k, v in dict(ulysses_degree=ulysses, ring_degree=ring, cfg=cfg).items() if v is not None}
     if uneven:
         given["uneven"] = True
     n = nproc or 1
-    if n == 1 and not any(v not in (None, False, 1) for v in given.values()):
+    # what only a split run can use: a degree above 1, either CFG flag, --uneven (a degree of 1
+    # asks for no split, so it is consistent with one process)
+    asked = [flag for flag, on in (("--ulysses", (ulysses or 1) > 1), ("--ring", (ring or 1) > 1),
+                                   ("--cfg-parallel" if cfg else "--no-cfg-parallel", cfg is not None),
+                                   ("--uneven", uneven)) if on]
+    if n == 1 and not asked:
         return None
     if n == 1:
-        raise ValueError("--ulysses / --ring / --cfg-parallel split the model over processes: add --nproc N "
+        raise ValueError(f"{' / '.join(asked)} only apply to a run split over processes: add --nproc N "
                          "(or launch with torchrun)")
     if not {"ulysses_degree", "ring_degree", "cfg"} & set(given):
         given = {**default_parallel(n, runs_cfg, heads), **given}

@@ -146,6 +146,14 @@ def inductor_mode_options(mode: str, dynamic: bool | None) -> dict[str, Any] | N
     return dict(_list_mode_options(mode, dynamic))
 
 
+def compile_backends() -> list[str]:
+    """The names torch.compile's `backend=` takes here ('inductor', 'aot_eager', 'eager', ...).
+    Why private: `torch._dynamo.list_backends` is where torch.compile's registry is listed."""
+    import torch._dynamo  # lazy: dynamo's import is heavy, and only a plan check needs the list
+
+    return list(torch._dynamo.list_backends(exclude_tags=()))
+
+
 def inductor_has_option(name: str) -> bool:
     """Whether this torch's inductor config has `name` (e.g. custom_should_partition_ops,
     added after graph partitioning). Why private: inductor's config module is its only record."""
