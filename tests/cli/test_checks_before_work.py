@@ -96,3 +96,75 @@ def test_load_arguments_are_typed_strictly(kwargs, match, monkeypatch):
     monkeypatch.setattr(adapter, "build", lambda *a, **k: pytest.fail("built"))
     with pytest.raises(TypeError, match=match):
         magi_zoo.load("wan2.1-tiny", **kwargs)
+
+
+# -- round three: what a user could pass that went through unchecked, or was only met after the build
+
+@pytest.mark.parametrize("argv, match", [
+    (["--cfg-parallel"], r"--cfg-parallel only apply to a run split over processes: add --nproc N"),
+    (["--no-cfg-parallel"], r"--no-cfg-parallel only apply"),
+    (["--uneven"], r"--uneven only apply"),
+    (["--nproc", "1", "--cfg-parallel"], r"--cfg-parallel only apply"),
+    (["--nproc", "0"], r"--nproc must be a positive integer .*got 0"),
+    (["--nproc", "2", "--ulysses", "0"], r"--ulysses must be a positive integer"),
+    (["--seed", str(2**64)], r"--seed must be an integer from 0 to 2\*\*64 - 1"),
+    (["--seed", "-1"], r"--seed must be an integer from 0"),
+    (["--dtype", "int8"], r"unknown dtype 'int8'; use bfloat16, float16 or float32"),
+    (["--dtype", "float64"], r"unknown dtype 'float64'"),
+])
+def test_run_flags_refused_before_the_build(argv, match, tmp_path, monkeypatch, capsys):
+    """A flag a run cannot use, or a value it cannot take, ends the command before the build
+    (cfg=True once passed as "nothing asked", since True == 1; --nproc 0 was one process)."""
+    adapter, _ = adapters.lookup("wan2.1-tiny")
+    monkeypatch.setattr(adapter, "build", lambda *a, **k: pytest.fail("built"))
+    out = tmp_path / "v.mp4"
+    assert main(["run", "wan2.1-tiny", "--gpu", "cpu", "--prompt", "p", "--out", str(out), *argv]) == 2
+    import re
+
+    assert re.search(match, capsys.readouterr().err), match
+    assert not out.exists()
+
+
+def test_dtype_names_are_the_model_dtypes(monkeypatch):
+    from magi_zoo.specs.gpu_profiles import get_profile
+    from magi_zoo.zoo import _dtype
+
+    cpu = get_profile("cpu")
+    assert _dtype("BF16", cpu) is torch.bfloat16 and _dtype("fp16", cpu) is torch.float16
+    assert _dtype(torch.float32, cpu) is torch.float32 and _dtype(None, cpu) is getattr(torch, cpu.default_dtype)
+    for bad in (torch.float64, torch.int8, "bool", "complex64", 16):
+        with pytest.raises(ValueError, match="bfloat16, float16 or float32"):
+            _dtype(bad, cpu)
+
+
+@pytest.mark.parametrize("compile", [0, 1, 0.0])
+def test_compile_takes_true_false_or_an_override_not_a_number(compile, monkeypatch):
+    adapter, _ = adapters.lookup("wan2.1-tiny")
+    monkeypatch.setattr(adapter, "build", lambda *a, **k: pytest.fail("built"))
+    with pytest.raises(TypeError, match=r"compile= takes None/True .*got (int|float)"):
+        magi_zoo.load("wan2.1-tiny", gpu="cpu", compile=compile)
+
+
+@pytest.mark.parametrize("toml, match", [
+    ('[default.attention]\ntransformer = { backend = "flashh" }\n',
+     r"\[attention\] 'transformer' in the spec's model default layer: attention backend 'flashh' .*did you mean 'flash'"),
+    ('[default.compile]\nWanTransformerBlock = { backend = "inductr" }\n',
+     r"backend 'inductr' is not a torch.compile backend -- did you mean 'inductor'"),
+    ('[default.compile]\nWanTransformerBlock = { options = { nope = 1, triton = { cudagraphs = false } } }\n',
+     r"'nope' is not an inductor option"),
+])
+def test_library_names_in_a_plan_are_checked_when_it_is_read(toml, match, tmp_path, monkeypatch, capsys):
+    """Names only torch / diffusers know (an attention backend, a compile backend, an inductor
+    option) are checked when the layers are read: `spec` refuses them too, and `run` never builds."""
+    mine = tmp_path / "mine.toml"
+    mine.write_text(toml)
+    adapter, _ = adapters.lookup("wan2.1-tiny")
+    monkeypatch.setattr(adapter, "build", lambda *a, **k: pytest.fail("built"))
+    import re
+
+    assert main(["spec", "wan2.1-tiny", "--gpu", "cpu", "--spec-file", str(mine)]) == 2
+    assert re.search(match, capsys.readouterr().err)
+    with pytest.raises(ValueError, match=match):
+        magi_zoo.load("wan2.1-tiny", gpu="cpu", spec_file=mine)
+    with pytest.raises(ValueError, match=r"backend 'nope' is not a torch.compile backend"):  # the user's layer too
+        magi_zoo.load("wan2.1-tiny", gpu="cpu", compile={"WanTransformerBlock": {"backend": "nope"}})

@@ -199,3 +199,43 @@ def test_cli_lora_parsing_and_spec(files, capsys):
     assert main(["spec", "wan2.1-tiny", "--gpu", "cpu", "--lora", str(files["flux"])]) == 2
     err = capsys.readouterr().err
     assert err.startswith("magi-zoo: error: lora ") and "Flux LoRA" in err and "wan2.1-tiny" in err
+
+
+@pytest.mark.parametrize("entry, match", [
+    ([("a.safetensors", "2")], r"scale '2' is not a finite number"),
+    ([("a.safetensors", True)], r"scale True is not a finite number"),
+    ([{"source": "a.safetensors", "scale": "3"}], r"scale '3' is not a finite number"),
+    ([("a.safetensors", float("nan"))], r"scale nan is not a finite number"),
+    ([("a.safetensors", float("inf"))], r"scale inf is not a finite number"),
+    ([(3, 1.0)], r"lora source 3: a \.safetensors path"),
+    (123, r"lora=123: pass a path or hub id"),
+])
+def test_lora_entries_are_not_converted(entry, match):
+    """A scale or source of the wrong kind is named, not cast (a scale "2" was merged at 2, True at 1)."""
+    with pytest.raises(ValueError, match=match):
+        lora.lora_specs(entry)
+
+
+def test_lora_scale_needs_a_lora_and_a_finite_number():
+    with pytest.raises(ValueError, match=r"lora_scale=5\.0 without lora="):
+        lora.lora_specs(None, 5.0)
+    assert lora.lora_specs(None) == [] and lora.lora_specs(None, 1.0) == []
+    with pytest.raises(ValueError, match=r"lora_scale=nan: a finite number"):
+        lora.lora_specs(["a.safetensors"], float("nan"))
+
+
+@pytest.mark.parametrize("text, match", [
+    ("f.safetensors:abc", r"--lora 'f\.safetensors:abc': no file 'f\.safetensors:abc', and 'abc' after the last ':' "
+                          r"is not a scale"),
+    ("f.safetensors:nan", r"--lora 'f\.safetensors:nan': lora 'f\.safetensors': scale nan is not a finite number"),
+    ("f.safetensors:1e400", r"scale inf is not a finite number"),
+])
+def test_cli_lora_scale_must_be_a_finite_number(text, match):
+    with pytest.raises(ValueError, match=match):
+        lora.parse_cli(text)
+
+
+def test_a_colon_inside_an_existing_path_is_the_paths(tmp_path):
+    f = tmp_path / "a:b.safetensors"
+    f.write_bytes(b"")
+    assert lora.parse_cli(str(f)) == lora.LoraSpec(str(f), 1.0)

@@ -46,7 +46,11 @@ def read_wav(path: str | Path) -> np.ndarray:
     try:
         import soundfile  # lazy: optional dependency; any format libsndfile reads
 
-        data, rate = soundfile.read(str(path), dtype="float32", always_2d=True)
+        try:
+            data, rate = soundfile.read(str(path), dtype="float32", always_2d=True)
+        except (RuntimeError, TypeError) as e:  # libsndfile's error is a RuntimeError subclass
+            raise ValueError(f"--audio {str(path)!r}: not a sound file libsndfile reads ({' '.join(str(e).split())}); "
+                             "convert it, e.g. ffmpeg -i in.mp3 -ar 16000 in.wav") from None
     except ImportError:
         if path.suffix.lower() != ".wav":
             raise ValueError(f"--audio {str(path)!r}: without the soundfile package only .wav is read; "

@@ -380,10 +380,15 @@ def test_cli_audio_image_voice(tmp_path):
                "--out", str(out), "--audio-out", str(wav), "--max-new-tokens", "2"])
     assert rc == 0 and out.is_file() and wav.is_file()
     # Refused before any build: an unknown voice (with the closest name), a voice without
-    # speech output, a missing file.
+    # speech output, a missing file, a directory, a file that is no sound, a clip without samples.
+    (tmp_path / "text.wav").write_text("not a sound")
+    _write_wav(tmp_path / "empty.wav", np.zeros(0), 16000)
     for argv, msg in ((["--voice", "Etan", "--audio-out", str(wav)], "did you mean 'Ethan'"),
                       (["--voice", "Ethan"], "add --audio-out"),
-                      (["--audio", str(tmp_path / "missing.wav")], "no such file")):
+                      (["--audio", str(tmp_path / "missing.wav")], "no such file"),
+                      (["--audio", str(tmp_path)], r"not a file \(a directory\?\)"),
+                      (["--audio", str(tmp_path / "text.wav")], r"not a PCM \.wav file \(\w+"),
+                      (["--audio", str(tmp_path / "empty.wav")], "the clip has no samples")):
         with pytest.raises(ValueError, match=msg):
             from magi_zoo.cli import build_parser
             from magi_zoo.cli.commands.run_options import check_run
