@@ -72,17 +72,26 @@ def standard_layout(modules):
                 prm.data = prm.data.contiguous(memory_format=fmt)
 
 
-def save_pretrained(handle: Any, path: str | Path, *, precision: str | None = None) -> Path:
+def save_pretrained(handle: Any, path: str | Path, *, precision: str | None = None, overwrite: bool = False) -> Path:
     """Write `handle`'s model so that `load(name, weights=path)` reads it back. precision:
     None (as held) or "fp8" (the fp8 regions' linears quantized, see the module docstring).
+    `path` is a new or empty directory; one that holds files is refused unless `overwrite`
+    (the library writers replace a checkpoint's files in place, a user's own among them).
     Save before applying a plan that changes modules (load with compile=False), so the
     library's own classes are what is written."""
     path = Path(path)
+    if precision not in (None, "bf16", "fp8"):
+        raise ValueError(f"precision={precision!r}; choices: 'fp8' or None")
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"save_pretrained({str(path)!r}): that is a file; pass a directory (new or empty)")
+    if path.is_dir() and not overwrite and any(path.iterdir()):
+        held = sorted(p.name for p in path.iterdir())
+        raise ValueError(f"save_pretrained({str(path)!r}): the directory is not empty ({', '.join(held[:4])}"
+                         f"{', ...' if len(held) > 4 else ''}); pass a new or empty directory, or overwrite=True to "
+                         "write over what is there")
     if precision in (None, "bf16"):
         with standard_layout(handle.adapter.components(handle.pipe).values()):
             return handle.adapter.save_pretrained(handle.pipe, path)
-    if precision != "fp8":
-        raise ValueError(f"precision={precision!r}; choices: 'fp8' or None")
     if not isinstance(handle.adapter, DiffusersPipelineAdapter):
         raise ValueError(f"{handle.variant.name}: fp8 checkpoints are written for the diffusers families (wan, "
                          "wan22, flux, ...); load this one with precision='fp8' (quantized at load) instead")

@@ -76,11 +76,13 @@ class ZooPipeline:
         self.timings: dict[str, float] = {}
         self.lora: lora_loader.LoraState | None = None  # the LoRAs loaded (load(lora=...)), their scales, the mode
 
-    def save_pretrained(self, path: str | Path, *, precision: str | None = None) -> Path:
+    def save_pretrained(self, path: str | Path, *, precision: str | None = None, overwrite: bool = False) -> Path:
         """Write the model so that `load(name, weights=path)` reads it back; precision="fp8"
         stores the fp8 regions' linears quantized, read back without a bf16 copy
-        (`magi_zoo.checkpoints`; docs/lora.md#fp8-checkpoints)."""
-        return checkpoints.save_pretrained(self, path, precision=precision)
+        (`magi_zoo.checkpoints`; docs/lora.md#fp8-checkpoints). A directory that holds files is
+        refused unless `overwrite=True`."""
+        strict_arguments(ZooPipeline.save_pretrained, locals())
+        return checkpoints.save_pretrained(self, path, precision=precision, overwrite=overwrite)
 
     def swap_lora(self, source: str | Path, scale: float = 1.0) -> None:
         """Replace the hot-swappable LoRA (`load(..., lora=[...], lora_hotswap=True)`) with

@@ -72,6 +72,21 @@ def test_fp8_checkpoint_errors(saved, tmp_path):
     h, path = saved
     with pytest.raises(ValueError, match=r"precision='int4'; choices: 'fp8' or None"):
         h.save_pretrained(tmp_path / "x", precision="int4")
+    assert not (tmp_path / "x").exists()
+    # nothing a user made is written over: a directory with files, or a file, is refused
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "model_index.json").write_text("{}")
+    for precision in (None, "fp8"):
+        with pytest.raises(ValueError, match=r"the directory is not empty \(model_index\.json\); pass a new or "
+                                             r"empty directory, or overwrite=True"):
+            h.save_pretrained(mine, precision=precision)
+    assert (mine / "model_index.json").read_text() == "{}"
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ValueError, match=r"that is a file; pass a directory"):
+        h.save_pretrained(tmp_path / "afile")
+    with pytest.raises(TypeError, match=r"overwrite takes bool, got int"):
+        h.save_pretrained(mine, overwrite=1)
     bad = tmp_path / "bad"
     import shutil
 
