@@ -175,8 +175,9 @@ def training_layers(layers: Layers, recompute: Any) -> Layers:
 def with_memory_budget(layers: Layers, gib: float) -> Layers:
     """The layers plus a user layer setting the offload plan's budget (root key "") to `gib`:
     what `load(..., memory_budget_gib=...)` and `magi-zoo run --memory-budget` add."""
-    if not isinstance(gib, (int, float)) or isinstance(gib, bool) or not gib > 0:
-        raise ValueError(f"memory_budget_gib must be a positive number of GiB, got {gib!r}")
+    if not isinstance(gib, (int, float)) or isinstance(gib, bool) or not 0 < gib < float("inf"):
+        raise ValueError(f"memory_budget_gib must be a positive, finite number of GiB, got {gib!r} (for no budget, "
+                         "leave it out)")
     if not any(layer.entries("offload") for _, layer in layers):
         raise ValueError("memory_budget_gib: this spec names no [*.offload] units, so nothing may stream; add "
                          "e.g. `Block = \"auto\"` under [default.offload] for the repeated blocks")

@@ -348,6 +348,9 @@ def check_input_file(path: str | os.PathLike, flag: str, *, image: bool = False)
             with Image.open(p) as img:
                 img.verify()  # reads the header and checks the data without decoding the pixels
                 return img.size
+        except Image.DecompressionBombError as e:  # PIL's guard against images too large to decode safely
+            raise ValueError(f"{flag} {str(path)!r}: the image is too large to decode safely ({e}); resize it "
+                             "(the model works at a few megapixels at most)") from None
         except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
             raise ValueError(f"{flag} {str(path)!r}: not an image PIL can read ({type(e).__name__}: "
                              f"{' '.join(str(e).split())}); pass a .png, .jpg or .webp file") from None

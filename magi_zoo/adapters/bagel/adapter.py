@@ -12,7 +12,7 @@ import torch.nn as nn
 
 from ...engine import progress_stage
 from .._tokenizers import byte_bpe_tokenizer
-from ..base import Adapter, CallLimits, Output, Variant, init_on
+from ..base import FLAGS, Adapter, CallLimits, Output, Variant, init_on
 from ..diffusers_pipeline import LOAD_ERRORS, weights_error
 from .checkpoint import load_bagel_checkpoint, save_bagel_checkpoint
 from .config import BAGEL_7B_MOT, EDIT_DEFAULTS, T2I_DEFAULTS, TINY, config_from_dir
@@ -179,7 +179,7 @@ class BagelAdapter(Adapter):
                              + (f" (did you mean {near[0]!r}?)" if near else ""))
         given = super().check_run(variant, options, out)
         task = self.task_of(given)
-        flags = lambda keys: ", ".join("--" + k.replace("_", "-") for k in keys)  # noqa: E731
+        flags = lambda keys: ", ".join(FLAGS.get(k, "--" + k.replace("_", "-")) for k in keys)  # noqa: E731
         if task == "edit" and given.get("image") is None:
             raise ValueError(f"{variant.name}: --task edit needs --image (the image to edit)")
         if task == "generate" and given.get("image") is not None:
