@@ -308,6 +308,13 @@ class Adapter:
         call, `check_run` before the build. `name(key)` words the argument (a CLI flag)."""
         check_call(variant.name, call, self.call_limits(variant), name=name, device_gib=device_gib)
 
+    def prompt_truncation(self, native: Any, prompt: str, call: dict[str, Any]) -> dict[str, int]:
+        """encoder -> token limit, for each text encoder of `native` that will read only the
+        start of `prompt` in this call (call defaults filled in): what `magi-zoo run` says in
+        its one `prompt truncated` line where the library drops tokens without a word.
+        Default: none known."""
+        return {}
+
     def image_to_video(self, variant: Variant) -> bool:
         """Whether `variant` makes a video from a first frame it requires (`--image` on the CLI,
         `image=` in the API, `input_reference` in the server's videos API). Default: no."""

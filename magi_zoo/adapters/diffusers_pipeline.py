@@ -4,6 +4,7 @@ generation for `magi-zoo run`."""
 
 from __future__ import annotations
 
+import inspect
 import os
 from typing import Any, ClassVar
 
@@ -80,6 +81,28 @@ class DiffusersPipelineAdapter(Adapter):
     # Guidance held by a pipeline component, not a call argument (HunyuanVideo-1.5's guider): the
     # variant config's key for its scale; CFG runs where that is > 1.
     cfg_config_key: ClassVar[str | None] = None
+    # (tokenizer attribute, the call argument capping its tokens) for each text encoder whose
+    # pipeline reads `tokenizer(prompt, max_length=<argument>, truncation=True)`: diffusers drops
+    # what is past the cap without a word (Wan's UMT5, LTX-2's Gemma), so `prompt_truncation`
+    # counts the tokens itself. Encoders that wrap the prompt in a chat template are not listed:
+    # the template's tokens would make the count a guess.
+    prompt_caps: ClassVar[tuple[tuple[str, str], ...]] = ()
+
+    def prompt_truncation(self, native: Any, prompt: str, call: dict[str, Any]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for attr, option in self.prompt_caps:
+            tokenizer = getattr(native, attr, None)
+            limit = call.get(option)
+            if limit is None:  # the pipeline's own default for the argument
+                param = inspect.signature(type(native).__call__).parameters.get(option)
+                limit = None if param is None else param.default
+            if tokenizer is None or not isinstance(limit, int):
+                continue
+            # whitespace collapsed as the pipelines' prompt cleaning does before tokenizing
+            if len(tokenizer(" ".join(prompt.split()), add_special_tokens=True).input_ids) > limit:
+                encoder = getattr(native, attr.replace("tokenizer", "text_encoder"), None)
+                out[type(encoder).__name__ if encoder is not None else attr] = limit
+        return out
 
     def runs_cfg(self, call: dict[str, Any], variant: Variant | None = None) -> bool:
         """Whether a pipeline call with these arguments runs classifier-free guidance (`variant`:

@@ -179,3 +179,20 @@ def test_a_long_prompt_is_one_line(tmp_path, capfd):
     assert lines == [f"prompt truncated: {len(prompt)} characters; the text encoders read at most 77 tokens (CLIP), "
                      "16 tokens (max_sequence_length)"], lines  # the tiny variant's T5 budget
     assert len(out + err) < 20_000, len(out + err)
+
+
+@pytest.mark.parametrize("model, out, encoder, limit", [
+    ("wan2.1-tiny", "a.mp4", "UMT5EncoderModel", 16), ("ltx-2-tiny", "a.gif", "Gemma3ForConditionalGeneration", 128)])
+def test_a_silently_truncated_prompt_is_one_line_too(model, out, encoder, limit, tmp_path, capfd):
+    """Wan's and LTX-2's pipelines truncate the prompt without a word: the adapter counts the
+    tokens (`prompt_caps`) and the run says so in the same one line; a short prompt says nothing."""
+    prompt = "a corgi surfing " * 400
+    argv = ["run", model, "--gpu", "cpu", "--no-compile", "--steps", "1", "--out", str(tmp_path / out)]
+    assert main([*argv, "--prompt", prompt]) == 0
+    got = capfd.readouterr()
+    lines = [x for x in (got.out + got.err).splitlines() if x.startswith("prompt truncated")]
+    assert lines == [f"prompt truncated: {len(prompt)} characters; the text encoders read at most {limit} tokens "
+                     f"({encoder})"], lines
+    assert main([*argv, "--prompt", "a corgi", "--overwrite"]) == 0
+    got = capfd.readouterr()
+    assert "prompt truncated" not in got.out + got.err

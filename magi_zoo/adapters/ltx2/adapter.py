@@ -69,6 +69,7 @@ class LTX2Adapter(DiffusersPipelineAdapter):
     # of 2, cache context "cond_uncond"); CFG parallel splits separate cond / uncond calls, so it
     # does not apply (`--nproc` takes Ulysses, from the transformer's `_cp_plan`).
     cfg_option = None
+    prompt_caps = (("tokenizer", "max_sequence_length"),)  # its pipeline truncates the prompt silently
     run_options = ("num_inference_steps", "height", "width", "num_frames", "seed", "audio_out")
     output_suffixes = (".mp4", ".gif")
     sound_track = True  # an .mp4 carries the vocoder's stereo track; a .gif only the frames

@@ -118,6 +118,7 @@ class WanAdapter(DiffusersPipelineAdapter):
     fp32_components = ("vae",)  # the Wan VAE runs in fp32, as published
     output_kind, fps = "video", 16
     cfg_option = "guidance_scale"  # WanPipeline: do_classifier_free_guidance = guidance_scale > 1
+    prompt_caps = (("tokenizer", "max_sequence_length"),)  # its pipeline truncates the prompt silently
     # Image-to-video variants take `--image` too (check_run).
     run_options = ("num_inference_steps", "height", "width", "num_frames", "seed")
     output_suffixes = (".mp4", ".gif")

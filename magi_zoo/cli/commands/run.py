@@ -64,11 +64,14 @@ def _run(args, notices: Captured) -> int:
         if offload is not None:  # weights stream: say what stays and what the copies cost
             say(f"offload: {offload.did}")
     rank0 = distributed.rank() == 0  # rank 0 writes; the others compute their share, quietly
+    # counted before the call: a pipeline that truncates silently (Wan's UMT5) leaves no notice to read
+    quiet_cut = handle.adapter.prompt_truncation(handle.pipe, args.prompt, {**handle.call_defaults(),
+                                                                              **request.options})
     first = "generating (the first call compiles)" if report is not None and report.frames == 0 else "generating"
     with progress_stage(first):
         written = generate_to(handle, prompt=args.prompt, out=args.out, progress=rank0, write=rank0,
                               overwrite=args.overwrite, **request.options)
-    cut = notices.truncations()
+    cut = {**quiet_cut, **notices.truncations()}
     if cut:  # the one notice a user can act on, as one line (diffusers echoes every dropped token)
         say(f"prompt truncated: {len(args.prompt)} characters; the text encoders read at most "
             + ", ".join(f"{n} tokens ({enc})" for enc, n in cut.items()))
