@@ -265,6 +265,11 @@ class Adapter:
             suffixes = self.out_suffixes(variant, given)
             if Path(out).suffix.lower() not in suffixes:
                 raise ValueError(f"--out {str(out)!r}: {variant.name} writes {' or '.join(suffixes)} here")
+            call = {**self.call_defaults(variant), **given}
+            wide = [k for k in ("height", "width") if isinstance(call.get(k), int) and call[k] > MP4_MAX_SIDE]
+            if Path(out).suffix.lower() == ".mp4" and wide:
+                raise ValueError(f"{' and '.join(f'{flag(k)} {call[k]}' for k in wide)}: an .mp4 (H.264, libx264) "
+                                 f"frame is at most {MP4_MAX_SIDE} px a side; ask for a smaller size (or --out .gif)")
             if self.sound_track and Path(out).suffix.lower() == ".mp4" and not can_mux_audio():
                 raise ValueError(f"--out {str(out)!r}: {variant.name}'s video has a sound track; an .mp4 with "
                                  f"it needs PyAV: {AV_HINT}")
@@ -329,6 +334,9 @@ class Adapter:
         raise NotImplementedError(f"{self.family}: `magi-zoo run` is not supported for this family")
 
 
+# libx264's largest frame side: measured through PyAV, 16384 px encodes and 16386 fails to open
+# the encoder (avcodec_open2) -- after a whole generation, if not checked before it
+MP4_MAX_SIDE = 16384
 AV_HINT = "pip install 'magi-zoo[av]' (or write a .gif, and the sound with --audio-out FILE.wav)"
 
 

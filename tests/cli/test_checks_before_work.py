@@ -168,3 +168,13 @@ def test_library_names_in_a_plan_are_checked_when_it_is_read(toml, match, tmp_pa
         magi_zoo.load("wan2.1-tiny", gpu="cpu", spec_file=mine)
     with pytest.raises(ValueError, match=r"backend 'nope' is not a torch.compile backend"):  # the user's layer too
         magi_zoo.load("wan2.1-tiny", gpu="cpu", compile={"WanTransformerBlock": {"backend": "nope"}})
+
+
+def test_an_mp4_frame_larger_than_libx264_takes_is_refused_before_the_build(tmp_path, monkeypatch, capsys):
+    """LTX-2 has no position-table cap on a side: --height 100000 generated a whole video and
+    then failed to open the encoder; an .mp4 side above libx264's 16384 px is refused first."""
+    adapter, _ = adapters.lookup("ltx-2-tiny")
+    monkeypatch.setattr(adapter, "build", lambda *a, **k: pytest.fail("built"))
+    base = ["run", "ltx-2-tiny", "--gpu", "cpu", "--prompt", "p", "--height", "16416"]
+    assert main([*base, "--out", str(tmp_path / "v.mp4")]) == 2
+    assert "--height 16416: an .mp4 (H.264, libx264) frame is at most 16384 px a side" in capsys.readouterr().err
