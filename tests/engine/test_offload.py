@@ -216,8 +216,9 @@ def test_spec_validation():
         PlanLayer(offload={"": {"memory_budget_gib": 0}})
     with pytest.raises(ValueError, match="prefetch must be 1..8"):
         PlanLayer(offload={"": {"prefetch": 0}})
-    with pytest.raises(ValueError, match="positive number"):
-        with_memory_budget([("user", PlanLayer(offload={"Block": "auto"}))], -1)
+    for bad in (-1, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="positive, finite number of GiB"):
+            with_memory_budget([("user", PlanLayer(offload={"Block": "auto"}))], bad)
     with pytest.raises(ValueError, match="names no"):
         with_memory_budget([("user", PlanLayer())], 24)
 
