@@ -178,3 +178,26 @@ def test_an_mp4_frame_larger_than_libx264_takes_is_refused_before_the_build(tmp_
     base = ["run", "ltx-2-tiny", "--gpu", "cpu", "--prompt", "p", "--height", "16416"]
     assert main([*base, "--out", str(tmp_path / "v.mp4")]) == 2
     assert "--height 16416: an .mp4 (H.264, libx264) frame is at most 16384 px a side" in capsys.readouterr().err
+
+
+def test_flags_that_would_be_ignored_are_refused(tmp_path, monkeypatch, capsys):
+    """--cache-dir with --no-compile (nothing compiled to keep), `spec --measure` without
+    --recompute auto:GIB (nothing to measure), and an --out that is the run's own --image even
+    with --overwrite (the input would be lost): each an error before the build."""
+    from PIL import Image
+
+    for name in ("wan2.1-tiny", "flux.2-tiny"):
+        adapter, _ = adapters.lookup(name)
+        monkeypatch.setattr(adapter, "build", lambda *a, **k: pytest.fail("built"))
+    assert main(["run", "wan2.1-tiny", "--gpu", "cpu", "--prompt", "p", "--no-compile", "--cache-dir",
+                 str(tmp_path / "c"), "--out", str(tmp_path / "v.mp4")]) == 2
+    assert "--cache-dir keeps compiled code for the next run, and --no-compile compiles none" in capsys.readouterr().err
+    assert main(["spec", "wan2.1-tiny", "--gpu", "cpu", "--measure"]) == 2
+    assert "--measure calibrates --recompute auto:GIB" in capsys.readouterr().err
+    image = tmp_path / "in.png"
+    Image.new("RGB", (64, 64), (10, 20, 30)).save(image)
+    before = image.read_bytes()
+    assert main(["run", "flux.2-tiny", "--gpu", "cpu", "--prompt", "p", "--image", str(image), "--out", str(image),
+                 "--overwrite"]) == 2
+    assert "is the --image file this run reads" in capsys.readouterr().err
+    assert image.read_bytes() == before

@@ -101,7 +101,8 @@ def generate_to(handle, *, prompt: str, out: str | Path, progress: bool = True, 
     bar, such as the video encoder's, is no step of the generation)."""
     given = handle.adapter.check_run(handle.variant, options, Path(out))
     if write:
-        check_output_files(out, given.get("audio_out"), overwrite=overwrite)
+        check_output_files(out, given.get("audio_out"), overwrite=overwrite,
+                           inputs={"--image": given.get("image"), "--audio": given.get("audio")})
     output = handle.adapter.generate(handle, prompt=prompt, progress=progress, **given)
     if on_generated is not None:
         on_generated()

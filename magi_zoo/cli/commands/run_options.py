@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,8 @@ def check_run(args) -> RunRequest:
     step_cache = step_cache_override(args, adapter)
     if compile_overrides is not None and not args.compile:
         raise ValueError("--compile and --no-compile contradict each other; pass one")
+    if getattr(args, "cache_dir", None) is not None and not args.compile:
+        raise ValueError("--cache-dir keeps compiled code for the next run, and --no-compile compiles none; drop one")
     if args.spec_file is not None:  # read strictly now: under --nproc an error here is printed once, not per rank
         if not Path(args.spec_file).is_file():
             raise ValueError(f"--spec-file {args.spec_file!r}: no such file")
@@ -127,21 +130,29 @@ def check_plan_keys(args, request: RunRequest) -> None:
                                shipped=args.spec_file is None) from None
 
 
-def check_output_files(out, audio_out=None, *, overwrite: bool) -> None:
-    """`--out` and `--audio-out` (when given) writable, and not one file: what `magi-zoo run`
-    checks before the build and `generate_to` again before it generates."""
+def check_output_files(out, audio_out=None, *, overwrite: bool, inputs: dict[str, Any] | None = None) -> None:
+    """`--out` and `--audio-out` (when given) writable, not one file, and none of `inputs`
+    (flag -> the path an input option reads, e.g. {"--image": ...}): what `magi-zoo run` checks
+    before the build and `generate_to` again before it generates."""
+    inputs = {k: v for k, v in (inputs or {}).items() if isinstance(v, (str, os.PathLike))}
     outs = [("--out", out)] + ([("--audio-out", audio_out)] if audio_out else [])
     for flag, path in outs:
         check_writable(path, what=flag, overwrite=overwrite, overwrite_hint="pass --overwrite")
     if len(outs) == 2 and Path(outs[0][1]).resolve() == Path(outs[1][1]).resolve():
         raise ValueError(f"--out and --audio-out name the same file {str(out)!r}; give each its own")
+    for out_flag, path in outs:  # --overwrite replaces an earlier output, never the run's own input
+        for in_flag, source in inputs.items():
+            if source is not None and Path(source).resolve() == Path(path).resolve():
+                raise ValueError(f"{out_flag} {str(path)!r} is the {in_flag} file this run reads; write the output "
+                                 "elsewhere (--overwrite never replaces an input)")
 
 
 def check_output_paths(args) -> None:
     """Every path the run writes -- `--out`, `--audio-out`, the compile cache -- checked now,
     so a finished generation is never lost to a path that cannot be written: not an existing
     directory, not an existing file without `--overwrite`, in a writable directory."""
-    check_output_files(args.out, getattr(args, "audio_out", None), overwrite=bool(getattr(args, "overwrite", False)))
+    check_output_files(args.out, getattr(args, "audio_out", None), overwrite=bool(getattr(args, "overwrite", False)),
+                       inputs={"--image": getattr(args, "image", None), "--audio": getattr(args, "audio", None)})
     cache = resolve_cache_dir(getattr(args, "cache_dir", None))
     if cache is not None:  # a cache directory is reused: it may hold files already
         what = "--cache-dir" if getattr(args, "cache_dir", None) is not None else "$MAGI_ZOO_CACHE_DIR"

@@ -24,6 +24,9 @@ def cmd_spec(args) -> int:
     adapter, variant = adapters.lookup(args.model)
     profile = get_profile(args.gpu)
     recompute = None if args.recompute is None else parse_recompute(args.recompute)
+    if args.measure and recompute is None:
+        raise ValueError("--measure calibrates --recompute auto:GIB; add --recompute auto:GIB (e.g. auto:16), or "
+                         "drop --measure")
     # with --recompute: the plan a training load applies
     layers = spec_layers(adapter, profile, spec_file=args.spec_file, memory_budget_gib=args.memory_budget,
                          train=recompute is not None, recompute=recompute)
