@@ -29,6 +29,7 @@ from .specs import MATMUL_FORMATS, PlanLayer, SpecFile
 from .specs.plan import flat_options
 from .specs.gpu_profiles import GpuProfile
 from .specs.recompute_spec import with_recompute
+from .specs.section import flat_error
 
 Layers = list[tuple[str, PlanLayer]]
 
@@ -163,7 +164,11 @@ def with_parallel(layers: Layers, fields: Mapping[str, Any]) -> Layers:
         raise ValueError("this model's spec declares no [*.parallel] region, so nothing can be spread over "
                          "processes; add e.g. `Transformer = { cfg = false }` under [default.parallel] for the "
                          "denoiser (multi-process inference covers diffusers transformers: Wan, Flux)")
-    return _on_top(layers, PlanLayer(parallel={k: dict(fields) for k in keys}))
+    try:
+        top = PlanLayer(parallel={k: dict(fields) for k in keys})
+    except ValueError as e:  # pydantic's error, one line, naming the argument (a typo'd field, a bad value)
+        raise ValueError(f"parallel={dict(fields)!r}: {flat_error(e)}") from None
+    return _on_top(layers, top)
 
 
 def training_layers(layers: Layers, recompute: Any) -> Layers:

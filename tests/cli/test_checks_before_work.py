@@ -201,3 +201,25 @@ def test_flags_that_would_be_ignored_are_refused(tmp_path, monkeypatch, capsys):
                  "--overwrite"]) == 2
     assert "is the --image file this run reads" in capsys.readouterr().err
     assert image.read_bytes() == before
+
+
+def test_a_sequence_split_on_the_cpu_names_what_asked_for_it(tmp_path, monkeypatch, capsys):
+    """flux-tiny runs no CFG, so --nproc 2 picks Ulysses: the refusal names --nproc (it named
+    --ulysses / --ring, which the user had not passed); a given --ulysses is named as given."""
+    for name in ("flux-tiny", "wan2.1-tiny"):
+        adapter, _ = adapters.lookup(name)
+        monkeypatch.setattr(adapter, "build", lambda *a, **k: pytest.fail("built"))
+    assert main(["run", "flux-tiny", "--gpu", "cpu", "--prompt", "p", "--nproc", "2", "--out",
+                 str(tmp_path / "a.png")]) == 2
+    assert "--nproc 2 would split the sequence (Ulysses / ring" in capsys.readouterr().err
+    assert main(["run", "wan2.1-tiny", "--gpu", "cpu", "--prompt", "p", "--nproc", "2", "--ulysses", "2", "--out",
+                 str(tmp_path / "a.mp4")]) == 2
+    assert "--ulysses use diffusers' context parallelism, which runs on GPUs" in capsys.readouterr().err
+
+
+def test_a_parallel_typo_is_one_line_naming_the_argument(monkeypatch):
+    adapter, _ = adapters.lookup("wan2.1-tiny")
+    monkeypatch.setattr(adapter, "build", lambda *a, **k: pytest.fail("built"))
+    with pytest.raises(ValueError, match=r"^parallel=\{'ulysess_degree': 2\}: .*unknown field 'ulysess_degree' -- did "
+                                         r"you mean 'ulysses_degree'\?[^\n]*$"):
+        magi_zoo.load("wan2.1-tiny", gpu="cpu", parallel={"ulysess_degree": 2})

@@ -65,8 +65,12 @@ def check_run(args) -> RunRequest:
                               heads=variant.config.get("transformer", {}).get("num_attention_heads"))
     on_cpu = par is not None and get_profile(args.gpu).device == "cpu"  # --gpu auto without CUDA too
     if on_cpu and (par.get("ulysses_degree", 1) > 1 or par.get("ring_degree", 1) > 1):
-        raise ValueError("--ulysses / --ring use diffusers' context parallelism, which runs on GPUs; on the CPU "
-                         "(--gpu cpu, or auto without CUDA) only --cfg-parallel splits the work")
+        given = [f for f, v in (("--ulysses", args.ulysses), ("--ring", args.ring)) if (v or 1) > 1]
+        what = (f"{' / '.join(given)} use diffusers' context parallelism" if given else  # or the split --nproc picked
+                f"--nproc {args.nproc or distributed.world_size()} would split the sequence (Ulysses / ring: "
+                "diffusers' context parallelism)")
+        raise ValueError(f"{what}, which runs on GPUs; on the CPU (--gpu cpu, or auto without CUDA) only "
+                         "--cfg-parallel splits the work (--nproc 2, a model that runs CFG)")
     if args.compile:
         compile_arg = compile_overrides
     elif par is not None:  # the parallel split is part of the plan: it applies, every region eager
