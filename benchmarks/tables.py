@@ -162,10 +162,9 @@ WAN_13B_FUSIONS = "wan2.1-t2v-1.3b/wan2.1-t2v-1.3b_480x832x81_fused_h100.json"  
 WAN_13B_WARM = "wan2.1-t2v-1.3b/wan2.1-t2v-1.3b_480x832x81_fp8warm_final_h100.json"
 FLUX = "flux/flux.1-dev_1024x1024_fused2_h100.json"
 FLUX_BASELINES = "flux/flux.1-dev_1024x1024_baselines_h100.json"  # the same-kernel baselines (a run cut short)
-# The same-kernel baselines beside the shipped plan in one run on an H200 (no diffusers_fp8 row:
-# its compile alone ran 436 s on the H100; its magi_zoo_fa3 row was refused, the spec naming no
-# attention section for Flux.1)
-FLUX_SAME_KERNEL = "flux/flux.1-dev_1024x1024_fa3bf16_h200.json"  # the H200 plan with FA3 in bf16
+# The same-kernel baselines beside the shipped plan in one run on an H200, whose plan takes FA3
+# in bf16 (no diffusers_fp8 row: its compile alone ran 436 s on the H100)
+FLUX_SAME_KERNEL = "flux/flux.1-dev_1024x1024_fa3bf16_h200.json"
 # Kernel-by-kernel profiles of the shipped plan and of its same-kernel baseline (benchmarks.
 # profile_forward, `--baseline diffusers_regional_fa3`), one card and commit per pair, with the
 # speed goal each model has against that baseline (issue 30: Wan2.1-1.3B 1.10x, Flux.1-dev

@@ -24,6 +24,7 @@ import torch.nn as nn
 from .adapters.diffusers_pipeline import DiffusersPipelineAdapter
 from .adapters.fp8_checkpoint import FORMAT, MANIFEST
 from .engine import Fp8Linear, fp8_eligible, preview
+from .io import check_writable
 from .overrides import spec_layers
 from .specs.gpu_profiles import GpuProfile
 
@@ -82,13 +83,7 @@ def save_pretrained(handle: Any, path: str | Path, *, precision: str | None = No
     path = Path(path)
     if precision not in (None, "bf16", "fp8"):
         raise ValueError(f"precision={precision!r}; choices: 'fp8' or None")
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"save_pretrained({str(path)!r}): that is a file; pass a directory (new or empty)")
-    if path.is_dir() and not overwrite and any(path.iterdir()):
-        held = sorted(p.name for p in path.iterdir())
-        raise ValueError(f"save_pretrained({str(path)!r}): the directory is not empty ({', '.join(held[:4])}"
-                         f"{', ...' if len(held) > 4 else ''}); pass a new or empty directory, or overwrite=True to "
-                         "write over what is there")
+    check_writable(path, what="save_pretrained's path", directory=True, overwrite=overwrite)
     if precision in (None, "bf16"):
         with standard_layout(handle.adapter.components(handle.pipe).values()):
             return handle.adapter.save_pretrained(handle.pipe, path)

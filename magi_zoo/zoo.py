@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import os
 import time
 import typing
 from pathlib import Path
@@ -93,8 +92,7 @@ class ZooPipeline:
                              "into the weights; load again to change it)")
         slot = self.lora.specs[0]
         # not converted: LoraSpec refuses a scale that is no finite number, a source that is no path
-        spec = lora_loader.LoraSpec(os.fspath(source) if isinstance(source, os.PathLike) else source, scale,
-                                    slot.component)
+        spec = lora_loader.LoraSpec(source, scale, slot.component)
         state = lora_loader.prepare([spec], self.pipe, self.adapter.components(self.pipe), self.variant.name)[0]
         lora_loader.swap(self.pipe, self.lora, spec, state)
         if self._report is not None:

@@ -262,15 +262,15 @@ class Adapter:
         # counts, sizes against the family's limits, the output against this machine's memory
         self.check_call(variant, {**self.call_defaults(variant), **given}, name=flag)
         if out is not None:
-            suffixes = self.out_suffixes(variant, given)
-            if Path(out).suffix.lower() not in suffixes:
+            suffix, suffixes = Path(out).suffix.lower(), self.out_suffixes(variant, given)
+            if suffix not in suffixes:
                 raise ValueError(f"--out {str(out)!r}: {variant.name} writes {' or '.join(suffixes)} here")
             call = {**self.call_defaults(variant), **given}
             wide = [k for k in ("height", "width") if isinstance(call.get(k), int) and call[k] > MP4_MAX_SIDE]
-            if Path(out).suffix.lower() == ".mp4" and wide:
+            if suffix == ".mp4" and wide:
                 raise ValueError(f"{' and '.join(f'{flag(k)} {call[k]}' for k in wide)}: an .mp4 (H.264, libx264) "
                                  f"frame is at most {MP4_MAX_SIDE} px a side; ask for a smaller size (or --out .gif)")
-            if self.sound_track and Path(out).suffix.lower() == ".mp4" and not can_mux_audio():
+            if self.sound_track and suffix == ".mp4" and not can_mux_audio():
                 raise ValueError(f"--out {str(out)!r}: {variant.name}'s video has a sound track; an .mp4 with "
                                  f"it needs PyAV: {AV_HINT}")
         if given.get("audio_out") is not None and Path(given["audio_out"]).suffix.lower() != ".wav":

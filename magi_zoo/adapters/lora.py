@@ -69,10 +69,13 @@ class LoraSpec:
 
     def __post_init__(self):
         # checked here so every way of making one (API entries, --lora, swap_lora) is held to it;
-        # values are not converted: a scale of "2" or True is a mistake to name, not a number to guess
+        # values are not converted: a scale of "2" or True is a mistake to name, not a number to
+        # guess. A path object is a path: kept as its text (frozen, hence object.__setattr__)
+        if isinstance(self.source, os.PathLike):
+            object.__setattr__(self, "source", os.fspath(self.source))
         if not isinstance(self.source, str) or not self.source:
             raise ValueError(f"lora source {self.source!r}: a .safetensors path, a directory or a hub id (a string)")
-        if isinstance(self.scale, bool) or not isinstance(self.scale, (int, float)) or not math.isfinite(self.scale):
+        if not _finite_number(self.scale):
             raise ValueError(f"lora {self.source!r}: scale {self.scale!r} is not a finite number; pass e.g. 1.0 "
                              "(or 0.8 for a lighter merge)")
         if not isinstance(self.component, str):
@@ -83,11 +86,16 @@ class LoraSpec:
         return f"{self.source} (scale {self.scale:g}{where})"
 
 
+def _finite_number(x: Any) -> bool:
+    """An int or float that is finite (a bool is no number here)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
 def lora_specs(lora: Any, lora_scale: float = 1.0) -> list[LoraSpec]:
     """`load(lora=...)` as LoraSpecs. Each entry: a path or hub id (merged at `lora_scale`), a
     (source, scale) pair, a dict of LoraSpec fields, or a LoraSpec; one entry alone is accepted
     too. Per-LoRA scales multiply `lora_scale`."""
-    if isinstance(lora_scale, bool) or not isinstance(lora_scale, (int, float)) or not math.isfinite(lora_scale):
+    if not _finite_number(lora_scale):
         raise ValueError(f"lora_scale={lora_scale!r}: a finite number (the strength every LoRA is merged at, e.g. 1.0)")
     if lora is None:
         if lora_scale != 1.0:
@@ -104,16 +112,14 @@ def lora_specs(lora: Any, lora_scale: float = 1.0) -> list[LoraSpec]:
         if isinstance(item, LoraSpec):
             spec = item
         elif isinstance(item, (str, os.PathLike)):
-            spec = LoraSpec(os.fspath(item))
+            spec = LoraSpec(item)
         elif isinstance(item, tuple) and len(item) == 2:
-            source = os.fspath(item[0]) if isinstance(item[0], os.PathLike) else item[0]
-            spec = LoraSpec(source, item[1])
+            spec = LoraSpec(item[0], item[1])
         elif isinstance(item, Mapping):
             bad = set(item) - {f.name for f in dataclasses.fields(LoraSpec)}
             if bad or "source" not in item:
                 raise ValueError(f"lora entry {dict(item)!r}: takes the keys source (required), scale, component")
-            source = os.fspath(item["source"]) if isinstance(item["source"], os.PathLike) else item["source"]
-            spec = LoraSpec(source, item.get("scale", 1.0), item.get("component", "transformer"))
+            spec = LoraSpec(item["source"], item.get("scale", 1.0), item.get("component", "transformer"))
         else:
             raise ValueError(f"lora entry {item!r}: pass a path or hub id, a (path, scale) pair or "
                              "{'source': ..., 'scale': ..., 'component': ...}")

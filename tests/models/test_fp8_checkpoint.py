@@ -78,12 +78,13 @@ def test_fp8_checkpoint_errors(saved, tmp_path):
     mine.mkdir()
     (mine / "model_index.json").write_text("{}")
     for precision in (None, "fp8"):
-        with pytest.raises(ValueError, match=r"the directory is not empty \(model_index\.json\); pass a new or "
-                                             r"empty directory, or overwrite=True"):
+        with pytest.raises(ValueError, match=r"save_pretrained's path '.*mine' is a directory that is not empty; "
+                                             r"pass overwrite=True to write into it"):
             h.save_pretrained(mine, precision=precision)
     assert (mine / "model_index.json").read_text() == "{}"
     (tmp_path / "afile").write_text("x")
-    with pytest.raises(ValueError, match=r"that is a file; pass a directory"):
+    with pytest.raises(ValueError, match=r"save_pretrained's path '.*afile' exists and is not a directory; pass a "
+                                         r"directory"):
         h.save_pretrained(tmp_path / "afile")
     with pytest.raises(TypeError, match=r"overwrite takes bool, got int"):
         h.save_pretrained(mine, overwrite=1)

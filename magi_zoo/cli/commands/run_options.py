@@ -146,7 +146,7 @@ def check_output_files(out, audio_out=None, *, overwrite: bool, inputs: dict[str
         raise ValueError(f"--out and --audio-out name the same file {str(out)!r}; give each its own")
     for out_flag, path in outs:  # --overwrite replaces an earlier output, never the run's own input
         for in_flag, source in inputs.items():
-            if source is not None and Path(source).resolve() == Path(path).resolve():
+            if Path(source).resolve() == Path(path).resolve():
                 raise ValueError(f"{out_flag} {str(path)!r} is the {in_flag} file this run reads; write the output "
                                  "elsewhere (--overwrite never replaces an input)")
 
