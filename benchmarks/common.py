@@ -218,11 +218,21 @@ def spec_keys(adapter, gpu: str, section: str) -> set[str]:
     return {k for _, layer in spec_layers(adapter, get_profile(gpu)) for k in layer.entries(section)}
 
 
+def fp8_keys(adapter, gpu: str) -> list[str]:
+    """The precision regions the spec declares eligible for fp8 (those naming a matmul; the Wan
+    VAE is listed for its fusion only)."""
+    from magi_zoo.specs import get_profile
+    from magi_zoo.overrides import fp8_region_keys, spec_layers
+
+    return fp8_region_keys(spec_layers(adapter, get_profile(gpu)))
+
+
 def fusions_off(adapter, gpu: str) -> dict[str, dict[str, bool]]:
-    """A precision override turning the plan's kernel fusions (the GELU epilogue, norm + rope)
-    off in every precision region: the blocks as the model's own code computes them, for
-    baselines and attribution rows."""
-    return {k: {"gelu_epilogue": False, "fuse_norm_rope": False} for k in spec_keys(adapter, gpu, "precision")}
+    """A precision override turning the plan's kernel fusions (the GELU epilogue, norm + rope,
+    the VAE's norm + SiLU) off in every precision region: the model as its own code computes
+    it, for baselines and attribution rows."""
+    return {k: {"gelu_epilogue": False, "fuse_norm_rope": False, "fuse_norm_act": False}
+            for k in spec_keys(adapter, gpu, "precision")}
 
 
 def write_block_lora(adapter, variant, path: Path, *, rank: int, component: str = "transformer", seed: int = 0,

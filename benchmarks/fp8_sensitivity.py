@@ -65,7 +65,7 @@ def main(argv=None) -> int:
     from magi_zoo import adapters
     from magi_zoo.engine import apply, preview, remove
     from magi_zoo import SpecFile
-    from magi_zoo.overrides import eager_compile, spec_layers
+    from magi_zoo.overrides import eager_compile, fp8_region_keys, spec_layers
     from magi_zoo.specs import get_profile
 
     if args.smoke and args.cpu_fp8:
@@ -85,7 +85,7 @@ def main(argv=None) -> int:
     # compile of each of the ~10 plans would be most of the run's time
     compile_kw = {} if cuda else {"compile": eager_compile(SpecFile.from_toml(adapter.spec_path()))}
     base = spec_layers(adapter, profile, precision=precision, **compile_kw)
-    regions = list(dict.fromkeys(k for _, layer in base for k in layer.entries("precision")))
+    regions = fp8_region_keys(base)
 
     def block_groups(pipe) -> list[str]:
         entry_module = adapter.entry(pipe, adapter.entry_points[0])[0]

@@ -129,7 +129,7 @@ def _zoo_kwargs(strategy: str, adapter, gpu: str) -> dict[str, Any]:
     if strategy == "magi_zoo_fp8":  # fp8 matmuls and fp8 attention (where attention runs on fa3)
         return {"precision": "fp8"}
     if strategy == "magi_zoo_fp8_matmul":  # fp8 matmuls only, attention as the spec sets it
-        keys = common.spec_keys(adapter, gpu, "precision")
+        keys = common.fp8_keys(adapter, gpu)
         return {"overrides": {"precision": {k: {"matmul": "fp8", "attention": "bf16"} for k in keys}}}
     if strategy == "magi_zoo_unfused":  # the precision section's kernel fusions off (GELU epilogue, norm + rope)
         return {"overrides": {"precision": common.fusions_off(adapter, gpu)}}
@@ -137,9 +137,9 @@ def _zoo_kwargs(strategy: str, adapter, gpu: str) -> dict[str, Any]:
         keys = common.spec_keys(adapter, gpu, "attention")
         if not keys and strategy == "magi_zoo_fa3":
             # no attention section: the library default everywhere; FA3 then goes on the regions
-            # the precision section names (the denoiser's repeated blocks: every attention layer
-            # under them)
-            keys = common.spec_keys(adapter, gpu, "precision")
+            # the precision section names for fp8 (the denoiser's repeated blocks: every attention
+            # layer under them)
+            keys = common.fp8_keys(adapter, gpu)
         if not keys:
             raise TypeError(f"{strategy}: the spec sets no attention backend here, so it equals magi_zoo")
         return {"overrides": {"attention": {k: "native" if strategy == "magi_zoo_sdpa" else "fa3" for k in keys}}}

@@ -77,20 +77,29 @@ STRATEGIES: dict[str, dict[str, Any]] = {
     "fullgraph_flex_cudagraphs": dict(kind="static", attention="flex", compile=_CUDAGRAPHS),
     "fullgraph_fa3_cudagraphs": dict(kind="static", attention="fa3", compile=_CUDAGRAPHS),
     "fullgraph_fa3_cudagraphs_vae": dict(kind="static", attention="fa3", compile=_CUDAGRAPHS, extra=_VAE),
+    # the shipped row with the VAE as diffusers builds it: no norm + SiLU fusion, no padding or
+    # upsampling rewrites (adapters/wan/vae.py) -- what those are worth, same run
+    "fullgraph_fa3_cudagraphs_vae_as_built": dict(kind="static", attention="fa3", compile=_CUDAGRAPHS,
+                                                  vae_as_built=True),
+    # the shipped row with the decode stream at the default priority (the pipeline's is high)
+    "fullgraph_fa3_cudagraphs_prio0": dict(kind="static", attention="fa3", compile=_CUDAGRAPHS, decode_priority=0),
 }
+VAE_PREPARATION = "Wan VAE passes"  # the adapter's preparation a vae_as_built row leaves out
 DEFAULT = "eager,naive_compiled,fullgraph,fullgraph_flex,fullgraph_fa3"
 PROMPT = "a corgi surfing a wave at sunset, cinematic lighting"
-COLUMNS = ["strategy", "status", "attention", "breaks", "recompiles", "frames_compiled", "first_video_s",
+COLUMNS = ["strategy", "status", "attention", "decode_priority", "breaks", "recompiles", "frames_compiled", "first_video_s",
            "transformer_ms", "ms_per_step", "speedup_vs_naive", "e2e_s", "fps", "first_frames_s",
            "rel_err_step_max", "rel_err_vs_eager"]
 
 
-def _layers(handle, spec: dict | None, backend: str | None, extra: dict | None = None):
-    """The shipped spec's layers with this strategy's compile override (and backend) on top."""
+def _layers(handle, spec: dict | None, backend: str | None, extra: dict | None = None, vae_as_built: bool = False):
+    """The shipped spec's layers with this strategy's compile override (and backend) on top;
+    vae_as_built: the VAE's norm + SiLU fusion off."""
     from magi_zoo.overrides import spec_layers
 
     override = {**({KEY: spec} if spec else {}), **(extra or {})} or None
-    layers = spec_layers(handle.adapter, handle.profile, compile=override)
+    fusion_off = {"precision": {"vae": {"fuse_norm_act": False}}} if vae_as_built else None
+    layers = spec_layers(handle.adapter, handle.profile, compile=override, overrides=fusion_off)
     if backend:
         from magi_zoo.specs import with_backend
 
@@ -118,10 +127,17 @@ def run_strategy(name: str, handle, call: dict, args, ref_latents, device) -> di
     torch.compiler.reset()
     pipe.strategy, pipe.transformer.cache_attention = cfg["kind"], cfg["attention"]
     report = None
+    decode_priority = pipe.decode_priority
+    pipe.decode_priority = cfg.get("decode_priority", decode_priority)
+    row["decode_priority"] = pipe.decode_priority
     if cfg["compile"] is not None:
-        report = apply(handle.modules, layers=_layers(handle, cfg["compile"], args.backend, cfg.get("extra")),
-                       gpu=handle.profile,
-                       preparations=handle.adapter.preparations(pipe))
+        vae_as_built = cfg.get("vae_as_built", False)
+        preparations = [p for p in handle.adapter.preparations(pipe)
+                        if not (vae_as_built and p.name == VAE_PREPARATION)]
+        report = apply(handle.modules, layers=_layers(handle, cfg["compile"], args.backend, cfg.get("extra"),
+                                                      vae_as_built),
+                       gpu=handle.profile, preparations=preparations)
+        row["vae"] = "as built" if vae_as_built else report.step("precision").did
     try:
         before = counters.snapshot()
         t0 = time.perf_counter()
@@ -181,6 +197,7 @@ def run_strategy(name: str, handle, call: dict, args, ref_latents, device) -> di
             row["report"] = report.table()
         return row
     finally:
+        pipe.decode_priority = decode_priority
         if report is not None:
             remove(handle.modules)
         torch.compiler.reset()

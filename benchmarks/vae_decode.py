@@ -14,10 +14,15 @@ vae_decode_<model>[_<label>]_<card>.json and .md under --out (on the CPU without
 `--layouts as_loaded,channels_last` adds a row with the convolution weights channels-last
 (the plan's memory_format step); `--vae-dtypes float32,bfloat16` rows in another dtype than
 the adapter keeps; `--encode` times the encode of a video of the decoded size too. Each
-row's `rel_err` is its output's distance to the first row of the same op.
+row's `rel_err` is its output's distance to the first row of the same op. `--passes
+as_built,fused` adds rows with the adapter's VAE preparation and the precision step's
+`fuse_norm_act` (the Wan VAE: norm + SiLU in one kernel, padding inside the convolution,
+upsampling in the VAE's dtype; adapters/wan/vae.py) beside the VAE as diffusers builds it.
 
     python -m benchmarks.vae_decode --model wan2.1-t2v-1.3b --layouts as_loaded,channels_last \\
         --vae-dtypes float32,bfloat16 --encode --warmup 1 --runs 3 --label layouts
+    python -m benchmarks.vae_decode --model wan2.1-t2v-1.3b --layouts channels_last --passes as_built,fused \
+        --vae-dtypes float32,bfloat16 --encode --label passes
 """
 
 from __future__ import annotations
@@ -54,6 +59,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--layouts", default="as_loaded",
                    help="comma-separated: as_loaded, channels_last (the plan's memory_format step on the VAE)")
+    p.add_argument("--passes", default="as_built",
+                   help="comma-separated: as_built (diffusers' modules), fused (the adapter's VAE preparation and "
+                        "the precision step's fuse_norm_act)")
     p.add_argument("--vae-dtypes", default=None,
                    help="comma-separated torch dtypes to run the VAE in (default: the one the adapter keeps, "
                         "e.g. float32 for Wan); rows beyond the first show what another choice would cost or save")
@@ -68,6 +76,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     bad = sorted(set(layouts) - set(LAYOUTS))
     if bad:
         raise SystemExit(f"--layouts: unknown {bad}; choose from {', '.join(LAYOUTS)}")
+    passes = [x.strip() for x in args.passes.split(",") if x.strip()]
+    bad = sorted(set(passes) - set(PASSES))
+    if bad:
+        raise SystemExit(f"--passes: unknown {bad}; choose from {', '.join(PASSES)}")
     common.measured_commit()  # refused before anything is measured where the commit cannot be known
 
     import torch
@@ -84,6 +96,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     vae = getattr(handle.pipe, "vae", None)
     if vae is None:
         raise SystemExit(f"{args.model}'s pipeline has no .vae")
+    preparations = [p for p in handle.adapter.preparations(handle.pipe) if p.name == VAE_PREPARATION]
+    if "fused" in passes and not preparations:
+        raise SystemExit(f"--passes fused: {args.model}'s adapter declares no {VAE_PREPARATION!r} preparation")
     d = handle.variant.call_defaults
     height, width = args.height or d["height"], args.width or d["width"]
     frames = args.frames or d.get("num_frames")
@@ -95,13 +110,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for vae_dtype in dtypes or [vae.dtype]:
         vae.to(vae_dtype)
         for layout in layouts:
-            rows += _rows(vae, z32, layout, args, device, handle.variant.name, reference)
+            for passes_ in passes:
+                rows += _rows(vae, z32, layout, passes_, preparations, args, device, handle.variant.name, reference)
     env = common.environment(device)
     record = {"env": env, "command": "python -m benchmarks.vae_decode " + " ".join(argv), "results": rows}
     what = "decode" + (" and encode" if args.encode else "")
     md = [f"# {handle.variant.name}: one eager VAE {what}", "", common.env_line(env), "",
           "rel_err: against the first row of the same op (the dtype the adapter keeps, weights as loaded)", "",
-          common.results_table(rows, ["model", "op", "latent", "pixels", "vae_dtype", "layout", "median_ms",
+          common.results_table(rows, ["model", "op", "latent", "pixels", "vae_dtype", "layout", "passes", "median_ms",
                                       "min_ms", "max_ms", "first_call_s", "peak_gib", "rel_err"])]
     # named by model, label and card (a CPU run keeps the plain name its smoke test reads)
     stem = (f"vae_decode_{handle.variant.name}" + (f"_{args.label}" if args.label else "")
@@ -112,19 +128,28 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 LAYOUTS = ("as_loaded", "channels_last")
+PASSES = ("as_built", "fused")
+VAE_PREPARATION = "Wan VAE passes"  # adapters/wan/vae.py's preparation
 
 
-def _rows(vae, z32, layout: str, args, device, model: str, reference: dict) -> list[dict[str, Any]]:
-    """The decode (and encode) rows of one dtype and weight layout; the layout through the
-    plan's own memory_format step, removed afterwards."""
+def _rows(vae, z32, layout: str, passes: str, preparations: list, args, device, model: str,
+          reference: dict) -> list[dict[str, Any]]:
+    """The decode (and encode) rows of one dtype, weight layout and set of passes; the layout
+    through the plan's own memory_format step, the fused passes through the adapter's
+    preparation and the precision step, removed afterwards."""
     import torch
 
     import magi_zoo
 
     report = None
+    plan: dict[str, Any] = {"compile": {"": {"enabled": False}}}
     if layout == "channels_last":
-        report = magi_zoo.apply(vae, {"compile": {"": {"enabled": False}}, "memory_format": {"": True}},
-                                gpu="auto" if device.type == "cuda" else "cpu")
+        plan["memory_format"] = {"": True}
+    if passes == "fused":
+        plan["precision"] = {"": {"fuse_norm_act": True}}
+    if len(plan) > 1:
+        report = magi_zoo.apply(vae, plan, gpu="auto" if device.type == "cuda" else "cpu",
+                                preparations=preparations if passes == "fused" else ())
     z = z32.to(device=device, dtype=vae.dtype)
     ops = {"decode": lambda: vae.decode(z, return_dict=False)[0]}
     out: list[dict[str, Any]] = []
@@ -141,7 +166,7 @@ def _rows(vae, z32, layout: str, args, device, model: str, reference: dict) -> l
                     ops["encode"] = lambda: vae.encode(video).latent_dist.mode()
                 row = {"model": model, "op": op, "latent": list(z.shape), "pixels": list(video.shape[2:] if op ==
                        "encode" else result.shape[2:]), "vae_dtype": str(vae.dtype).replace("torch.", ""),
-                       "layout": layout, "first_call_s": round(first_s, 3),
+                       "layout": layout, "passes": passes, "first_call_s": round(first_s, 3),
                        **common.time_calls(ops[op], device, warmup=args.warmup, runs=args.runs)}
                 row["peak_gib"] = common.gib(torch.cuda.max_memory_allocated()) if device.type == "cuda" else None
                 ref = reference.setdefault(op, result.float())

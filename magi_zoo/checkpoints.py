@@ -25,7 +25,7 @@ from .adapters.diffusers_pipeline import DiffusersPipelineAdapter
 from .adapters.fp8_checkpoint import FORMAT, MANIFEST
 from .engine import Fp8Linear, fp8_eligible, preview
 from .io import check_writable
-from .overrides import spec_layers
+from .overrides import fp8_region_keys, spec_layers
 from .specs.gpu_profiles import GpuProfile
 
 
@@ -35,9 +35,13 @@ def fp8_linears(adapter: Any, native: Any, profile: GpuProfile) -> dict[str, lis
     modules = nn.ModuleDict(adapter.components(native))
     # every region the precision section declares is what precision="fp8" sets (overrides.py); the
     # layers without that argument, so that quantizing for a file needs no card with fp8 matmuls
-    plan = preview(modules, spec_layers(adapter, profile), adapter.preparations(native))
+    layers = spec_layers(adapter, profile)
+    plan = preview(modules, layers, adapter.preparations(native))
+    eligible = set(fp8_region_keys(layers))
     out: dict[str, list[str]] = {}
-    for _key, targets in plan.section("precision").regions().items():
+    for (key, _), targets in plan.section("precision").regions().items():
+        if key not in eligible:
+            continue  # listed for its fusions only: precision="fp8" leaves it as built
         spec = targets[0].spec
         for t in targets:
             comp, _, below = t.path.partition(".")

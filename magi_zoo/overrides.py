@@ -143,11 +143,20 @@ def _declared(layers: Layers, section: str) -> list[str]:
     return list(dict.fromkeys(key for _, layer in layers for key in layer.entries(section)))
 
 
+def fp8_region_keys(layers: Layers) -> list[str]:
+    """The precision regions any layer names with a `matmul` (first mention first): the regions a
+    spec file declares eligible for fp8. A region listed only for its fusions (the Wan VAE's
+    `fuse_norm_act`) is not one."""
+    return list(dict.fromkeys(key for _, layer in layers for key, _, spec in layer.items("precision")
+                              if "matmul" in spec.model_fields_set))
+
+
 def with_precision(layers: Layers, matmul: str) -> Layers:
     """The layers plus a user layer setting `matmul` and `attention` on every region the
-    precision section names in any layer (the regions a spec file declares eligible). No such region is an
-    error: the model's spec does not say which of its matmuls may change format."""
-    keys = _declared(layers, "precision")
+    precision section names with a `matmul` in any layer (the regions a spec file declares eligible; a
+    region listed only for its fusions is not one). No such region is an error: the model's spec does
+    not say which of its matmuls may change format."""
+    keys = fp8_region_keys(layers)
     if not keys:
         raise ValueError(f"precision={matmul!r}: this spec declares no [*.precision] regions, so no "
                          "matmul may change format; add e.g. `Block = { matmul = \"bf16\" }` under "

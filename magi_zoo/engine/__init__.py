@@ -17,7 +17,7 @@ from .observe.progress import stage as progress_stage
 from .observe.report import Report
 from .observe.table import format_table
 from .resolve import PlanError, ResolvedPlan, resolve
-from .steps import StepRecord
+from .steps import StepRecord, chain_undo
 
 # -- what model adapters use (adapters import the engine through this surface only) ----------
 from .kernels.fa3 import fa3_attention
@@ -32,7 +32,7 @@ from .kernels.norm_rope import apply_heads as apply_norm_rope_heads
 from .offload import hold as offload_hold
 from .offload import streams as offload_streams
 from .parallel import cfg_parallel_active
-from .precision import GELU_EPILOGUE_MARK, Fp8Linear, marked_norm, marked_norms
+from .precision import GELU_EPILOGUE_MARK, NORM_ACT_PAIRS, Fp8Linear, marked_norm, marked_norms
 from .precision import eligible as fp8_eligible
 from .prepare import instance_forwards, processor_preparation, swap_processors
 
@@ -43,6 +43,6 @@ __all__ = ["apply", "remove", "preview", "needs_streaming", "STEP_ORDER", "insta
            "fa3_attention", "fa3_missing_reason", "fa3_wheel_forward", "apply_gelu_linear", "apply_norm_rope",
            "apply_norm_rope_heads", "joint_norm_rope_attention", "joint_rope_table", "rope_tables_fit", "Fp8Linear",
            "JOINT_NORMS", "flux_style_processor", "real_rope_fusable", "joint_norm_rope_preparation", "norms_fusable",
-           "fp8_eligible", "offload_hold", "offload_streams", "cfg_parallel_active", "GELU_EPILOGUE_MARK",
+           "fp8_eligible", "offload_hold", "offload_streams", "cfg_parallel_active", "GELU_EPILOGUE_MARK", "NORM_ACT_PAIRS", "chain_undo",
            "marked_norm", "marked_norms", "instance_forwards", "processor_preparation", "swap_processors",
            "progress_stage", "progress_rename"]

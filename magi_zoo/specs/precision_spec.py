@@ -18,7 +18,8 @@ class PrecisionSpec(SectionSpec):
 
     A spec file lists the regions that may run in fp8 (the repeated blocks' linears) with
     ``matmul = "bf16"``; `load(..., precision="fp8")` flips exactly those (matmul and attention). Embeddings,
-    norms, modulation and the first and last layers are simply not listed.
+    norms, modulation and the first and last layers are simply not listed. A region listed only for
+    its fusions (``vae = { fuse_norm_act = true }``) names no matmul and stays as built under fp8.
     """
 
     section: ClassVar[str] = "precision"
@@ -72,6 +73,14 @@ class PrecisionSpec(SectionSpec):
         "joined in front in the same pass (`magi_zoo::rms_norm_rope_heads`): one read and one write of q "
         "and k instead of reductions, strided pair accesses and a concatenation. Same function (no "
         "rounding between the norm and the rotation).",
+    )
+
+    fuse_norm_act: bool = Field(
+        True,
+        description="A VAE's channel RMSNorm and the SiLU after it in one pass where the adapter declares the "
+        "pairing (the Wan VAE's residual blocks and heads; kernels/channel_norm.py, "
+        "`magi_zoo::channel_rms_norm_act`): one read and one write per element instead of diffusers' fp32 "
+        "normalisation, casts, affine and activation passes. Same function (the kernel rounds once, at the end).",
     )
 
     @field_validator("keep_bf16", mode="before")

@@ -21,7 +21,7 @@ from magi_zoo.adapters import all_adapters
 from magi_zoo.engine import attention, counters, remove
 from magi_zoo.engine.compat import diffusers as diffusers_compat
 from magi_zoo.engine.kernels import fa3
-from magi_zoo.overrides import eager_compile, spec_layers, with_precision
+from magi_zoo.overrides import eager_compile, fp8_region_keys, spec_layers, with_precision
 from magi_zoo.specs import PlanLayer, SpecFile
 from helpers.entry_calls import call_entry, tensors
 from helpers.fa3_standins import fa3_fp8_forward
@@ -35,7 +35,7 @@ def _fp8_tiny():
     rows = []
     for a in all_adapters():
         v = next(v for v in a.variants.values() if v.tiny)
-        if any(layer.entries("precision") for _, layer in spec_layers(a, CPU_FP8)):
+        if fp8_region_keys(spec_layers(a, CPU_FP8)):
             rows.append((a, v))
     return rows
 

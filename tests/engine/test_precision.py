@@ -61,7 +61,8 @@ def test_fp8_region_swaps_block_linears_traces_whole_and_undoes(wan, fresh_dynam
     # per Wan block: self-attention q, k, v, out + cross-attention q, k, v, out + FFN in, out = 10
     # linears, x 4 blocks = 40; all dims (32, 64) are multiples of 16
     assert rep.step("precision").details == {"fp8_linears": 40, "skipped": 0, "fp8_attention_layers": 0,
-                                           "gelu_epilogues": 0}  # the fp8 up projections: fuse_gelu, not the epilogue
+                                           "gelu_epilogues": 0,  # the fp8 up projections: fuse_gelu, not the epilogue
+                                           "norm_act_fusions": 0}
     # the 4 FFNs: GELU, bias and quantization of the down projection's input in one kernel
     assert "fp8 matmuls on WanTransformerBlock (40 linears, 4 FeedForward GELU(s) quantized in one pass)" \
         in rep.step("precision").did

@@ -15,6 +15,7 @@ from .._tokenizers import byte_bpe_tokenizer
 from ..base import Adapter, CallLimits, Output, Variant, init_on, keep_fp32_modules
 from ..diffusers_pipeline import LOAD_ERRORS, weights_error
 from ..wan.config import T2V_1_3B, TINY, UMT5_XXL, VAE
+from ..wan.vae import vae_preparation
 from .checkpoint import find_checkpoint, load_generator
 from .config import TEXT_LEN, valid_frame_counts
 from .kv_cache import StaticKVCache
@@ -133,6 +134,10 @@ class SelfForcingAdapter(Adapter):
         pipe.vae.save_pretrained(path / "vae")
         pipe.tokenizer.save_pretrained(str(path / "tokenizer"))
         return path
+
+    def preparations(self, pipe) -> list:
+        """The Wan VAE's passes (adapters/wan/vae.py): the streaming decode runs its modules."""
+        return [vae_preparation(pipe.vae)]
 
     def components(self, pipe) -> dict[str, nn.Module]:
         return {"transformer": pipe.transformer, "text_encoder": pipe.text_encoder, "vae": pipe.vae}

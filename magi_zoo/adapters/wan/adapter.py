@@ -15,6 +15,7 @@ from ..base import CallLimits, Variant, init_on, keep_fp32_modules
 from ..diffusers_pipeline import DiffusersPipelineAdapter, weights_error
 from . import distill, original
 from .attention import norm_rope_preparation
+from .vae import is_wan_vae, vae_preparation
 from .activations import activation_gib
 from .config import CLIP_H, I2V_14B, SCHEDULER, T2V_1_3B, T2V_14B, TINY, UMT5_XXL, VAE
 
@@ -146,10 +147,12 @@ class WanAdapter(DiffusersPipelineAdapter):
 
     def preparations(self, pipe) -> list:
         """Wan's self-attention q/k norm + rope in one kernel where the precision step allows it
-        (`attention.py`), on each denoiser (Wan2.2-A14B has two)."""
+        (`attention.py`), on each denoiser (Wan2.2-A14B has two); the VAE's passes (`vae.py`)."""
         denoisers = [t for t in (getattr(pipe, "transformer", None), getattr(pipe, "transformer_2", None))
                      if t is not None]
-        return [norm_rope_preparation(*denoisers)] if denoisers else []
+        vae = getattr(pipe, "vae", None)
+        return (([norm_rope_preparation(*denoisers)] if denoisers else [])
+                + ([vae_preparation(vae)] if vae is not None and is_wan_vae(vae) else []))
 
     def build(self, variant: Variant, *, weights, dtype: torch.dtype, device: torch.device):
         """The base build; a distilled variant's pipeline gets LightX2V's sampler (distill.py)

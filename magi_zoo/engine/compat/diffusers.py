@@ -393,3 +393,17 @@ def wan_vae_decode_latent_frame(vae: Any, frame: Any, *, first_chunk: bool) -> A
     call; its per-frame state (`_feat_map`, `_conv_idx`) has no public API. checked on: diffusers 0.42.1"""
     vae._conv_idx = [0]
     return vae.decoder(frame, feat_cache=vae._feat_map, feat_idx=vae._conv_idx, first_chunk=first_chunk)
+
+
+def wan_causal_conv_padding(conv: Any) -> tuple[int, int, int]:
+    """(time before, height, width) zero padding of diffusers' `WanCausalConv3d`: its forward pads
+    its input with `F.pad` by `_padding` = (w, w, h, h, 2 * t, 0) -- all of the time padding in
+    front (causal), less the frames a cached context supplies -- and convolves with no padding of
+    its own. Why private: the padding is kept only as `_padding` (the public `padding` is set to
+    zeros); a forward that lets the convolution pad height and width itself must read it.
+    checked on: diffusers 0.42.1"""
+    w, w_after, h, h_after, t, t_after = conv._padding
+    if (w, h, 0) != (w_after, h_after, t_after):
+        raise ValueError(f"WanCausalConv3d padding {conv._padding}: expected symmetric height / width and "
+                         "time padding in front only")
+    return t, h, w

@@ -7,8 +7,8 @@ the formats, their measured error and speed.
 """
 
 from .fp8_linear import E4M3_MAX, Fp8Linear, eligible, reference_linear, rowwise_fp8
-from .fusions import GELU_EPILOGUE_MARK, NORM_ROPE_MARK, GeluLinear, marked_norm, marked_norms
+from .fusions import GELU_EPILOGUE_MARK, NORM_ACT_PAIRS, NORM_ROPE_MARK, GeluLinear, marked_norm, marked_norms
 from .step import precision_step
 
 __all__ = ["precision_step", "Fp8Linear", "E4M3_MAX", "eligible", "reference_linear", "rowwise_fp8",
-           "GELU_EPILOGUE_MARK", "NORM_ROPE_MARK", "GeluLinear", "marked_norm", "marked_norms"]
+           "GELU_EPILOGUE_MARK", "NORM_ACT_PAIRS", "NORM_ROPE_MARK", "GeluLinear", "marked_norm", "marked_norms"]

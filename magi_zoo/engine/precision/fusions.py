@@ -1,7 +1,8 @@
 """Kernel fusions the precision step installs in bf16 and fp8 regions alike (same function, fewer
 passes over memory): the GELU in a GEMM's epilogue (``gelu_epilogue``: `GeluLinear`, and a mark on
-bare activations), and the q/k RMSNorm + rotary embedding in one pass (``fuse_norm_rope``: a mark
-on the norms). A mark is a flag on a module that an adapter's forward (or processor) reads: only
+bare activations), the q/k RMSNorm + rotary embedding in one pass (``fuse_norm_rope``: a mark
+on the norms), and a VAE's channel RMSNorm + SiLU in one pass (``fuse_norm_act``: the norm's
+forward, and the activation made an identity, where an adapter declared the pairing). A mark is a flag on a module that an adapter's forward (or processor) reads: only
 the adapter knows which linear feeds a bare activation, or which norm pairs with which rope.
 Every change is appended to the step's undo list as (parent, name, prior module or None: a mark).
 """
@@ -13,7 +14,7 @@ import sys
 import torch
 import torch.nn as nn
 
-from ..kernels import gelu_linear
+from ..kernels import channel_norm, gelu_linear
 
 # Set on a bare GELU(tanh) activation module (nn.GELU) by the precision step: "the linear that
 # feeds you may run you in its epilogue". Only an adapter knows which linear feeds a bare
@@ -24,6 +25,12 @@ GELU_EPILOGUE_MARK = "gelu_epilogue"
 # pass" -- only the processor knows the pairing (Wan's, Flux's and Qwen-Image's, installed by
 # their adapters).
 NORM_ROPE_MARK = "norm_rope_fusion"
+# Set by an adapter's preparation on a module whose forward applies an activation module only
+# right after norms of its own, and to nothing else: {activation attribute: (norm attributes, ...)}
+# (diffusers' WanResidualBlock: {"nonlinearity": ("norm1", "norm2")}). Only the adapter knows a
+# forward it does not own; with the pairing declared, the norm may apply the activation itself
+# and the activation become an identity -- the same function, one pass instead of two.
+NORM_ACT_PAIRS = "norm_act_pairs"
 
 
 def rms_norm_width(norm) -> int | None:
@@ -106,8 +113,46 @@ def mark_norm_rope(root: nn.Module, undo: list) -> int:
     return n
 
 
+def channel_rms_norm(norm) -> bool:
+    """Whether `norm` is a channel RMSNorm the fused kernel computes (kernels/channel_norm.py):
+    diffusers' `WanRMS_norm` over dim 1 (channel_first), its gamma one value per channel."""
+    # diffusers' class can only be an instance's class once its module is imported: no import here
+    wan_vae = sys.modules.get("diffusers.models.autoencoders.autoencoder_kl_wan")
+    cls = getattr(wan_vae, "WanRMS_norm", None)
+    return (cls is not None and type(norm) is cls and norm.channel_first
+            and isinstance(norm.gamma, torch.Tensor) and norm.gamma.shape[0] == norm.gamma.numel())
+
+
+def fuse_norm_activations(root: nn.Module, undo: list) -> int:
+    """Under `root`, for every module that declares NORM_ACT_PAIRS whose activation is an nn.SiLU
+    and whose named norms are all `channel_rms_norm`s: give each norm a forward that applies the
+    SiLU in the same pass (`magi_zoo::channel_rms_norm_act`) and make the activation an
+    nn.Identity. A pairing that does not hold (another activation, another norm) is left as
+    built. Appends the undo entries; returns how many norms now run fused."""
+    n = 0
+    for m in list(root.modules()):
+        for act_name, norm_names in m.__dict__.get(NORM_ACT_PAIRS, {}).items():
+            act, norms = getattr(m, act_name, None), [getattr(m, name, None) for name in norm_names]
+            if type(act) is not nn.SiLU or not norms or not all(channel_rms_norm(x) for x in norms):
+                continue
+            for x in norms:
+                x.__dict__["forward"] = _fused_norm_silu(x)
+                undo.append((x, "forward", None))
+            setattr(m, act_name, nn.Identity())
+            undo.append((m, act_name, act))
+            n += len(norms)
+    return n
+
+
+def _fused_norm_silu(norm: nn.Module):
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return channel_norm.apply(x, norm, silu=True)
+    return forward
+
+
 def undo_fusions(epilogues: list) -> None:
-    """Undo `gelu_epilogues` and `mark_norm_rope` (last first): marks cleared, modules put back."""
+    """Undo `gelu_epilogues`, `mark_norm_rope` and `fuse_norm_activations` (last first): marks
+    and instance forwards cleared, modules put back."""
     for parent, name, act in reversed(epilogues):
         if act is None:  # a mark
             parent.__dict__.pop(name, None)

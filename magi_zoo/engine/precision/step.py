@@ -4,7 +4,8 @@ kernel fusions its plan asks for.
 With ``matmul = "fp8"`` every eligible `nn.Linear` becomes an `Fp8Linear` (`fp8_linear`;
 ``keep_bf16`` patterns keep some, ``fuse_gelu`` folds a FeedForward's GELU into the down
 projection's input quantization); with ``attention = "fp8"`` the fa3 layers switch to fp8 FA3
-(`fp8_attention`); ``gelu_epilogue`` and ``fuse_norm_rope`` install the fusions of `fusions`.
+(`fp8_attention`); ``gelu_epilogue``, ``fuse_norm_rope`` and ``fuse_norm_act`` install the
+fusions of `fusions`.
 
 The step runs before compile (the graphs must contain the fp8 ops) and its undo puts the
 original linears back. To restore them exactly the originals are kept -- on the host, so
@@ -24,7 +25,7 @@ import torch.nn as nn
 from ..steps import StepContext, StepRecord
 from .fp8_attention import switch_to_fp8, undo_fp8
 from .fp8_linear import Fp8Linear, eligible, fuse_feedforward_gelu, unfuse_feedforward_gelu
-from .fusions import gelu_epilogues, mark_norm_rope, undo_fusions
+from .fusions import fuse_norm_activations, gelu_epilogues, mark_norm_rope, undo_fusions
 
 
 def precision_step(ctx: StepContext) -> StepRecord:
@@ -34,11 +35,13 @@ def precision_step(ctx: StepContext) -> StepRecord:
     backends: list[tuple[object, object]] = []  # (attention processor, its backend before)
     fusions: list[tuple[nn.ModuleList, nn.Module, Fp8Linear]] = []  # (FeedForward.net, its GELU, down proj)
     epilogues: list[tuple[nn.Module, str, nn.Module | None]] = []  # (parent, name, GELU module or None: a mark)
+    norm_acts: list[tuple[nn.Module, str, nn.Module | None]] = []  # (parent, name, activation or None: a forward)
     done, skipped = [], 0
 
     def undo() -> None:
         for lin, fast, fuse in reversed(adopted):
             lin.fast_accum, lin.fuse_gelu = fast, fuse
+        undo_fusions(norm_acts)
         undo_fusions(epilogues)
         unfuse_feedforward_gelu(fusions)
         undo_fp8(backends)
@@ -72,6 +75,10 @@ def precision_step(ctx: StepContext) -> StepRecord:
                 if marked:
                     done.append(f"q/k RMSNorm + RoPE in one pass on {key or '<root>'} ({marked} attention layer(s) "
                                 "whose processor fuses them)")
+            if spec.fuse_norm_act:
+                fused = sum(fuse_norm_activations(t.module, norm_acts) for t in targets)
+                if fused:
+                    done.append(f"channel RMSNorm + SiLU in one pass on {key or '<root>'} ({fused} norm(s))")
     except BaseException:
         undo()
         raise
@@ -84,7 +91,8 @@ def precision_step(ctx: StepContext) -> StepRecord:
                 "load's choice for a model built there to stream): remove() leaves these fp8 linears in place")
     return StepRecord("precision", did, undo, {"fp8_linears": len(swaps), "skipped": skipped,
                                                "fp8_attention_layers": len(backends),
-                                               "gelu_epilogues": sum(a is not None for _, _, a in epilogues)})
+                                               "gelu_epilogues": sum(a is not None for _, _, a in epilogues),
+                                               "norm_act_fusions": sum(name == "forward" for _, name, _ in norm_acts)})
 
 
 def _fp8_matmuls(key: str, spec, targets, swaps: list, fusions: list, done: list, adopted: list,
