@@ -194,7 +194,7 @@ def test_triton_kernel_equals_the_definition(shape, layout, dtype):
 
 
 @pytest.mark.gpu
-def test_published_width_vae_decode_fused_against_fp32():
+def test_published_width_vae_decode_fused_against_fp32(monkeypatch):
     """The Wan2.1 VAE at its published widths (random weights), a 480x832-sized crop of latent
     frames, channels-last as the plans run it: fused in bf16 is at least as close to the fp32
     decode as diffusers' bf16 decode, and fused in fp32 equals it to float rounding."""
@@ -203,6 +203,11 @@ def test_published_width_vae_decode_fused_against_fp32():
     from magi_zoo.adapters.wan.config import VAE
 
     torch.manual_seed(0)
+    # fp32 convolutions in fp32: cuDNN's default TF32 rounds each product's inputs to 10 bits, and
+    # the two paths pick different kernels (padded input vs padding inside the convolution), which
+    # through 30 convolutions of random weights left them 6.5e-3 apart at 8ff617c on an H100
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     vae = AutoencoderKLWan(**VAE).cuda().eval()
     z = torch.randn(1, 16, 3, 30, 52, device="cuda")
     plan = {"compile": {"": {"enabled": False}}, "memory_format": {"": True}}
