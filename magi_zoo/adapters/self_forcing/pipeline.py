@@ -70,10 +70,10 @@ class SelfForcingPipeline:
         # CUDA only: decode block b on a side stream while block b+1 denoises (same frames;
         # measured on an H100 in benchmarks/results/self_forcing/self_forcing_*). False: one stream.
         self.overlap_decode = True
-        # The decode stream's CUDA priority (lower = sooner; torch.cuda.Stream.priority_range():
-        # -1 is high on current cards, 0 the default streams'): -1, so the first frames are not
-        # held up behind the next block.
-        self.decode_priority = -1
+        # With overlap_decode: the host waits for the first block's frames before it queues the
+        # second block, so they are not decoded beside it (later blocks overlap as above).
+        # False: every block overlaps the next, the first too.
+        self.first_frames_first = True
         # CUDA only: the VAE's 3D-convolution weights in channels_last_3d (cuDNN's native 3D
         # layout): decode 2.40 -> 2.18 s per 81-frame video on an H100. "contiguous": as loaded.
         self.vae_memory_format = "channels_last_3d"
@@ -167,11 +167,7 @@ class SelfForcingPipeline:
         if decode and dev.type == "cuda":
             self._vae_layout()
         decoder = StreamingDecoder(self.vae) if decode else None
-        # The side stream has the higher priority: the card's scheduler gives a decode kernel the
-        # next free SMs ahead of the next block's queued work, so a block's frames (the first ones
-        # above all) arrive as early as on one stream while the two still overlap.
-        side = (torch.cuda.Stream(dev, priority=self.decode_priority)
-                if decoder is not None and dev.type == "cuda" and self.overlap_decode else None)
+        side = torch.cuda.Stream(dev) if decoder is not None and dev.type == "cuda" and self.overlap_decode else None
         pending = None  # (block, latents, event, host frames): decoded on `side`, not yielded yet
 
         def denoise(b: int) -> torch.Tensor:
@@ -208,6 +204,13 @@ class SelfForcingPipeline:
                     if pending is not None:
                         yield ready(pending)
                     pending = (b, x0, event, frames)
+                    if b == 0 and self.first_frames_first:
+                        # Shared with the next block the first decode finished late (first frames
+                        # 0.55 s on an H100 at b420dd9, vs ~0.38 s estimated alone: text encoding +
+                        # 4 steps x 55 ms + 9 frames x 14 ms of decode): only the clean pass runs
+                        # beside it
+                        yield ready(pending)
+                        pending = None
                     continue
                 frames = to_frames(decoder.decode(x0)) if decoder is not None else None
                 if decoder is None and dev.type == "cuda":

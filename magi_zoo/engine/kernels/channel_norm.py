@@ -64,12 +64,15 @@ def _check(x, gamma, bias):
 
 
 def _spatial_stride(x: torch.Tensor) -> int | None:
-    """The one stride of x's spatial dims collapsed to one (None where they do not collapse)."""
-    stride = x.stride(-1)
-    for d in range(x.dim() - 2, 1, -1):
-        if x.shape[d + 1] != 1 and x.stride(d) != x.stride(d + 1) * x.shape[d + 1]:
+    """The one stride of x's spatial dims collapsed to one (None where they do not collapse).
+    Dims of size 1 take no part: their strides address nothing."""
+    dims = [d for d in range(2, x.dim()) if x.shape[d] != 1]
+    if not dims:
+        return 1
+    for outer, inner in zip(dims, dims[1:]):
+        if x.stride(outer) != x.stride(inner) * x.shape[inner]:
             return None
-    return stride
+    return x.stride(dims[-1])
 
 
 def _kernel_ok(x, gamma, bias) -> bool:
@@ -107,7 +110,7 @@ def _kernel():
         pid = tl.program_id(0).to(tl.int64)
         n = pid // blocks
         p0 = (pid % blocks) * POS
-        ch = tl.arange(0, CP)
+        ch = tl.arange(0, CP).to(tl.int64)  # c * s_c passes 2**31 in the standard layout of a large video
         g = tl.load(g_ptr + ch, mask=ch < channels, other=0.0).to(tl.float32)
         if HAS_BIAS:
             b = tl.load(b_ptr + ch, mask=ch < channels, other=0.0).to(tl.float32)

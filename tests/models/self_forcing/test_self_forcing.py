@@ -356,7 +356,8 @@ def test_gpu_compiled_equals_eager_per_block_bf16():
 @pytest.mark.gpu
 def test_gpu_side_stream_decode_gives_the_same_frames():
     """On a GPU: decoding each block on a side stream while the next one denoises (the
-    default) yields the frames of the one-stream decode, block by block, in order; the VAE
+    default; the first block waited for before the second is queued, or not) yields the frames
+    of the one-stream decode, block by block, in order; the VAE
     layout setting is validated."""
     h = magi_zoo.load(TINY, gpu="h100", compile=False, dtype="bfloat16")
     pipe = h.pipe
@@ -364,10 +365,12 @@ def test_gpu_side_stream_decode_gives_the_same_frames():
     pipe.overlap_decode = False
     serial = list(pipe.stream("a corgi", **call))
     pipe.overlap_decode = True
-    overlapped = list(pipe.stream("a corgi", **call))
-    assert [r.index for r in overlapped] == [r.index for r in serial] == list(range(len(serial)))
-    for a, b in zip(overlapped, serial):
-        np.testing.assert_array_equal(a.frames, b.frames)
+    for first_frames_first in (True, False):  # the first block waited for, or overlapped too
+        pipe.first_frames_first = first_frames_first
+        overlapped = list(pipe.stream("a corgi", **call))
+        assert [r.index for r in overlapped] == [r.index for r in serial] == list(range(len(serial)))
+        for a, b in zip(overlapped, serial):
+            np.testing.assert_array_equal(a.frames, b.frames)
     pipe.vae_memory_format = "channels_last"
     with pytest.raises(ValueError, match="choose one of"):
         pipe._vae_layout()
