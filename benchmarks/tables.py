@@ -673,21 +673,60 @@ def training_multi_gpu(link: Link) -> str:
 
 
 def self_forcing(link: Link) -> str:
-    r, default = load(SELF_FORCING), load(SELF_FORCING_DEFAULT)
-    base = r.row("naive_compiled")["fps"]
+    """Every Self-Forcing row: the naive ports, the one-graph strategies, and the shipped
+    pipeline's decode settings; each ratio against the strongest naive port of its own run."""
+    files = [load(SELF_FORCING), load(SELF_FORCING_DEFAULT)]
     rows = []
-    for f, x in [*((r, x) for x in r.rows()), *((default, x) for x in default.rows())]:
-        if x.get("status") != "ok":
-            continue
-        vs = ratio(x["fps"] / base) if f is r else "—"
-        rows.append([f"`{x['strategy']}`" + (" (shipped default)" if f is default else ""), num(x.get("fps")), vs,
-                     num(x.get("transformer_ms")), num(x.get("first_video_s")), num(x.get("peak_gib"))])
-    shape = r.data["shape"]
-    head = [f"{r.data['model']}, {shape['height']}×{shape['width']}×{shape['num_frames']}", "FPS",
-            "vs the naive port", "transformer ms / video", "first video, s", "peak GiB"]
-    return (table(head, rows) + "\n\nThe naive port's attention is SDPA; a naive port on the same FA3 kernel is not "
-            "measured yet, so the ratio column overstates what the engine adds beyond the kernel.\n\n"
-            + sources([r, default], link))
+    for f in files:
+        naive = max((x["fps"] for x in f.rows() if x.get("kind") == "naive" and x.get("status") == "ok"),
+                    default=None)
+        for x in f.rows():
+            if x.get("status") != "ok":
+                continue
+            rows.append([f"`{x['strategy']}`", _self_forcing_setting(f, x), num(x.get("fps")),
+                         num(x.get("first_frames_s"), 3), ratio(x["fps"] / naive) if naive else "—",
+                         num(x.get("transformer_ms")), num(x.get("first_video_s")), num(x.get("peak_gib")),
+                         (x.get("env_commit") or f.commit)[:7]])
+    shape = files[0].data["shape"]
+    head = [f"{files[0].data['model']}, {shape['height']}×{shape['width']}×{shape['num_frames']}", "decode",
+            "FPS", "first frames, s", "vs the strongest naive port (same run)", "transformer ms / video",
+            "first video, s", "peak GiB", "commit"]
+    return (table(head, rows) + "\n\nEnd to end: text encoding, every block, the streaming VAE decode. The "
+            "naive ports: the original control flow compiled with `torch.compile` (`naive_compiled` on SDPA, "
+            "`naive_compiled_fa3` on the FA3 kernel the fast rows use); a run without them shows no ratio.\n\n"
+            + sources(files, link))
+
+
+def _self_forcing_setting(f, x) -> str:
+    """How a row decoded: the VAE's weight layout, on a side stream or after each block, the
+    VAE passes (adapters/wan/vae.py) or the VAE as built, the first block waited for or not."""
+    overlap = f.data.get("overlap_decode", False)
+    parts = [f.data.get("vae_memory_format", "contiguous"), "overlapped" if overlap else "after each block"]
+    if "vae" in x:
+        parts.append("VAE as built" if x["vae"] == "as built" else "VAE passes")
+    if overlap and "first_frames_first" in x:
+        parts.append("first block first" if x["first_frames_first"] else "first block overlapped")
+    return ", ".join(parts)
+
+
+def vae_passes(link: Link) -> str:
+    """Every `benchmarks/vae_decode.py --passes` run: the VAE as diffusers builds it beside the
+    adapter's VAE passes, per dtype and op, same run; the ratio against the as-built row of the
+    same op, dtype and layout; rel_err against the run's first row (fp32, as built)."""
+    files = [load(p.relative_to(RESULTS).as_posix())
+             for p in sorted((RESULTS / "vae_decode").glob("vae_decode_*_passes_*.json"))]
+    rows = []
+    for f in files:
+        built = {(x["op"], x["vae_dtype"], x["layout"]): x["median_ms"] for x in f.rows()
+                 if x.get("passes") == "as_built"}
+        for x in f.rows():
+            base = built.get((x["op"], x["vae_dtype"], x["layout"]))
+            rows.append([x["model"], x["op"], "×".join(map(str, x["pixels"])), x["vae_dtype"], x["layout"],
+                         x.get("passes", "as_built"), num(x["median_ms"]),
+                         ratio(base / x["median_ms"]) if base else "—", f"{x['rel_err']:.2g}", f.card])
+    head = ["model", "op", "pixels", "dtype", "weights", "passes", "median ms", "vs as built", "rel. error vs fp32 as built",
+            "card"]
+    return table(head, rows) + "\n\n" + sources(files, link)
 
 
 def multi_gpu(link: Link) -> str:
@@ -852,7 +891,7 @@ TABLES: dict[str, Callable[[Link], str]] = {
     "headline": headline, "wan-1.3b": wan_13b, "wan-1.3b-fusions": wan_13b_fusions, "warm-start": warm_start,
     "flux": flux, "flux-baselines": flux_baselines, "i2v-14b-loop": i2v_loop,
     "offload": offload, "offload-families": offload_families, "training": training, "training-multi-gpu": training_multi_gpu,
-    "self-forcing": self_forcing, "multi-gpu": multi_gpu, "unknown-commits": unknown_commits,
+    "self-forcing": self_forcing, "vae-passes": vae_passes, "multi-gpu": multi_gpu, "unknown-commits": unknown_commits,
     "gpu-tests": gpu_tests, "serve": serve, "families": families,
     "video-write": video_write, "adapter-sizes": adapter_sizes, "whole-generation": whole_generation,
     "fp8-checkpoint": fp8_checkpoint, "lora-forward": lora_forward, "profile-pairs": profile_pairs,
