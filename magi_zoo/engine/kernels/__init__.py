@@ -1,7 +1,8 @@
 """Kernels beyond torch's and diffusers' own, one module each: FA3 attention (`fa3`, whose
 kernel wheel loads only when a plan names it), the one-pass fp8 GELU quantization
 (`fp8_quant`), the GELU-epilogue GEMM (`gelu_linear`), Wan's, Flux's and Qwen-Image's q/k norm + rope
-(`norm_rope`), and the joint text + image attention processors run on it (`joint_attention`).
+(`norm_rope`), the joint text + image attention processors run on it (`joint_attention`), and
+the Wan VAE's channel RMSNorm + SiLU (`channel_norm`).
 None imports triton or a kernel wheel at import time: each Triton kernel is built on its first
 CUDA call, so `import magi_zoo` works on CPU builds of torch."""
 

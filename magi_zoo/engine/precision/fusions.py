@@ -2,8 +2,9 @@
 passes over memory): the GELU in a GEMM's epilogue (``gelu_epilogue``: `GeluLinear`, and a mark on
 bare activations), the q/k RMSNorm + rotary embedding in one pass (``fuse_norm_rope``: a mark
 on the norms), and a VAE's channel RMSNorm + SiLU in one pass (``fuse_norm_act``: the norm's
-forward, and the activation made an identity, where an adapter declared the pairing). A mark is a flag on a module that an adapter's forward (or processor) reads: only
-the adapter knows which linear feeds a bare activation, or which norm pairs with which rope.
+forward, and the activation made an identity, where an adapter declared the pairing). A mark is
+a flag on a module that an adapter's forward (or processor) reads: only the adapter knows which
+linear feeds a bare activation, or which norm pairs with which rope.
 Every change is appended to the step's undo list as (parent, name, prior module or None: a mark).
 """
 
