@@ -178,7 +178,7 @@ def test_harness_graph_strategies_are_one_change_each():
     assert _zoo_kwargs("magi_zoo_nographs", flux, "h100") == {"overrides": off}
     assert _zoo_kwargs("magi_zoo_fp8_graphs", flux, "h100") == {"precision": "fp8", "overrides": on}
     assert _zoo_kwargs("magi_zoo_fp8_nographs", flux, "h100") == {"precision": "fp8", "overrides": off}
-    off_fused = {"gelu_epilogue": False, "fuse_norm_rope": False}  # the precision section's fusions off
+    off_fused = {"gelu_epilogue": False, "fuse_norm_rope": False, "fuse_norm_act": False}  # every fusion off
     assert _zoo_kwargs("magi_zoo_unfused", flux, "h100") == {"overrides": {"precision": {
         "FluxTransformerBlock": off_fused, "FluxSingleTransformerBlock": off_fused}}}
     bagel, _ = lookup("bagel-7b-mot")
