@@ -86,7 +86,6 @@ STRATEGIES: dict[str, dict[str, Any]] = {
     "fullgraph_fa3_cudagraphs_overlap_first": dict(kind="static", attention="fa3", compile=_CUDAGRAPHS,
                                                    first_frames_first=False),
 }
-VAE_PREPARATION = "Wan VAE passes"  # the adapter's preparation a vae_as_built row leaves out
 DEFAULT = "eager,naive_compiled,fullgraph,fullgraph_flex,fullgraph_fa3"
 PROMPT = "a corgi surfing a wave at sunset, cinematic lighting"
 COLUMNS = ["strategy", "status", "attention", "first_frames_first", "breaks", "recompiles", "frames_compiled", "first_video_s",
@@ -133,9 +132,11 @@ def run_strategy(name: str, handle, call: dict, args, ref_latents, device) -> di
     pipe.first_frames_first = cfg.get("first_frames_first", first_frames_first)
     row["first_frames_first"] = pipe.first_frames_first
     if cfg["compile"] is not None:
+        from magi_zoo.adapters.wan.vae import PREPARATION_NAME  # the preparation a vae_as_built row leaves out
+
         vae_as_built = cfg.get("vae_as_built", False)
         preparations = [p for p in handle.adapter.preparations(pipe)
-                        if not (vae_as_built and p.name == VAE_PREPARATION)]
+                        if not (vae_as_built and p.name == PREPARATION_NAME)]
         report = apply(handle.modules, layers=_layers(handle, cfg["compile"], args.backend, cfg.get("extra"),
                                                       vae_as_built),
                        gpu=handle.profile, preparations=preparations)

@@ -96,9 +96,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     vae = getattr(handle.pipe, "vae", None)
     if vae is None:
         raise SystemExit(f"{args.model}'s pipeline has no .vae")
-    preparations = [p for p in handle.adapter.preparations(handle.pipe) if p.name == VAE_PREPARATION]
+    from magi_zoo.adapters.wan.vae import PREPARATION_NAME
+
+    preparations = [p for p in handle.adapter.preparations(handle.pipe) if p.name == PREPARATION_NAME]
     if "fused" in passes and not preparations:
-        raise SystemExit(f"--passes fused: {args.model}'s adapter declares no {VAE_PREPARATION!r} preparation")
+        raise SystemExit(f"--passes fused: {args.model}'s adapter declares no {PREPARATION_NAME!r} preparation")
     d = handle.variant.call_defaults
     height, width = args.height or d["height"], args.width or d["width"]
     frames = args.frames or d.get("num_frames")
@@ -129,7 +131,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 LAYOUTS = ("as_loaded", "channels_last")
 PASSES = ("as_built", "fused")
-VAE_PREPARATION = "Wan VAE passes"  # adapters/wan/vae.py's preparation
 
 
 def _rows(vae, z32, layout: str, passes: str, preparations: list, args, device, model: str,

@@ -33,8 +33,9 @@ def fp8_linears(adapter: Any, native: Any, profile: GpuProfile) -> dict[str, lis
     """component -> the linear paths (relative to it) that precision='fp8' quantizes: the
     precision section resolved (not applied) on the module tree, read as the precision step reads it."""
     modules = nn.ModuleDict(adapter.components(native))
-    # every region the precision section declares is what precision="fp8" sets (overrides.py); the
-    # layers without that argument, so that quantizing for a file needs no card with fp8 matmuls
+    # every region the precision section declares with a matmul is what precision="fp8" sets
+    # (overrides.fp8_region_keys); the layers without that argument, so that quantizing for a file
+    # needs no card with fp8 matmuls
     layers = spec_layers(adapter, profile)
     plan = preview(modules, layers, adapter.preparations(native))
     eligible = set(fp8_region_keys(layers))

@@ -203,14 +203,15 @@ class SelfForcingPipeline:
                         step(b, x0, t_clean)
                     if pending is not None:
                         yield ready(pending)
-                    pending = (b, x0, event, frames)
+                        pending = None
                     if b == 0 and self.first_frames_first:
                         # Shared with the next block the first decode finished late (first frames
                         # 0.55 s on an H100 at b420dd9, vs ~0.38 s estimated alone: text encoding +
                         # 4 steps x 55 ms + 9 frames x 14 ms of decode): only the clean pass runs
                         # beside it
-                        yield ready(pending)
-                        pending = None
+                        yield ready((b, x0, event, frames))
+                    else:
+                        pending = (b, x0, event, frames)
                     continue
                 frames = to_frames(decoder.decode(x0)) if decoder is not None else None
                 if decoder is None and dev.type == "cuda":

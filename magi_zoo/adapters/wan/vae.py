@@ -31,6 +31,8 @@ import torch.nn.functional as F
 from ...engine import NORM_ACT_PAIRS, Preparation, chain_undo, instance_forwards
 from ...engine.compat.diffusers import wan_causal_conv_padding
 
+PREPARATION_NAME = "Wan VAE passes"  # the report's name of the preparation (benchmarks leave it out by it)
+
 # diffusers 0.42.1's autoencoder_kl_wan: the activation each class applies only after these norms
 _NORM_ACT_PAIRS = {
     "WanResidualBlock": {"nonlinearity": ("norm1", "norm2")},
@@ -61,7 +63,7 @@ def vae_preparation(vae: nn.Module) -> Preparation:
             raise
         return chain_undo(undos)
 
-    return Preparation("Wan VAE passes", "norm + SiLU pairs declared for fuse_norm_act; causal convolutions pad "
+    return Preparation(PREPARATION_NAME, "norm + SiLU pairs declared for fuse_norm_act; causal convolutions pad "
                        "height / width inside the convolution; nearest upsampling in the input's dtype", install)
 
 

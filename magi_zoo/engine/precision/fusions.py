@@ -137,8 +137,9 @@ def fuse_norm_activations(root: nn.Module, undo: list) -> int:
             if type(act) is not nn.SiLU or not norms or not all(channel_rms_norm(x) for x in norms):
                 continue
             for x in norms:
+                # the forward it had (an instance forward someone installed, or None: the class's) comes back
+                undo.append((x, "forward", x.__dict__.get("forward")))
                 x.__dict__["forward"] = _fused_norm_silu(x)
-                undo.append((x, "forward", None))
             setattr(m, act_name, nn.Identity())
             undo.append((m, act_name, act))
             n += len(norms)
@@ -153,7 +154,7 @@ def _fused_norm_silu(norm: nn.Module):
 
 def undo_fusions(epilogues: list) -> None:
     """Undo `gelu_epilogues`, `mark_norm_rope` and `fuse_norm_activations` (last first): marks
-    and instance forwards cleared, modules put back."""
+    and instance forwards cleared, modules and earlier instance forwards put back."""
     for parent, name, act in reversed(epilogues):
         if act is None:  # a mark
             parent.__dict__.pop(name, None)
