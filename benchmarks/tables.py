@@ -197,8 +197,11 @@ OFFLOAD_FAMILIES = {"Qwen-Image": ("offload/offload_h100_qwen-image.json", "offl
 TRAIN = "train/train_wan2.1-t2v-1.3b_h100_noopt.json"
 TRAIN_MULTI = ("train/train_dp_wan2.1-t2v-1.3b_h100.json", "train/train_fsdp_wan2.1-t2v-14b_h100.json",
                "train/train_fsdp_wan2.1-t2v-14b_h100_cpuoffload.json")
-SELF_FORCING = "self_forcing/self_forcing_h100_vae_contig_serial.json"
-SELF_FORCING_DEFAULT = "self_forcing/self_forcing_h100.json"
+# The Self-Forcing runs, oldest first: the contiguous VAE after each block (with the SDPA naive
+# port), the shipped decode settings, and the naive port on SDPA and on the FA3 kernel beside the
+# shipped strategy (the same-kernel baseline).
+SELF_FORCING = ("self_forcing/self_forcing_h100_vae_contig_serial.json", "self_forcing/self_forcing_h100.json",
+                "self_forcing/self_forcing_h100_same_kernel.json")
 PARALLEL = ("parallel/parallel_h100_2gpu.json", "parallel/parallel_h200_4gpu.json")
 # The newer families' harness runs, at the stems docs/models.md's commands write: a run not yet
 # committed is listed as such, so the table says what is still unmeasured.
@@ -675,7 +678,7 @@ def training_multi_gpu(link: Link) -> str:
 def self_forcing(link: Link) -> str:
     """Every Self-Forcing row: the naive ports, the one-graph strategies, and the shipped
     pipeline's decode settings; each ratio against the strongest naive port of its own run."""
-    files = [load(SELF_FORCING), load(SELF_FORCING_DEFAULT)]
+    files = [load(f) for f in SELF_FORCING]
     rows = []
     for f in files:
         naive = max((x["fps"] for x in f.rows() if x.get("kind") == "naive" and x.get("status") == "ok"),
