@@ -178,6 +178,8 @@ DEPTH_KEYS: dict[str, tuple[tuple[str, str], ...]] = {
     "flux2": (("transformer", "num_layers"), ("transformer", "num_single_layers")),
     "hunyuanvideo15": (("transformer", "num_layers"),),
     "ltx2": (("transformer", "num_layers"),),
+    # z_image: the 30 main blocks (the 2 + 2 refiner blocks stay: they are other regions)
+    "z_image": (("transformer", "n_layers"),),
 }
 ENCODER_KEYS: dict[str, tuple[tuple[str, str], ...]] = {
     "wan": (("text_encoder", "num_layers"),), "self-forcing": (("text_encoder", "num_layers"),),
@@ -190,6 +192,7 @@ ENCODER_KEYS: dict[str, tuple[tuple[str, str], ...]] = {
     # vision tower; the connectors read all of Gemma's hidden states, so their input width follows
     # (ENCODER_TIES)
     "ltx2": (("text_encoder", "num_hidden_layers"), ("vision", "num_hidden_layers")),
+    "z_image": (("text", "num_hidden_layers"),),
 }
 # Config values that must follow an encoder's depth: (component, key) -> f(config) after the cut.
 ENCODER_TIES: dict[str, dict[tuple[str, str], Callable[[dict], int]]] = {

@@ -34,6 +34,7 @@ FAMILIES: dict[str, str] = {
     "ltx2": "magi_zoo.adapters.ltx2.adapter:LTX2Adapter",
     "qwen_image": "magi_zoo.adapters.qwen_image.adapter:QwenImageAdapter",
     "flux2": "magi_zoo.adapters.flux2.adapter:Flux2Adapter",
+    "z_image": "magi_zoo.adapters.z_image.adapter:ZImageAdapter",
 }
 
 ENTRY_POINT_GROUP = "magi_zoo.adapters"

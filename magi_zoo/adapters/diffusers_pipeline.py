@@ -72,9 +72,12 @@ class DiffusersPipelineAdapter(Adapter):
     fps: ClassVar[int | None] = None  # video frame rate written by `magi-zoo run`
     entry_points = ("denoise",)
     run_options = ("num_inference_steps", "height", "width", "seed")
-    # The call argument whose value > 1 turns classifier-free guidance on (two denoiser forwards
-    # per step: what CFG parallel splits over two processes); None = the pipeline runs no CFG.
+    # The call argument whose value > `cfg_threshold` turns classifier-free guidance on (two
+    # denoiser forwards per step: what CFG parallel splits over two processes); None = the
+    # pipeline runs no CFG. The threshold is the pipeline's own: 1 for most (guidance 1 is the
+    # conditional prediction alone), 0 for ZImagePipeline (`guidance_scale > 0`).
     cfg_option: ClassVar[str | None] = None
+    cfg_threshold: ClassVar[float] = 1.0
     # True CFG that also needs a negative prompt (FluxPipeline, QwenImagePipeline: the uncond
     # forward runs only when `negative_prompt` is given as well as `cfg_option` > 1).
     cfg_needs_negative_prompt: ClassVar[bool] = False
@@ -111,7 +114,7 @@ class DiffusersPipelineAdapter(Adapter):
             return variant is not None and float(variant.config.get(self.cfg_config_key) or 0.0) > 1.0
         if self.cfg_needs_negative_prompt and call.get("negative_prompt") is None:
             return False
-        return self.cfg_option is not None and float(call.get(self.cfg_option) or 0.0) > 1.0
+        return self.cfg_option is not None and float(call.get(self.cfg_option) or 0.0) > self.cfg_threshold
 
     def load_pretrained(self, variant: Variant, source: str, local: bool, dtype: torch.dtype,
                         device: torch.device):
@@ -167,9 +170,9 @@ class DiffusersPipelineAdapter(Adapter):
         call = {**handle.call_defaults(), **options}
         self.check_shape(handle.pipe, call)
         if cfg_parallel_active(handle.plan) and not self.runs_cfg(call, handle.variant):
-            low = self.cfg_option is not None and float(call.get(self.cfg_option) or 0.0) <= 1.0
+            low = self.cfg_option is not None and float(call.get(self.cfg_option) or 0.0) <= self.cfg_threshold
             raise ValueError(f"cfg parallel splits classifier-free guidance, which this call of {handle.variant.name} "
-                             f"does not run ({f'{self.cfg_option} <= 1' if low else 'not with these settings'}); "
+                             f"does not run ({f'{self.cfg_option} <= {self.cfg_threshold:g}' if low else 'not with these settings'}); "
                              "drop cfg parallel (--no-cfg-parallel)")
         handle.pipe.set_progress_bar_config(disable=not progress)
         if self.output_kind == "video":

@@ -56,7 +56,7 @@ class Identity:
 # Declared class-name prefixes (diffusers `_class_name`, transformers `architectures`) -> family.
 _PREFIXES = (("CausalWan", "Wan"), ("Wan", "Wan"), ("Flux2", "FLUX.2"), ("Flux", "Flux"),
              ("HunyuanVideo15", "HunyuanVideo-1.5"), ("LTX2", "LTX-2"), ("Qwen3OmniMoe", "Qwen3-Omni"),
-             ("QwenImage", "Qwen-Image"), ("Bagel", "BAGEL"))
+             ("QwenImage", "Qwen-Image"), ("Bagel", "BAGEL"), ("ZImage", "Z-Image"))
 
 
 def _family_of(name: str) -> str:
@@ -126,4 +126,5 @@ def identify_hub(repo_id: str) -> Identity | None:
 # `weights_families` itself; a family in neither is not checked).
 FAMILY_WEIGHTS = {"wan": ("Wan",), "wan22": ("Wan",), "self-forcing": ("Wan",), "flux": ("Flux",),
                   "bagel": ("BAGEL",), "qwen3_omni": ("Qwen3-Omni",), "qwen_image": ("Qwen-Image",),
-                  "flux2": ("FLUX.2",), "hunyuanvideo15": ("HunyuanVideo-1.5",), "ltx2": ("LTX-2",)}
+                  "flux2": ("FLUX.2",), "hunyuanvideo15": ("HunyuanVideo-1.5",), "ltx2": ("LTX-2",),
+                  "z_image": ("Z-Image",)}

@@ -63,7 +63,7 @@ def test_wan_tiny_i2v_text_is_the_published_512_tokens():
 PUBLISHED_OF = {"wan2.1-tiny": "wan2.1-t2v-1.3b", "wan2.2-tiny": "wan2.2-t2v-a14b", "wan2.2-ti2v-tiny": "wan2.2-ti2v-5b",
                 "self-forcing-tiny": "self-forcing-wan2.1-1.3b", "flux-tiny": "flux.1-dev", "bagel-tiny": "bagel-7b-mot",
                 "qwen-image-tiny": "qwen-image", "flux.2-tiny": "flux.2-dev",
-                "hunyuanvideo-1.5-tiny": "hunyuanvideo-1.5-480p-t2v", "ltx-2-tiny": "ltx-2"}
+                "hunyuanvideo-1.5-tiny": "hunyuanvideo-1.5-480p-t2v", "ltx-2-tiny": "ltx-2", "z-image-tiny": "z-image-turbo"}
 # Leaf field names that are widths, depths or table sizes in every family's configs.
 SIZES = {
     # widths
@@ -92,6 +92,9 @@ SIZES = {
     # BAGEL: the image-size rule's bounds (scaled to the tiny position tables) and the tokenizer's
     # ids of the same special tokens (a 512-entry vocabulary holds them at other ids)
     "max_size", "min_size", "max_pixels", "special_ids",
+    # Z-Image's own names: widths (the model dim, heads, the caption features' width, the RoPE
+    # split of the head dim) and the depth of its main blocks
+    "dim", "n_heads", "n_kv_heads", "cap_feat_dim", "axes_dims", "n_layers",
 }
 # Structural differences not fixed yet, each with why; a fix removes its line (the test then
 # demands it), a new difference fails.

@@ -44,6 +44,8 @@ CASES = [
     ("qwen-image", 2, dict(height=1328, width=1328), ("bf16", "fp8")),
     ("flux.2-dev", 2, dict(height=768, width=1360), ("bf16", "fp8")),
     ("flux.2-klein-4b", 2, dict(height=1024, width=1024), ("bf16", "fp8")),
+    # Z-Image: 2 of the 30 main blocks beside the 2 + 2 refiner blocks (three compile regions)
+    ("z-image-turbo", 2, dict(height=1024, width=1024), ("bf16", "fp8")),
     # HunyuanVideo-1.5 at 480p with 33 frames (9 latent frames: 14,310 video tokens), every
     # attention masked (the padded prompt): fa3_varlen on Hopper. LTX-2: masked (additive) text
     # cross-attentions beside unmasked self-attentions, in the same blocks.

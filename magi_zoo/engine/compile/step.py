@@ -9,6 +9,10 @@ tracked wrapper around `torch.compile(bound_method, **spec)`. That one mechanism
   inlined nn.Modules, torch's default) guards on the block's type and tensor metadata,
   not its identity, so block 1..N-1 reuse block 0's code: compile cost does not grow
   with depth (tests assert 1 compiled frame for N blocks);
+- one block class at several call sites (Z-Image's refiners and main layers): each region
+  compiles a copy of the method with a code object of its own (`region_method`), so
+  dynamo keeps one cache per region, and a region keyed by path compiles once for its own
+  inputs instead of recompiling the class's shared code for each site;
 - whole-graph compile: the key "" (root) with `fullgraph=True`;
 - `enabled=False`: `torch.compiler.disable` on the method (an outer compiled region
   then graph-breaks around it, as the old decorator did).
@@ -18,6 +22,7 @@ Module hooks stay outside the compiled method, as with `torch.compile(module.for
 
 from __future__ import annotations
 
+import types
 from typing import Callable
 
 import torch
@@ -42,11 +47,48 @@ def install(module: nn.Module, method: str, stats: RegionStats) -> None:
     originals[method] = module.__dict__.get(method)
     bound = getattr(module, method)
     spec = stats.spec
-    fn = torch.compile(bound, **partition_at_boundaries(spec.compile_kwargs(), boundary_ops_for(module))) \
+    fn = torch.compile(region_method(bound, stats),
+                       **partition_at_boundaries(spec.compile_kwargs(), boundary_ops_for(module))) \
         if spec.enabled else torch.compiler.disable(bound)
     # nn.Module.__setattr__ stores plain callables in the instance __dict__, which
     # shadows the class method: module(...) -> _call_impl -> self.forward -> wrapper.
     object.__setattr__(module, method, tracked(fn, stats))
+
+
+# (the method's code, region key, method name) -> the copy of that code the region runs. Kept
+# for the process, as the class's own code is: a second load of the same model reuses what
+# the first compiled.
+_REGION_CODES: dict[tuple[types.CodeType, str, str], types.CodeType] = {}
+
+
+def region_method(bound: Callable, stats: RegionStats) -> Callable:
+    """`bound` with a code object of `stats`'s region's own, when it is a class's method.
+
+    Why: dynamo keeps compiled code (its guards, its recompile limit) on the code object it
+    runs. Compiling `block.forward` itself puts every region of one class on one cache: a class
+    called at several sites with other inputs (Z-Image's context refiner without modulation,
+    its noise refiner on image tokens, its main layers on both) recompiles that shared code at
+    each site, and each recompile is booked to whichever region called second. A copy of the
+    method's function per region (same code, globals, defaults and closure; its own code
+    object) gives each region its own cache; the N blocks of one region share it (dynamo
+    guards on the block's type and tensors, not on which block), so a region keyed by path
+    compiles once for its own inputs. The copy is the method itself, not a wrapper around it,
+    so a graph break inside costs the frames plain `torch.compile` pays.
+
+    A method installed on the instance (a preparation's or recompute's wrapper, whose code
+    recompute may swap later) is compiled as it is."""
+    func, owner = getattr(bound, "__func__", None), getattr(bound, "__self__", None)
+    if not isinstance(func, types.FunctionType) or getattr(type(owner), stats.method, None) is not func:
+        return bound
+    key = (func.__code__, stats.name, stats.method)
+    code = _REGION_CODES.get(key)
+    if code is None:
+        code = func.__code__.replace(co_qualname=f"{func.__qualname__} [{stats.label}]")
+        _REGION_CODES[key] = code
+    copy = types.FunctionType(code, func.__globals__, func.__name__, func.__defaults__, func.__closure__)
+    copy.__kwdefaults__, copy.__qualname__ = func.__kwdefaults__, func.__qualname__
+    copy.__dict__.update(func.__dict__)
+    return types.MethodType(copy, owner)
 
 
 def _family(module_name: str) -> str:
