@@ -398,8 +398,22 @@ def kernel_bench_start(doc: str, argv=None):
     return args, dev, environment(dev)
 
 
+def upcast(x):
+    """`x` with every floating tensor inside (dicts, lists, tuples: Z-Image's per-image latents,
+    KV caches, per-block keys) copied to fp32."""
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return x.float() if x.is_floating_point() else x
+    if isinstance(x, dict):
+        return {k: upcast(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(upcast(v) for v in x)
+    return x
+
+
 def fp32_forward(module, fn: Callable[[dict[str, Any]], Any], inputs: dict[str, Any]):
-    """Run `fn(upcast_inputs)` with `module`'s weights in fp32 and TF32 off, then restore
+    """Run `fn(upcast(inputs))` with `module`'s weights in fp32 and TF32 off, then restore
     every parameter and buffer to its own dtype (mixed-precision modules stay as built).
     The yardstick that says whether a bf16 strategy's error against bf16 eager is eager's
     rounding or the strategy's own."""
@@ -410,8 +424,7 @@ def fp32_forward(module, fn: Callable[[dict[str, Any]], Any], inputs: dict[str, 
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
         module.float()
-        up = {k: v.float() if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in inputs.items()}
-        return fn(up)
+        return fn(upcast(inputs))
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
         for t in [*module.parameters(), *module.buffers()]:

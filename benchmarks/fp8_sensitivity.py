@@ -44,6 +44,7 @@ def _groups(block) -> list[str]:
 
 def main(argv=None) -> int:
     import torch
+    import torch.nn as nn
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="ltx-2")
@@ -87,10 +88,16 @@ def main(argv=None) -> int:
     base = spec_layers(adapter, profile, precision=precision, **compile_kw)
     regions = fp8_region_keys(base)
 
+    def region_groups(pipe) -> dict[str, list[str]]:
+        """Per fp8 region, the groups of the first block it resolves to, as the engine resolves
+        the plan (a region keyed by class or by path: Z-Image keys each of its three block sites
+        by path, and its context refiner's blocks hold no modulation linears)."""
+        resolved = preview(nn.ModuleDict(adapter.components(pipe)), base).section("precision").regions()
+        return {key: _groups(targets[0].module) for (key, _), targets in resolved.items() if key in regions}
+
     def block_groups(pipe) -> list[str]:
-        entry_module = adapter.entry(pipe, adapter.entry_points[0])[0]
-        blocks = [m for m in entry_module.modules() if type(m).__name__ in regions]
-        return _groups(blocks[0]) if blocks else []
+        """Every region's groups, each once, in order."""
+        return list(dict.fromkeys(g for gs in region_groups(pipe).values() for g in gs))
 
     asked = [g.strip() for g in args.groups.split(",") if g.strip()] if args.groups else None
     if asked:  # checked on a weightless build (the meta device) before the real one
@@ -106,6 +113,7 @@ def main(argv=None) -> int:
     shape = {k: v for k, v in (("height", args.height), ("width", args.width), ("frames", args.frames)) if v}
     inputs = adapter.example_inputs(handle.pipe, handle.variant, adapter.entry_points[0], **shape)
     call = lambda kw: run._first_tensor(getattr(module, method)(**kw)).double()  # noqa: E731
+    where = region_groups(handle.pipe)
     groups = asked or block_groups(handle.pipe)
     # what the plan already keeps bf16, per region, as the engine resolves the layers it is made of
     resolved = preview(handle.modules, base, adapter.preparations(handle.pipe)).section("precision")
@@ -120,8 +128,11 @@ def main(argv=None) -> int:
         eager = distance(call(inputs))
         rows.append({"row": "bf16 eager", "distance": eager})
         for group in [None, *groups]:
+            # the group kept bf16 in every region whose blocks have it (a keep_bf16 pattern that
+            # matches no linear of a region is refused)
             keep = None if group is None else {"precision": {
-                r: {"keep_bf16": list(dict.fromkeys([*spec_keep.get(r, ()), f"{group}.*"]))} for r in regions}}
+                r: {"keep_bf16": list(dict.fromkeys([*spec_keep.get(r, ()), f"{group}.*"]))} for r in regions
+                if group in where.get(r, ())}}
             layers = spec_layers(adapter, profile, precision=precision, overrides=keep, **compile_kw)
             torch.compiler.reset()
             apply(handle.modules, layers=layers, gpu=profile, preparations=adapter.preparations(handle.pipe))

@@ -56,18 +56,6 @@ CASES = [
 ]
 
 
-def _upcast(x):
-    """`x` with every floating tensor inside (dicts, lists, tuples: KV caches, per-block keys)
-    copied to fp32, for the fp32 reference."""
-    if isinstance(x, torch.Tensor):
-        return x.float() if x.is_floating_point() else x
-    if isinstance(x, dict):
-        return {k: _upcast(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return type(x)(_upcast(v) for v in x)
-    return x
-
-
 def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
     out, ref = out.double(), ref.double()
     return float((out - ref).norm() / ref.norm())
@@ -91,7 +79,7 @@ def _distances(name: str, layers: int, shape: dict, precisions: tuple[str, ...],
     inputs = adapter.example_inputs(handle.pipe, handle.variant, adapter.entry_points[0], **shape)
     call = lambda kw: run._first_tensor(getattr(module, method)(**kw)).float()  # noqa: E731
     with torch.no_grad():
-        ref = common.fp32_forward(module, call, _upcast(inputs))
+        ref = common.fp32_forward(module, call, inputs)
         eager = _rel(call(inputs), ref)
         plan = {}
         for precision in precisions:

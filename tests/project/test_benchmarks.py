@@ -570,6 +570,24 @@ def test_fp8_sensitivity_smoke_has_a_row_per_group_of_block_linears(tmp_path):
     assert all(r["distance"] > 0 for r in rec["rows"])
 
 
+def test_fp8_sensitivity_finds_the_groups_of_path_keyed_regions(tmp_path):
+    """Z-Image keys its three block sites by path (no class key names the blocks): the groups
+    are read from the blocks the plan's fp8 regions resolve to, every site's, each once, and a
+    group is kept bf16 only in the regions whose blocks have it (the context refiner's blocks
+    have no modulation linears: keeping `adaLN_modulation.*` there would be refused). With the
+    CPU's fp8 numerics, so the keeps are applied and checked."""
+    from benchmarks.fp8_sensitivity import main
+
+    assert main(["--model", "z-image-tiny", "--cpu-fp8", "--out", str(tmp_path)]) == 0
+    rec = json.loads((tmp_path / "fp8_sensitivity_z-image-tiny_cpu.json").read_text())
+    assert rec["groups"] == ["attention", "feed_forward", "adaLN_modulation"]
+    rows = {r["row"]: r["distance"] for r in rec["rows"]}
+    assert list(rows)[1:] == ["fp8 plan", "fp8, attention kept bf16", "fp8, feed_forward kept bf16",
+                              "fp8, adaLN_modulation kept bf16"]
+    # keeping the modulation linears changes the plan: the keep was applied where they exist
+    assert rows["fp8, adaLN_modulation kept bf16"] != rows["fp8 plan"]
+
+
 def test_ltx2_one_layer_gemma_keeps_the_connectors_reading_its_hidden_states():
     """LTX-2's connectors project Gemma's stacked hidden states (one per layer, plus the
     embeddings): cutting Gemma to one layer must narrow their input to match (ENCODER_TIES), or
