@@ -5,6 +5,8 @@ each group of block linears kept bf16, one group at a time.
     python -m benchmarks.fp8_sensitivity --model ltx-2 --layers 2 --cpu-fp8 --frames 25   # no GPU: fp8 numerics on CPU
     python -m benchmarks.fp8_sensitivity --model ltx-2 --layers 8 --groups ff,audio_ff   # only these rows
     python -m benchmarks.fp8_sensitivity --model ltx-2-tiny --smoke --out /tmp/fp8-sens   # CPU: the script works
+    python -m benchmarks.fp8_sensitivity --model z-image-turbo --layers 2 --cpu-fp8 --height 256 --width 256 \
+        --regions "transformer.layers.*,transformer.noise_refiner.*,transformer.context_refiner.*"  # not yet fp8
 
 The published config with `--layers` of its repeated blocks (`benchmarks.run`'s derivation),
 random weights, bf16, the family's denoiser entry on its example inputs (`--height`, `--width`,
@@ -57,6 +59,9 @@ def main(argv=None) -> int:
     ap.add_argument("--width", type=int, default=None)
     ap.add_argument("--frames", type=int, default=None)
     ap.add_argument("--stem", default=None, help="results file name (default fp8_sensitivity_<model>_<card>)")
+    ap.add_argument("--regions", default=None,
+                    help="comma-separated precision keys to measure as fp8 regions (a spec that declares "
+                         "them without a matmul, e.g. Z-Image's blocks, which fp8 does not yet hold)")
     ap.add_argument("--groups", default=None,
                     help="comma-separated block children to try (default: every child that holds linears)")
     common.add_commit_argument(ap)
@@ -85,7 +90,19 @@ def main(argv=None) -> int:
     # On the CPU the regions run eager: --smoke checks the plumbing, not compiled code, and a CPU
     # compile of each of the ~10 plans would be most of the run's time
     compile_kw = {} if cuda else {"compile": eager_compile(SpecFile.from_toml(adapter.spec_path()))}
-    base = spec_layers(adapter, profile, precision=precision, **compile_kw)
+    # --regions: those keys as fp8 regions too (a matmul named in the user layer makes a key one)
+    extra = {k.strip(): {"matmul": "bf16"} for k in (args.regions or "").split(",") if k.strip()}
+
+    def overrides(keep: dict[str, dict] | None = None) -> dict:
+        merged = {k: dict(v) for k, v in extra.items()}
+        for k, v in (keep or {}).items():
+            merged.setdefault(k, {}).update(v)
+        return {"overrides": {"precision": merged}} if merged else {}
+
+    if not fp8_region_keys(spec_layers(adapter, profile, **overrides(), **compile_kw)):
+        ap.error(f"{adapter.family}'s spec declares no fp8 regions (no precision key names a matmul); "
+                 "name the keys to measure with --regions")
+    base = spec_layers(adapter, profile, precision=precision, **overrides(), **compile_kw)
     regions = fp8_region_keys(base)
 
     def region_groups(pipe) -> dict[str, list[str]]:
@@ -130,10 +147,10 @@ def main(argv=None) -> int:
         for group in [None, *groups]:
             # the group kept bf16 in every region whose blocks have it (a keep_bf16 pattern that
             # matches no linear of a region is refused)
-            keep = None if group is None else {"precision": {
+            keep = None if group is None else {
                 r: {"keep_bf16": list(dict.fromkeys([*spec_keep.get(r, ()), f"{group}.*"]))} for r in regions
-                if group in where.get(r, ())}}
-            layers = spec_layers(adapter, profile, precision=precision, overrides=keep, **compile_kw)
+                if group in where.get(r, ())}
+            layers = spec_layers(adapter, profile, precision=precision, **overrides(keep), **compile_kw)
             torch.compiler.reset()
             apply(handle.modules, layers=layers, gpu=profile, preparations=adapter.preparations(handle.pipe))
             try:

@@ -578,7 +578,10 @@ def test_fp8_sensitivity_finds_the_groups_of_path_keyed_regions(tmp_path):
     CPU's fp8 numerics, so the keeps are applied and checked."""
     from benchmarks.fp8_sensitivity import main
 
-    assert main(["--model", "z-image-tiny", "--cpu-fp8", "--out", str(tmp_path)]) == 0
+    with pytest.raises(SystemExit):  # its spec declares no fp8 regions: the keys must be named
+        main(["--model", "z-image-tiny", "--cpu-fp8", "--out", str(tmp_path)])
+    sites = "transformer.layers.*,transformer.noise_refiner.*,transformer.context_refiner.*"
+    assert main(["--model", "z-image-tiny", "--cpu-fp8", "--regions", sites, "--out", str(tmp_path)]) == 0
     rec = json.loads((tmp_path / "fp8_sensitivity_z-image-tiny_cpu.json").read_text())
     assert rec["groups"] == ["attention", "feed_forward", "adaLN_modulation"]
     rows = {r["row"]: r["distance"] for r in rec["rows"]}
