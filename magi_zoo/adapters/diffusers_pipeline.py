@@ -171,9 +171,9 @@ class DiffusersPipelineAdapter(Adapter):
         self.check_shape(handle.pipe, call)
         if cfg_parallel_active(handle.plan) and not self.runs_cfg(call, handle.variant):
             low = self.cfg_option is not None and float(call.get(self.cfg_option) or 0.0) <= self.cfg_threshold
+            why = f"{self.cfg_option} <= {self.cfg_threshold:g}" if low else "not with these settings"
             raise ValueError(f"cfg parallel splits classifier-free guidance, which this call of {handle.variant.name} "
-                             f"does not run ({f'{self.cfg_option} <= {self.cfg_threshold:g}' if low else 'not with these settings'}); "
-                             "drop cfg parallel (--no-cfg-parallel)")
+                             f"does not run ({why}); drop cfg parallel (--no-cfg-parallel)")
         handle.pipe.set_progress_bar_config(disable=not progress)
         if self.output_kind == "video":
             return Output("video", np.asarray(handle(prompt=prompt, output_type="np", **options).frames[0]),
