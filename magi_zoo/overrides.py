@@ -158,9 +158,11 @@ def with_precision(layers: Layers, matmul: str) -> Layers:
     not say which of its matmuls may change format."""
     keys = fp8_region_keys(layers)
     if not keys:
-        raise ValueError(f"precision={matmul!r}: this spec declares no [*.precision] regions, so no "
-                         "matmul may change format; add e.g. `Block = { matmul = \"bf16\" }` under "
-                         "[default.precision] for the repeated blocks")
+        raise ValueError(f"precision={matmul!r}: this spec declares no fp8 regions (no [*.precision] key names a "
+                         "`matmul`), so no matmul may change format. A spec that lists its blocks for their "
+                         "fusions only says in its comment why fp8 is not offered (`magi-zoo spec MODEL` names "
+                         "the file); to declare a region, add e.g. `Block = { matmul = \"bf16\" }` under "
+                         "[default.precision]")
     return _on_top(layers, PlanLayer(precision={k: {"matmul": matmul, "attention": matmul} for k in keys}))
 
 

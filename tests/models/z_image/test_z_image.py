@@ -113,6 +113,18 @@ def test_cfg_runs_above_zero_guidance():
     assert not adapter.runs_cfg(dict(variant.call_defaults), variant)  # Turbo: guidance-distilled
 
 
+def test_fp8_is_refused_before_any_build():
+    """Its spec lists the blocks for the q/k norm + rope fusion only (fp8 failed the quality gate
+    on an H100: the spec's comment has the distances), so precision="fp8" is refused as the plan
+    is read, before any weights exist."""
+    from magi_zoo.overrides import spec_layers
+    from magi_zoo.specs import get_profile
+
+    adapter, _ = magi_zoo.adapters.lookup("z-image-turbo")
+    with pytest.raises(ValueError, match="declares no fp8 regions"):
+        spec_layers(adapter, get_profile("h100"), precision="fp8")
+
+
 def test_image_side_past_the_rope_table_is_refused_before_any_work():
     adapter, variant = magi_zoo.adapters.lookup("z-image-turbo")
     limits = adapter.call_limits(variant)
