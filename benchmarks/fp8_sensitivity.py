@@ -112,13 +112,13 @@ def main(argv=None) -> int:
         resolved = preview(nn.ModuleDict(adapter.components(pipe)), base).section("precision").regions()
         return {key: _groups(targets[0].module) for (key, _), targets in resolved.items() if key in regions}
 
-    def block_groups(pipe) -> list[str]:
+    def every_group(per_region: dict[str, list[str]]) -> list[str]:
         """Every region's groups, each once, in order."""
-        return list(dict.fromkeys(g for gs in region_groups(pipe).values() for g in gs))
+        return list(dict.fromkeys(g for gs in per_region.values() for g in gs))
 
     asked = [g.strip() for g in args.groups.split(",") if g.strip()] if args.groups else None
     if asked:  # checked on a weightless build (the meta device) before the real one
-        known = block_groups(adapter.build_random(derived, torch.bfloat16, torch.device("meta")))
+        known = every_group(region_groups(adapter.build_random(derived, torch.bfloat16, torch.device("meta"))))
         unknown = [g for g in asked if g not in known]
         if unknown:
             ap.error(f"--groups {', '.join(unknown)}: not a child of the block that holds linears; "
@@ -130,8 +130,8 @@ def main(argv=None) -> int:
     shape = {k: v for k, v in (("height", args.height), ("width", args.width), ("frames", args.frames)) if v}
     inputs = adapter.example_inputs(handle.pipe, handle.variant, adapter.entry_points[0], **shape)
     call = lambda kw: run._first_tensor(getattr(module, method)(**kw)).double()  # noqa: E731
-    where = region_groups(handle.pipe)
-    groups = asked or block_groups(handle.pipe)
+    where = region_groups(handle.pipe)  # the plan resolved once on the real build
+    groups = asked or every_group(where)
     # what the plan already keeps bf16, per region, as the engine resolves the layers it is made of
     resolved = preview(handle.modules, base, adapter.preparations(handle.pipe)).section("precision")
     spec_keep = {key: targets[0].spec.keep_bf16 for (key, _), targets in resolved.regions().items()}
