@@ -306,12 +306,28 @@ class Adapter:
         from its config; None: sizes are not the family's (counts are still checked)."""
         return None
 
+    def count_caps(self, variant: Variant) -> dict[str, tuple[int, str]]:
+        """call key -> (the largest count a call may ask, why), from `variant`'s config. Default:
+        `num_inference_steps` at most the scheduler's `num_train_timesteps` where the config
+        names one: the schedule has no finer grid to step on (diffusers' discrete schedulers
+        refuse more steps themselves; a flow-matching one builds sigma arrays of any length and
+        runs that many forwards). Families with a language model add its token budgets, capped
+        at its position table."""
+        sched = variant.config.get("scheduler") if isinstance(variant.config, dict) else None
+        if not isinstance(sched, dict):
+            return {}
+        # a config that leaves it out gets the library's default: 1,000 in every diffusers scheduler
+        n = sched.get("num_train_timesteps", 1000)
+        return {"num_inference_steps": (n, f"its scheduler has {n:,} training timesteps")}
+
     def check_call(self, variant: Variant, call: dict[str, Any], *, name=lambda k: k,
                    device_gib: float | None = None) -> None:
         """A call (call defaults filled in) checked before any work, by the general rule of
-        `call_checks.check_call` over `call_limits(variant)`: the handle runs it before each
-        call, `check_run` before the build. `name(key)` words the argument (a CLI flag)."""
-        check_call(variant.name, call, self.call_limits(variant), name=name, device_gib=device_gib)
+        `call_checks.check_call` over `call_limits(variant)` and `count_caps(variant)`: the
+        handle runs it before each call, `check_run` before the build. `name(key)` words the
+        argument (a CLI flag)."""
+        check_call(variant.name, call, self.call_limits(variant), name=name, device_gib=device_gib,
+                   caps=self.count_caps(variant))
 
     def prompt_truncation(self, native: Any, prompt: str, call: dict[str, Any]) -> dict[str, int]:
         """encoder -> token limit, for each text encoder of `native` that will read only the

@@ -5,6 +5,10 @@ config (`Adapter.call_limits`); `check_call` applies the same rule to all of the
 
 - counts (steps, frames, sizes, token budgets) are positive integers; guidance scales are
   numbers >= 0; a seed is an integer a torch.Generator takes (0 to 2**64 - 1);
+- a count the family caps (`Adapter.count_caps`: the denoising steps at the scheduler's
+  training timesteps, a token budget at the language model's position table) is at most its
+  cap: past it a call would only fill the memory (a static KV cache sized by the budget, a
+  sigma schedule of that length) or run without end, never make a better output;
 - height and width divide by the pixels one token covers (the VAE's downsampling times the
   patch size), and a video's frame count is 1 + k times the VAE's temporal factor (the
   pipelines would otherwise round it, or fail deep inside a reshape);
@@ -55,14 +59,19 @@ def _label(name: Callable[[str], str], key: str, value: Any) -> str:
 
 
 def check_call(variant: str, call: Mapping[str, Any], limits: CallLimits | None, *,
-               name: Callable[[str], str] = lambda k: k, device_gib: float | None = None) -> None:
+               name: Callable[[str], str] = lambda k: k, device_gib: float | None = None,
+               caps: Mapping[str, tuple[int, str]] | None = None) -> None:
     """Raise a ValueError naming the argument (`name(key)`: a CLI flag or the keyword) and
     what would work, for a call `variant` cannot make. `device_gib`: the card's memory when
-    the call runs on one (None: on the host)."""
+    the call runs on one (None: on the host). `caps`: count -> (largest value, why)."""
     for k in COUNTS:
         v = call.get(k)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise ValueError(f"{name(k)} must be a positive integer, got {v!r}")
+    for k, (cap, why) in (caps or {}).items():
+        v = call.get(k)
+        if v is not None and v > cap:
+            raise ValueError(f"{_label(name, k, v)}: {variant} takes at most {cap:,} ({why}); ask for fewer")
     for k in SCALES:
         v = call.get(k)
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0):

@@ -4,6 +4,7 @@ covers, a memory estimate against the machine, and counts that make no sense (0 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -26,8 +27,10 @@ def no_build(monkeypatch):
 
 
 def _cli_error(capsys, argv) -> str:
+    """stderr of a refused run, less the heartbeat (`  ... loading the model libraries: 1 s`,
+    printed when a stage is quiet for 1.25 s: on a busy machine, or the first import in a process)."""
     assert main(argv) == 2
-    return capsys.readouterr().err
+    return "".join(line for line in capsys.readouterr().err.splitlines(keepends=True) if not line.startswith("  ... "))
 
 
 @pytest.mark.parametrize("model, out, extra, match", [
@@ -95,3 +98,59 @@ def test_check_run_uses_cli_flag_names(tmp_path):
     adapter, variant = adapters.lookup("wan2.1-tiny")
     with pytest.raises(ValueError, match="--height 17"):
         adapter.check_run(variant, {"height": 17}, Path(tmp_path / "v.mp4"))
+
+
+@pytest.mark.parametrize("model, argv, match", [
+    # 10**8 steps built sigma arrays until the OOM killer came; the cap is the scheduler's grid
+    ("wan2.1-tiny", ["--out", "v.mp4", "--steps", "100000000"],
+     r"--steps 100000000: wan2.1-tiny takes at most 1,000 \(its scheduler has 1,000 training timesteps\)"),
+    ("flux-tiny", ["--out", "i.png", "--steps", "1001"], "takes at most 1,000"),
+    ("bagel-tiny", ["--out", "a.txt", "--task", "understand", "--image", "IMAGE", "--max-new-tokens", "100000000"],
+     r"takes at most 1,024 \(its language model holds 1,024 positions\)"),
+])
+def test_cli_counts_past_their_caps_are_refused_before_the_build(capsys, tmp_path, no_build, model, argv, match):
+    from PIL import Image
+
+    image = tmp_path / "in.png"
+    Image.new("RGB", (64, 64)).save(image)
+    argv = [str(tmp_path / a) if a.endswith((".mp4", ".png", ".txt")) else str(image) if a == "IMAGE" else a
+            for a in argv]
+    err = _cli_error(capsys, ["run", model, "--gpu", "cpu", "--prompt", "x", *argv])
+    assert err.startswith("magi-zoo: error:") and len(err.strip().splitlines()) == 1, err
+    assert re.search(match, err), err
+
+
+def test_count_caps_come_from_the_config():
+    """Each cap is read from the variant's config, so a config with another grid or table
+    moves it; a count at its cap passes, one past it is refused."""
+    for name, key, cap in [("wan2.1-t2v-1.3b", "num_inference_steps", 1000),
+                           ("ltx-2", "num_inference_steps", 1000),  # its config leaves the default
+                           ("bagel-7b-mot", "max_think_tokens", 32768),
+                           ("qwen3-omni-30b-a3b", "max_new_tokens", 65536),
+                           ("qwen3-omni-30b-a3b", "talker_max_new_tokens", 65536),
+                           ("qwen3-omni-tiny", "max_new_tokens", 4096)]:
+        adapter, variant = adapters.lookup(name)
+        assert adapter.count_caps(variant)[key][0] == cap, name
+        adapter.check_call(variant, {key: cap})
+        with pytest.raises(ValueError, match=f"{key}={cap + 1}: {name} takes at most {cap:,}"):
+            adapter.check_call(variant, {key: cap + 1})
+    adapter, variant = adapters.lookup("wan2.1-tiny")
+    other = dataclasses.replace(variant, config=dict(variant.config, scheduler=dict(variant.config["scheduler"],
+                                                                                   num_train_timesteps=50)))
+    with pytest.raises(ValueError, match="at most 50"):
+        adapter.check_call(other, {"num_inference_steps": 51})
+    adapter, variant = adapters.lookup("self-forcing-tiny")
+    assert adapter.count_caps(variant) == {}  # a fixed denoising list: no scheduler to cap
+
+
+def test_python_call_past_a_token_cap_is_refused_before_the_cache_is_sized():
+    """qwen3-omni sizes its static KV cache by the token budget: 10**9 asked the host for 128 GB
+    before this check; now the handle refuses it before the pipeline runs."""
+    h = magi_zoo.load("qwen3-omni-tiny", gpu="cpu", compile=False)
+
+    def boom(*a, **k):
+        raise AssertionError("the pipeline ran before the bad call was refused")
+
+    h.pipe = type("P", (), {"__call__": boom})()
+    with pytest.raises(ValueError, match="max_new_tokens=1000000000: qwen3-omni-tiny takes at most 4,096"):
+        h("x", max_new_tokens=10**9)

@@ -158,6 +158,14 @@ class BagelAdapter(Adapter):
     def out_suffixes(self, variant: Variant, given: dict[str, Any]) -> tuple[str, ...]:
         return (".txt",) if self.task_of(given) == "understand" else (".png", ".jpg", ".jpeg", ".webp")
 
+    def count_caps(self, variant: Variant) -> dict[str, tuple[int, str]]:
+        """The answer's and the reasoning's token budgets at most the language model's position
+        table (`max_position_embeddings`): a reply cannot run past it. BAGEL's sampler steps in
+        continuous time (`flow.flow_timesteps`), with no scheduler grid to cap its steps."""
+        n = variant.config["llm"]["max_position_embeddings"]
+        why = f"its language model holds {n:,} positions"
+        return {"max_new_tokens": (n, why), "max_think_tokens": (n, why)}
+
     def call_limits(self, variant: Variant) -> CallLimits:
         """From the config: pixels divide by the VAE's downsampling times `latent_patch_size`;
         at most `max_latent_size` patches per side (the rows of `latent_pos_embed`)."""

@@ -184,6 +184,16 @@ class Qwen3OmniAdapter(Adapter):
     def call_defaults(self, variant: Variant) -> dict[str, Any]:
         return {"max_new_tokens": variant.call_defaults["max_new_tokens"]}
 
+    def count_caps(self, variant: Variant) -> dict[str, tuple[int, str]]:
+        """The thinker's and the talker's token budgets at most their position tables: the
+        pipeline sizes each static KV cache by its budget (a budget of 10**9 asked the host for
+        128 GB on the tiny variant), and no reply runs past its table."""
+        caps = {}
+        for key, part in (("max_new_tokens", "thinker"), ("talker_max_new_tokens", "talker")):
+            n = variant.config[part]["text_config"]["max_position_embeddings"]
+            caps[key] = (n, f"its {part} holds {n:,} positions")
+        return caps
+
     def check_run(self, variant: Variant, options: dict[str, Any], out: Path | None = None) -> dict[str, Any]:
         given = super().check_run(variant, options, out)
         if given.get("audio_out") is not None and Path(given["audio_out"]).suffix.lower() != ".wav":
