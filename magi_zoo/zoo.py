@@ -122,6 +122,7 @@ class ZooPipeline:
         return call
 
     def __call__(self, *args, **kwargs):
+        args, kwargs = _by_name(self.pipe.__call__, args, kwargs)
         out = self.pipe(*args, **self.check_call(kwargs))
         self._maybe_save_cache()
         return out
@@ -131,6 +132,7 @@ class ZooPipeline:
         each block's decoded frames as they are made); call defaults filled in as for a call."""
         if not callable(getattr(self.pipe, "stream", None)):
             raise TypeError(f"{self.variant.name} does not stream; call the handle instead")
+        args, kwargs = _by_name(self.pipe.stream, args, kwargs)
         yield from self.pipe.stream(*args, **self.check_call(kwargs))
         self._maybe_save_cache()
 
@@ -196,6 +198,27 @@ class ZooPipeline:
 
 
 _STRICT: dict[Any, Any] = {}  # function -> its arguments' strict pydantic model, made on first use
+
+
+def _by_name(fn, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+    """Positional arguments of a pipeline call, as the keywords they bind to in `fn`'s signature,
+    so the checks before any work see them too (a count passed by position is checked where it
+    lands). Left positional where the signature takes `*args` or cannot be read; a name given
+    twice is the TypeError Python would raise, before the pipeline runs."""
+    if not args:
+        return args, kwargs
+    try:
+        sig = inspect.signature(fn)
+        bound = sig.bind_partial(*args)
+    except (TypeError, ValueError):
+        return args, kwargs  # no readable signature, or too many positionals: the pipeline says so
+    if any(sig.parameters[k].kind is inspect.Parameter.VAR_POSITIONAL for k in bound.arguments):
+        return args, kwargs
+    twice = sorted(set(bound.arguments) & set(kwargs))
+    if twice:
+        raise TypeError(f"{getattr(fn, '__qualname__', 'the pipeline call')}() got multiple values for "
+                        f"argument {twice[0]!r} (by position and by name)")
+    return (), {**bound.arguments, **kwargs}
 
 
 def strict_arguments(fn: Any, values: Mapping[str, Any]) -> None:

@@ -5,6 +5,7 @@ covers, a memory estimate against the machine, and counts that make no sense (0 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from pathlib import Path
 
@@ -140,7 +141,7 @@ def test_count_caps_come_from_the_config():
     with pytest.raises(ValueError, match="at most 50"):
         adapter.check_call(other, {"num_inference_steps": 51})
     adapter, variant = adapters.lookup("self-forcing-tiny")
-    assert adapter.count_caps(variant) == {}  # a fixed denoising list: no scheduler to cap
+    assert "num_inference_steps" not in adapter.count_caps(variant)  # a fixed denoising list: no scheduler
 
 
 def test_python_call_past_a_token_cap_is_refused_before_the_cache_is_sized():
@@ -154,3 +155,64 @@ def test_python_call_past_a_token_cap_is_refused_before_the_cache_is_sized():
     h.pipe = type("P", (), {"__call__": boom})()
     with pytest.raises(ValueError, match="max_new_tokens=1000000000: qwen3-omni-tiny takes at most 4,096"):
         h("x", max_new_tokens=10**9)
+
+
+def test_positional_arguments_are_checked_where_they_land():
+    """The handle binds positional arguments to the pipeline's own parameter names before its
+    checks: WanPipeline's sixth positional is num_inference_steps, so 10**8 there is refused as
+    steps; a name given by position and by keyword is Python's TypeError, before any work."""
+    h = magi_zoo.load("wan2.1-tiny", gpu="cpu", compile=False)
+    seen = {}
+
+    native = type(h.pipe).__call__
+
+    @functools.wraps(native)  # the pipeline's own signature, which the handle binds by
+    def record(self, *args, **kwargs):
+        seen.update(args=args, kwargs=kwargs)
+
+    h.pipe.__class__ = type("Recording", (type(h.pipe),), {"__call__": record})
+    with pytest.raises(ValueError, match="num_inference_steps=100000000: wan2.1-tiny takes at most 1,000"):
+        h("x", None, 64, 64, 9, 10**8)
+    with pytest.raises(ValueError, match="height must be a positive integer, got 0"):
+        h("x", None, 0)
+    with pytest.raises(TypeError, match="multiple values for argument 'prompt'"):
+        h("x", prompt="y")
+    assert not seen  # the pipeline never ran
+    h("x", "blurry", num_inference_steps=2)
+    assert seen["args"] == () and seen["kwargs"]["prompt"] == "x" and seen["kwargs"]["negative_prompt"] == "blurry"
+    assert seen["kwargs"]["num_inference_steps"] == 2
+
+
+def test_text_length_caps():
+    """max_sequence_length: Wan's official text_len (and exactly it for image-to-video, whose
+    attention splits image from text tokens at 512 from the end), the pipelines' own limits
+    (Flux 512, Qwen-Image 1024) checked before the build, the text encoder's position table."""
+    for name, cap in [("wan2.1-t2v-1.3b", 512), ("self-forcing-tiny", 512), ("flux.1-dev", 512),
+                      ("qwen-image", 1024), ("ltx-2", 131072), ("flux.2-klein-4b", 40960), ("z-image-turbo", 992)]:
+        adapter, variant = adapters.lookup(name)
+        adapter.check_call(variant, {"max_sequence_length": cap})
+        with pytest.raises(ValueError, match=f"max_sequence_length={cap + 1}: {name} takes at most {cap:,}"):
+            adapter.check_call(variant, {"max_sequence_length": cap + 1})
+    adapter, variant = adapters.lookup("wan2.1-i2v-14b-480p")
+    adapter.check_call(variant, {"max_sequence_length": 512})
+    with pytest.raises(ValueError, match="takes exactly 512 text tokens"):
+        adapter.check_call(variant, {"max_sequence_length": 256})
+    adapter, variant = adapters.lookup("wan2.1-t2v-1.3b")
+    adapter.check_call(variant, {"max_sequence_length": 256})  # text-to-video may take fewer
+
+
+def test_z_image_caption_cap_is_the_rope_table_edge():
+    """The cap is exact: a 4,000-token prompt runs at max_sequence_length=992 (the caption padded
+    to 992, the image at position 993 of RoPE's 1,024) and 1,024 is refused before the text
+    encoder runs, where it failed with an IndexError after it."""
+    h = magi_zoo.load("z-image-tiny", gpu="cpu", compile=False)
+    prompt = " ".join(["cat dog bird fish"] * 400)
+    assert len(h.pipe.tokenizer(prompt).input_ids) > 1024
+    h(prompt, max_sequence_length=992, num_inference_steps=1, height=64, width=64)
+
+    def boom(*a, **k):
+        raise AssertionError("the pipeline ran before the bad call was refused")
+
+    h.pipe = type("P", (), {"__call__": boom})()
+    with pytest.raises(ValueError, match="max_sequence_length=1024: z-image-tiny takes at most 992"):
+        h(prompt=prompt, max_sequence_length=1024)

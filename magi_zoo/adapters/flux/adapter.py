@@ -175,6 +175,11 @@ class FluxAdapter(DiffusersPipelineAdapter):
         return [single_stream_preparation(pipe.transformer), fused_mlp_preparation(pipe.transformer),
                 joint_norm_rope_preparation("Flux", [pipe.transformer], processor_class)]
 
+    def count_caps(self, variant: Variant) -> dict[str, tuple[int, str]]:
+        """FluxPipeline's own limit on the T5 prompt (512 tokens), checked before the build
+        instead of at the call."""
+        return {**super().count_caps(variant), "max_sequence_length": (512, "FluxPipeline's T5 limit")}
+
     def call_limits(self, variant: Variant) -> CallLimits:
         """From the config: pixels divide by the VAE's downsampling (2 per level after the
         first: 8 published) times the 2x2 packing; RoPE is computed per call, so no longest side."""

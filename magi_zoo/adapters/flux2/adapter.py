@@ -62,6 +62,11 @@ class Flux2Adapter(DiffusersPipelineAdapter):
     def preparations(self, pipe) -> list[Preparation]:
         return [joint_norm_rope_preparation("FLUX.2", [pipe.transformer], processor_classes)]
 
+    def count_caps(self, variant: Variant) -> dict[str, tuple[int, str]]:
+        """The prompt's tokens at most the text encoder's position table (Mistral's, or Klein's Qwen3)."""
+        n = variant.config["text"]["max_position_embeddings"]
+        return {**super().count_caps(variant), "max_sequence_length": (n, f"its text encoder holds {n:,} positions")}
+
     def call_limits(self, variant: Variant) -> CallLimits:
         """Pixels divide by the VAE's downsampling (2 per level after the first: 8 published)
         times the 2x2 latent patches; RoPE is computed per call (no longest side)."""

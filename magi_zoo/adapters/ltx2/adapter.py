@@ -83,6 +83,11 @@ class LTX2Adapter(DiffusersPipelineAdapter):
         blocks = pipe.transformer.transformer_blocks
         return [same_layout_preparation(blocks, ("hidden_states", "audio_hidden_states"), "audio-video")]
 
+    def count_caps(self, variant: Variant) -> dict[str, tuple[int, str]]:
+        """The prompt's tokens at most the Gemma text encoder's position table."""
+        n = variant.config["text_encoder"]["max_position_embeddings"]
+        return {**super().count_caps(variant), "max_sequence_length": (n, f"its text encoder holds {n:,} positions")}
+
     def call_limits(self, variant: Variant) -> CallLimits:
         """From the config: pixels divide by the video VAE's 32x (its 4x4 patchify and 3 levels)
         times the transformer's patch (1); frames are 1 + 8 k (its temporal factor)."""

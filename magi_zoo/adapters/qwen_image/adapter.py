@@ -55,6 +55,11 @@ class QwenImageAdapter(DiffusersPipelineAdapter):
     def preparations(self, pipe) -> list[Preparation]:
         return [joint_norm_rope_preparation("Qwen-Image", [pipe.transformer], processor_class)]
 
+    def count_caps(self, variant: Variant) -> dict[str, tuple[int, str]]:
+        """QwenImagePipeline's own limit on the prompt (1024 tokens), checked before the build
+        instead of at the call."""
+        return {**super().count_caps(variant), "max_sequence_length": (1024, "QwenImagePipeline's limit")}
+
     def call_limits(self, variant: Variant) -> CallLimits:
         """Pixels divide by the VAE's downsampling (2 per temporal-downsample entry: 8 published)
         times the 2x2 patches; RoPE is computed per call (no longest side)."""

@@ -178,6 +178,10 @@ class SelfForcingAdapter(Adapter):
                     rope_cos=cos, rope_sin=sin, **cache.step_args(b))
 
     # -- `magi-zoo run` -------------------------------------------------------------------------
+    def count_caps(self, variant: Variant) -> dict[str, tuple[int, str]]:
+        """The prompt's tokens at most the reference's `text_len` (a fixed denoising list: no steps to cap)."""
+        return {"max_sequence_length": (TEXT_LEN, f"the reference pads every prompt to {TEXT_LEN} tokens")}
+
     def call_limits(self, variant: Variant) -> CallLimits:
         """Wan2.1's: pixels divide by the VAE's 8x times the 2x2 patch; at most `rope_max_seq_len`
         patches per side (frames: `check_run`'s 12 m - 3; the model checks its RoPE table's length)."""

@@ -17,7 +17,7 @@ from . import distill, original
 from .attention import norm_rope_preparation
 from .vae import is_wan_vae, vae_preparation
 from .activations import activation_gib
-from .config import CLIP_H, I2V_14B, SCHEDULER, T2V_1_3B, T2V_14B, TINY, UMT5_XXL, VAE
+from .config import CLIP_H, I2V_14B, SCHEDULER, T2V_1_3B, T2V_14B, TEXT_LEN, TINY, UMT5_XXL, VAE
 
 
 def _variant(name, transformer, hub_id, desc, *, flow_shift=3.0, call=None, **extra):
@@ -139,6 +139,25 @@ class WanAdapter(DiffusersPipelineAdapter):
         return CallLimits(pixel_multiple=ss * ph, why_multiple=f"VAE {ss}x down x {ph}x{ph} patches",
                           max_grid=rope, why_grid=f"its RoPE table has {rope} positions per axis",
                           frame_step=st, max_latent_frames=rope * pt)
+
+    def count_caps(self, variant: Variant) -> dict[str, tuple[int, str]]:
+        """Steps (the base rule) and the prompt's tokens at most the official `text_len`
+        (config.TEXT_LEN): a longer one the DiT never saw, and the text encoder's position bias
+        grows with its square (10**6 tokens asked the host for 1 TB)."""
+        return {**super().count_caps(variant),
+                "max_sequence_length": (TEXT_LEN, f"Wan's official code pads every prompt to {TEXT_LEN} tokens")}
+
+    def check_call(self, variant: Variant, call: dict[str, Any], **kw) -> None:
+        """The base checks; an image-to-video call's text is exactly TEXT_LEN tokens: diffusers'
+        Wan attention takes the last 512 context tokens as text and the rest as the image's, so
+        any other length would split them wrongly without an error."""
+        super().check_call(variant, call, **kw)
+        n = call.get("max_sequence_length")
+        if self.image_to_video(variant) and n is not None and n != TEXT_LEN:
+            name = kw.get("name", lambda k: k)
+            raise ValueError(f"{name('max_sequence_length')}={n!r}: {variant.name} takes exactly {TEXT_LEN} text "
+                             f"tokens (diffusers' Wan attention reads the last {TEXT_LEN} context tokens as text "
+                             f"and the ones before them as the image's); leave it at {TEXT_LEN}")
 
     @staticmethod
     def image_to_video(variant: Variant) -> bool:

@@ -12,6 +12,10 @@ UMT5_XXL = dict(vocab_size=256384, d_model=4096, d_kv=64, d_ff=10240, num_layers
 VAE = dict(base_dim=96, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[],
            temperal_downsample=[False, True, True], dropout=0.0)
 # UniPC with flow sigmas, shift 3.0 for 480p (5.0 for 720p), as in the published scheduler_config.
+# UMT5 tokens Wan's official code pads every prompt to (`text_len` in its shared config): the
+# DiT never saw a longer context, and diffusers' I2V attention splits image from text tokens at
+# 512 from the end (`encoder_hidden_states.shape[1] - 512` in transformer_wan.py).
+TEXT_LEN = 512
 SCHEDULER = dict(prediction_type="flow_prediction", use_flow_sigmas=True, num_train_timesteps=1000,
                  flow_shift=3.0, solver_order=2, solver_type="bh2", timestep_spacing="linspace")
 T2V_1_3B = dict(patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16,

@@ -57,6 +57,16 @@ class ZImageAdapter(DiffusersPipelineAdapter):
     def preparations(self, pipe) -> list[Preparation]:
         return [norm_rope_preparation(pipe.transformer)]
 
+    def count_caps(self, variant: Variant) -> dict[str, tuple[int, str]]:
+        """The caption's tokens fit RoPE's first axis: diffusers pads the caption to a multiple of
+        32 from position 1 and puts the image at the next position, which must be inside the
+        table of `axes_lens[0]`: (1024 - 2) // 32 * 32 = 992 as published (a 1,024-token caption
+        failed with an IndexError after the text encoder ran)."""
+        n = variant.config["transformer"]["axes_lens"][0]
+        cap = (n - 2) // 32 * 32
+        return {**super().count_caps(variant),
+                "max_sequence_length": (cap, f"its RoPE table has {n} caption positions, filled 32 at a time")}
+
     def call_limits(self, variant: Variant) -> CallLimits:
         """Pixels divide by the VAE's downsampling (2 per level after the first: 8 published)
         times the 2x2 patches; RoPE's image axes hold 512 positions each, so a side of the
