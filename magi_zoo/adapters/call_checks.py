@@ -3,8 +3,9 @@
 Every family says what its calls can make as a `CallLimits`, filled from its variant's
 config (`Adapter.call_limits`); `check_call` applies the same rule to all of them:
 
-- counts (steps, frames, sizes, token budgets) are positive integers; guidance scales are
-  numbers >= 0; a seed is an integer a torch.Generator takes (0 to 2**64 - 1);
+- counts (steps, frames, sizes, token budgets) are positive integers (numpy's too); guidance
+  scales are finite numbers >= 0; a seed is an integer a torch.Generator takes (0 to 2**64 - 1);
+  a `generator` is a torch.Generator, or a list of them;
 - a count the family caps (`Adapter.count_caps`: the denoising steps at the scheduler's
   training timesteps, a token budget at the language model's position table) is at most its
   cap: past it a call would only fill the memory (a static KV cache sized by the budget, a
@@ -14,16 +15,20 @@ config (`Adapter.call_limits`); `check_call` applies the same rule to all of the
   pipelines would otherwise round it, or fail deep inside a reshape);
 - no axis has more patches than the model's position table holds (Wan's RoPE table,
   BAGEL's latent position embedding);
-- the decoded output (float32 frames) fits the machine: the host's memory, and the card's
-  when the call runs on one. It is a lower bound of what the call needs, so a refusal is
+- the decoded output (float32 frames, times the outputs per prompt and the prompts of a list)
+  fits the machine: the host's memory, and the card's when the call runs on one. It is a lower bound of what the call needs, so a refusal is
   never wrong; it turns an allocator's abort into a line that says how big the ask was.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 import os
 from typing import Any, Callable, Mapping
+
+import torch
 
 # Call arguments that count something: positive integers.
 COUNTS = ("num_inference_steps", "num_frames", "height", "width", "max_new_tokens", "max_think_tokens",
@@ -58,6 +63,18 @@ def _label(name: Callable[[str], str], key: str, value: Any) -> str:
     return f"{flag} {value}" if flag.startswith("--") else f"{flag}={value!r}"
 
 
+def _is_generator(g: Any) -> bool:
+    return isinstance(g, torch.Generator)
+
+
+def outputs_of(call: Mapping[str, Any]) -> int:
+    """How many images or videos a call makes: its outputs per prompt times the prompts of a list."""
+    prompts = call.get("prompt")
+    n = len(prompts) if isinstance(prompts, (list, tuple)) and prompts else 1
+    per = call.get("num_images_per_prompt") or call.get("num_videos_per_prompt") or 1
+    return n * int(per)
+
+
 def check_call(variant: str, call: Mapping[str, Any], limits: CallLimits | None, *,
                name: Callable[[str], str] = lambda k: k, device_gib: float | None = None,
                caps: Mapping[str, tuple[int, str]] | None = None) -> None:
@@ -66,7 +83,7 @@ def check_call(variant: str, call: Mapping[str, Any], limits: CallLimits | None,
     the call runs on one (None: on the host). `caps`: count -> (largest value, why)."""
     for k in COUNTS:
         v = call.get(k)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1):
             raise ValueError(f"{name(k)} must be a positive integer, got {v!r}")
     for k, (cap, why) in (caps or {}).items():
         v = call.get(k)
@@ -74,8 +91,13 @@ def check_call(variant: str, call: Mapping[str, Any], limits: CallLimits | None,
             raise ValueError(f"{_label(name, k, v)}: {variant} takes at most {cap:,} ({why}); ask for fewer")
     for k in SCALES:
         v = call.get(k)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0):
-            raise ValueError(f"{name(k)} must be a number >= 0, got {v!r}")
+        # inf passed `>= 0` and made a video of NaNs: the guided prediction is inf * (cond - uncond)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 <= v < math.inf):
+            raise ValueError(f"{name(k)} must be a finite number >= 0, got {v!r}")
+    g = call.get("generator")
+    if g is not None and not (_is_generator(g) or (isinstance(g, (list, tuple)) and g and all(map(_is_generator, g)))):
+        raise ValueError(f"{name('generator')} must be a torch.Generator or a list of them (one per output), got "
+                         f"{type(g).__name__}; for a seeded one: torch.Generator().manual_seed(N)")
     seed = call.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX):
         raise ValueError(f"{name('seed')} must be an integer from 0 to 2**64 - 1 (a torch.Generator seed), got "
@@ -109,13 +131,15 @@ def check_call(variant: str, call: Mapping[str, Any], limits: CallLimits | None,
     if h is None or w is None:
         return
     frames = f or 1
-    need = frames * h * w * 3 * 4  # the decoded output as float32: a lower bound of the call's memory
+    # the decoded outputs as float32, all of them: a lower bound of the call's memory
+    need = frames * h * w * 3 * 4 * outputs_of(call)
     host = host_memory_bytes()
     places = [(host, "this machine's memory")] if host else []
     if device_gib is not None:
         places.append((device_gib * 2**30, "the card"))
     for have, where in places:
         if need > have:
-            size = f"{h}x{w}" + (f" x {f} frames" if f else "")
+            size = f"{h}x{w}" + (f" x {f} frames" if f else "") + (f" x {outputs_of(call)} outputs"
+                                                                  if outputs_of(call) > 1 else "")
             raise ValueError(f"{size}: {variant}'s decoded output alone is {need / 2**30:,.1f} GiB (float32), more "
-                             f"than the {have / 2**30:,.0f} GiB of {where}; ask for a smaller size")
+                             f"than the {have / 2**30:,.0f} GiB of {where}; ask for a smaller size or fewer outputs")

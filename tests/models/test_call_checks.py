@@ -64,7 +64,14 @@ def test_memory_estimate_is_against_the_machine():
     ({"num_inference_steps": 1.5}, "num_inference_steps must be a positive integer"),
     ({"num_frames": -3}, "num_frames must be a positive integer, got -3"),
     ({"height": True}, "height must be a positive integer"),
-    ({"guidance_scale": -1.0}, "guidance_scale must be a number >= 0"),
+    ({"guidance_scale": -1.0}, "guidance_scale must be a finite number >= 0"),
+    # inf passed `>= 0` and made a video of NaNs
+    ({"guidance_scale": float("inf")}, "guidance_scale must be a finite number >= 0, got inf"),
+    ({"generator": 5}, "generator must be a torch.Generator or a list of them"),
+    ({"generator": []}, "generator must be a torch.Generator"),
+    # 10**9 tiny videos are ~100 TiB decoded: the outputs count, not one video's size
+    ({"num_videos_per_prompt": 10**9}, r"x 1000000000 outputs: .* GiB"),
+    ({"prompt": ["x"] * 10**5, "height": 512, "width": 512, "num_frames": 81}, r"x 100000 outputs: .* GiB"),
     ({"height": 40}, "divisible by 16"),
 ])
 def test_python_call_is_checked_before_any_work(kwargs, match):
@@ -75,7 +82,18 @@ def test_python_call_is_checked_before_any_work(kwargs, match):
 
     h.pipe = type("P", (), {"__call__": boom})()
     with pytest.raises(ValueError, match=match):
-        h(prompt="x", **kwargs)
+        h(**{"prompt": "x", **kwargs})
+
+
+def test_numpy_counts_and_scales_are_numbers():
+    """Sizes computed with numpy are integers: taken as they are, not refused."""
+    import numpy as np
+
+    adapter, variant = adapters.lookup("wan2.1-tiny")
+    adapter.check_call(variant, {"height": np.int64(32), "width": np.int32(32), "num_frames": np.int64(9),
+                                 "guidance_scale": np.float32(3.0)})
+    with pytest.raises(ValueError, match="height must be a positive integer"):
+        adapter.check_call(variant, {"height": np.float64(32.0)})
 
 
 def test_defaults_of_every_variant_pass_their_own_checks():
