@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 from typing import Any
 
 import torch
 import torch.nn as nn
 
+from ..images import open_image
 from .flow import euler_sample, flow_timesteps
 from .model import Bagel, KVContext
 from .packing import grid_position_ids, image_to_tensor, patchify, resize_image, to_rgb, to_uint8_image, unpatchify
@@ -53,6 +55,13 @@ class Contexts:
     no_text: KVContext
     no_image: KVContext
     image_size: tuple[int, int] | None = None  # (height, width) of the last input image
+
+
+
+def _is_pil(image) -> bool:
+    from PIL import Image  # lazy: PIL costs ~15 ms; only image inputs need it
+
+    return isinstance(image, Image.Image)
 
 
 class BagelPipeline:
@@ -290,6 +299,12 @@ class BagelPipeline:
         "edit" (the default with an image) or "understand" (text answer; image optional).
         think=True: the model reasons first (generate/edit return a ThinkingOutput; an
         understanding answer holds the reasoning in <think> </think>)."""
+        if isinstance(image, (str, os.PathLike)):
+            image = open_image(image, "image")  # a path: a str item would otherwise be read as text
+        elif image is not None and not _is_pil(image):
+            raise TypeError(f"image: a PIL image or an image file's path, got {type(image).__name__}")
+        if not isinstance(prompt, str):
+            raise TypeError(f"prompt: a string, got {type(prompt).__name__}")
         task = task or ("generate" if image is None else "edit")
         if task not in TASKS:
             near = difflib.get_close_matches(str(task), TASKS, n=1)

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from ...engine.compat.transformers import qwen3_omni_audio_output_lengths
+from ..images import open_image
 
 AUDIO_RATE = 16000  # the audio encoder's input rate (WhisperFeatureExtractor, published config)
 AUDIO_MARK = "<|audio_start|><|audio_pad|><|audio_end|>"
@@ -96,17 +97,7 @@ def resample(x: np.ndarray, rate: int, target: int) -> np.ndarray:
 
 def read_image(path: str | Path):
     """An image file as an RGB PIL image (transparency composited on white)."""
-    from PIL import Image, UnidentifiedImageError  # lazy: PIL costs ~15 ms; only image prompts need it
-
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"--image {str(path)!r}: no such file")
-    try:
-        img = Image.open(path)
-        img.load()
-    except (UnidentifiedImageError, OSError) as e:
-        raise ValueError(f"--image {str(path)!r}: not an image PIL can read ({e})") from e
-    return to_rgb(img)
+    return to_rgb(open_image(path))
 
 
 def to_rgb(img):

@@ -185,6 +185,8 @@ class Qwen3OmniPipeline:
                  audio=None, image=None, voice: str | None = None, **kwargs) -> OmniOutput:
         """Text (with an optional audio clip and image) in; text, and speech in `voice` when the
         talker is on and `return_audio` is not False, out."""
+        if not isinstance(prompt, str):  # 5 was formatted into the chat template as the text "5"
+            raise TypeError(f"prompt: a string, got {type(prompt).__name__}")
         return_audio = self.has_talker if return_audio is None else return_audio
         if voice is not None:
             kwargs["speaker"] = self.check_voice(voice)

@@ -366,3 +366,24 @@ def test_run_text_to_image_and_understanding(tiny, tmp_path):
         tiny.adapter.check_run(tiny.variant, dict(max_new_tokens=4), tmp_path / "i.png")
     with pytest.raises(ValueError, match=r"writes \.txt"):
         tiny.adapter.check_run(tiny.variant, dict(image="in.png", task="understand"), tmp_path / "answer.png")
+
+
+def test_image_by_path_is_read_and_anything_else_is_refused(tiny, tmp_path):
+    """image= takes a PIL image or a file's path: a path is read (it was passed on as a text item
+    and failed deep in the edit with a TypeError), a missing or unreadable file and other types
+    are errors naming the argument, before the model runs."""
+    from PIL import Image
+
+    path = tmp_path / "in.png"
+    _image().save(path)
+    by_path = tiny("what is it", image=str(path), task="understand", max_new_tokens=3)
+    assert by_path == tiny("what is it", image=Image.open(path), task="understand", max_new_tokens=3)
+    with pytest.raises(FileNotFoundError, match="image '.*none.png': no such file"):
+        tiny("x", image=str(tmp_path / "none.png"))
+    (tmp_path / "text.png").write_text("not an image")
+    with pytest.raises(ValueError, match="not an image PIL can read"):
+        tiny("x", image=tmp_path / "text.png")
+    with pytest.raises(TypeError, match="image: a PIL image or an image file's path, got ndarray"):
+        tiny("x", image=np.zeros((8, 8, 3)))
+    with pytest.raises(TypeError, match="prompt: a string, got int"):
+        tiny(5)

@@ -364,6 +364,8 @@ def test_bad_media_and_voice_errors(tmp_path):
     assert h.pipe.voices == ["Chelsie", "Ethan", "Aiden"]  # the talker config's speaker_id
     with pytest.raises(ValueError, match="did you mean 'Aiden'"):
         h.pipe("hi", voice="aidan", return_audio=True)
+    with pytest.raises(TypeError, match="prompt: a string, got int"):  # it was written into the template as "5"
+        h.pipe(5, return_audio=False)
 
 
 def test_cli_audio_image_voice(tmp_path):
