@@ -5,7 +5,8 @@ config (`Adapter.call_limits`); `check_call` applies the same rule to all of the
 
 - counts (steps, frames, sizes, token budgets) are positive integers (numpy's too); guidance
   scales are finite numbers >= 0; a seed is an integer a torch.Generator takes (0 to 2**64 - 1);
-  a `generator` is a torch.Generator, or a list of them;
+  a `generator` is a torch.Generator, or a list of them; a list of negative prompts has one
+  per prompt;
 - a count the family caps (`Adapter.count_caps`: the denoising steps at the scheduler's
   training timesteps, a token budget at the language model's position table) is at most its
   cap: past it a call would only fill the memory (a static KV cache sized by the budget, a
@@ -94,6 +95,12 @@ def check_call(variant: str, call: Mapping[str, Any], limits: CallLimits | None,
         # inf passed `>= 0` and made a video of NaNs: the guided prediction is inf * (cond - uncond)
         if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 <= v < math.inf):
             raise ValueError(f"{name(k)} must be a finite number >= 0, got {v!r}")
+    prompts, negatives = call.get("prompt"), call.get("negative_prompt")
+    if isinstance(negatives, (list, tuple)) and len(negatives) != (len(prompts) if isinstance(prompts, (list, tuple))
+                                                                   else 1):
+        n = len(prompts) if isinstance(prompts, (list, tuple)) else 1
+        raise ValueError(f"{name('negative_prompt')}: {len(negatives)} negative prompts for {n} prompt(s); give one "
+                         f"per prompt, or one string for all")
     g = call.get("generator")
     if g is not None and not (_is_generator(g) or (isinstance(g, (list, tuple)) and g and all(map(_is_generator, g)))):
         raise ValueError(f"{name('generator')} must be a torch.Generator or a list of them (one per output), got "

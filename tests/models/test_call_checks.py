@@ -69,6 +69,9 @@ def test_memory_estimate_is_against_the_machine():
     ({"guidance_scale": float("inf")}, "guidance_scale must be a finite number >= 0, got inf"),
     ({"generator": 5}, "generator must be a torch.Generator or a list of them"),
     ({"generator": []}, "generator must be a torch.Generator"),
+    # Z-Image's pipeline failed on a bare assert; others broadcast or fail deep
+    ({"prompt": ["a", "b"], "negative_prompt": ["c"]}, "negative_prompt: 1 negative prompts for 2 prompt"),
+    ({"negative_prompt": ["c", "d"]}, "negative_prompt: 2 negative prompts for 1 prompt"),
     # 10**9 tiny videos are ~100 TiB decoded: the outputs count, not one video's size
     ({"num_videos_per_prompt": 10**9}, r"x 1000000000 outputs: .* GiB"),
     ({"prompt": ["x"] * 10**5, "height": 512, "width": 512, "num_frames": 81}, r"x 100000 outputs: .* GiB"),
