@@ -142,7 +142,7 @@ class WanAdapter(DiffusersPipelineAdapter):
 
     def count_caps(self, variant: Variant) -> dict[str, tuple[int, str]]:
         """Steps (the base rule) and the prompt's tokens at most the official `text_len`
-        (config.TEXT_LEN): a longer one the DiT never saw, and the text encoder's position bias
+        (config.TEXT_LEN): a longer one the DiT never saw, and the text encoder's attention
         grows with its square (10**6 tokens asked the host for 1 TB)."""
         return {**super().count_caps(variant),
                 "max_sequence_length": (TEXT_LEN, f"Wan's official code pads every prompt to {TEXT_LEN} tokens")}
