@@ -302,7 +302,7 @@ def test_parallel_benchmark_row_past_its_timeout_is_an_error_row(tmp_path, monke
     from benchmarks.parallel import main as parallel_main
 
     # The job's temporary files under tmp_path: its workers' command lines name them, so the
-    # check below finds this test's workers only (another suite may run on the same machine).
+    # check below finds this test's workers only (CI runs a second suite beside this one).
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     assert parallel_main(["--smoke", "--out", str(tmp_path), "--timeout", "2"]) == 1  # rows failed: exit 1
     rows = json.loads((tmp_path / "parallel_smoke_cpu.json").read_text())["rows"]
