@@ -17,8 +17,9 @@ config (`Adapter.call_limits`); `check_call` applies the same rule to all of the
 - no axis has more patches than the model's position table holds (Wan's RoPE table,
   BAGEL's latent position embedding);
 - the decoded output (float32 frames, times the outputs per prompt and the prompts of a list)
-  fits the machine: the host's memory, and the card's when the call runs on one. It is a lower bound of what the call needs, so a refusal is
-  never wrong; it turns an allocator's abort into a line that says how big the ask was.
+  fits the machine: the host's memory, and the card's when the call runs on one. It is a lower
+  bound of what the call needs, so a refusal is never wrong; it turns an allocator's abort into
+  a line that says how big the ask was.
 """
 
 from __future__ import annotations
@@ -96,9 +97,8 @@ def check_call(variant: str, call: Mapping[str, Any], limits: CallLimits | None,
         if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 <= v < math.inf):
             raise ValueError(f"{name(k)} must be a finite number >= 0, got {v!r}")
     prompts, negatives = call.get("prompt"), call.get("negative_prompt")
-    if isinstance(negatives, (list, tuple)) and len(negatives) != (len(prompts) if isinstance(prompts, (list, tuple))
-                                                                   else 1):
-        n = len(prompts) if isinstance(prompts, (list, tuple)) else 1
+    n = len(prompts) if isinstance(prompts, (list, tuple)) else 1
+    if isinstance(negatives, (list, tuple)) and len(negatives) != n:
         raise ValueError(f"{name('negative_prompt')}: {len(negatives)} negative prompts for {n} prompt(s); give one "
                          f"per prompt, or one string for all")
     g = call.get("generator")

@@ -57,7 +57,6 @@ class Contexts:
     image_size: tuple[int, int] | None = None  # (height, width) of the last input image
 
 
-
 def _is_pil(image) -> bool:
     from PIL import Image  # lazy: PIL costs ~15 ms; only image inputs need it
 
