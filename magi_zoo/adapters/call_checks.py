@@ -137,16 +137,15 @@ def check_call(variant: str, call: Mapping[str, Any], limits: CallLimits | None,
     h, w = call.get("height"), call.get("width")
     if h is None or w is None:
         return
-    frames = f or 1
+    frames, outputs = f or 1, outputs_of(call)
     # the decoded outputs as float32, all of them: a lower bound of the call's memory
-    need = frames * h * w * 3 * 4 * outputs_of(call)
+    need = frames * h * w * 3 * 4 * outputs
     host = host_memory_bytes()
     places = [(host, "this machine's memory")] if host else []
     if device_gib is not None:
         places.append((device_gib * 2**30, "the card"))
     for have, where in places:
         if need > have:
-            size = f"{h}x{w}" + (f" x {f} frames" if f else "") + (f" x {outputs_of(call)} outputs"
-                                                                  if outputs_of(call) > 1 else "")
+            size = f"{h}x{w}" + (f" x {f} frames" if f else "") + (f" x {outputs} outputs" if outputs > 1 else "")
             raise ValueError(f"{size}: {variant}'s decoded output alone is {need / 2**30:,.1f} GiB (float32), more "
                              f"than the {have / 2**30:,.0f} GiB of {where}; ask for a smaller size or fewer outputs")

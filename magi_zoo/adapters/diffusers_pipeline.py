@@ -15,6 +15,7 @@ from packaging.version import Version
 
 from ..engine import Preparation, cfg_parallel_active
 from . import fp8_checkpoint
+from .images import open_image
 from .base import Adapter, Output, Variant
 
 try:  # a corrupt safetensors file raises safetensors' own error type (releases without it raise OSError)
@@ -54,10 +55,7 @@ def weights_error(variant: Variant, source: str, local: bool, e: BaseException) 
 
 def read_rgb(path: str | os.PathLike):
     """An input image file as an RGB PIL image, read whole (the file may change after)."""
-    from PIL import Image  # lazy: PIL costs ~15 ms; only image inputs need it
-
-    with Image.open(path) as img:
-        return img.convert("RGB")
+    return open_image(path).convert("RGB")
 
 
 class DiffusersPipelineAdapter(Adapter):

@@ -217,11 +217,7 @@ class BagelAdapter(Adapter):
         task = self.task_of(options)
         options.pop("task", None)
         think = bool(options.pop("think", False))
-        image = options.pop("image", None)
-        if image is not None:
-            from PIL import Image  # lazy: PIL costs ~15 ms; listing models imports this module
-
-            image = Image.open(image) if isinstance(image, (str, Path)) else image
+        image = options.pop("image", None)  # a path or a PIL image: the pipeline reads a path itself
         if task == "understand":  # no bar of its own: the heartbeat names the stage
             with progress_stage("understanding: the prompt" + (" and image" if image is not None else "")
                                 + ", then the answer's tokens"):

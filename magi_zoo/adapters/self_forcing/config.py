@@ -24,13 +24,15 @@ import dataclasses
 
 import torch
 
+# UMT5 tokens the reference pads every prompt to (`text_len` of CausalWanModel): Wan2.1's own
+from ..wan.config import TEXT_LEN  # noqa: F401  (re-exported: the adapter and pipeline read it here)
+
 # The distilled generator's schedule (see the module docstring).
 DENOISING_STEP_LIST = (1000, 750, 500, 250)
 TIMESTEP_SHIFT = 5.0
 NUM_TRAIN_TIMESTEPS = 1000
 NUM_FRAME_PER_BLOCK = 3
 CONTEXT_NOISE = 0
-TEXT_LEN = 512  # UMT5 tokens the reference pads every prompt to (`text_len` of CausalWanModel)
 
 
 def warped_schedule(step_list=DENOISING_STEP_LIST, shift: float = TIMESTEP_SHIFT,
