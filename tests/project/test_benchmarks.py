@@ -727,17 +727,20 @@ def test_profile_forward_profiles_a_baseline_beside_the_shipped_plan(tmp_path):
 
 
 def test_fa3_row_takes_the_repeated_blocks_where_the_spec_names_no_attention():
-    """`magi_zoo_fa3` on a spec without an attention section (Flux.1's) puts FA3 on the regions
-    its precision section names -- the row differs from magi_zoo's -- while `magi_zoo_sdpa`
-    there would equal magi_zoo and is refused; a spec that names attention keys keeps them."""
+    """`magi_zoo_fa3` on a spec without an attention section (Flux.1's on an A100: only its
+    Hopper profiles name one) puts FA3 on the regions its precision section names -- the row
+    differs from magi_zoo's -- while `magi_zoo_sdpa` there would equal magi_zoo and is refused;
+    a spec that names attention keys keeps them (Flux.1's on an H100)."""
     from benchmarks.run import _zoo_kwargs
     from magi_zoo import adapters
 
     flux, _ = adapters.lookup("flux.1-dev")
-    assert _zoo_kwargs("magi_zoo_fa3", flux, "h100") == {
+    assert _zoo_kwargs("magi_zoo_fa3", flux, "a100") == {
         "overrides": {"attention": {"FluxTransformerBlock": "fa3", "FluxSingleTransformerBlock": "fa3"}}}
     with pytest.raises(TypeError, match="equals magi_zoo"):
-        _zoo_kwargs("magi_zoo_sdpa", flux, "h100")
+        _zoo_kwargs("magi_zoo_sdpa", flux, "a100")
+    assert _zoo_kwargs("magi_zoo_sdpa", flux, "h100") == {
+        "overrides": {"attention": {"FluxTransformer2DModel": "native"}}}
     ltx, _ = adapters.lookup("ltx-2")
     assert _zoo_kwargs("magi_zoo_sdpa", ltx, "h100") == {
         "overrides": {"attention": {"LTX2VideoTransformer3DModel": "native"}}}
