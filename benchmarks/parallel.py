@@ -119,6 +119,8 @@ def worker(args) -> None:
         overrides["parallel"] = {"WanTransformer3DModel": par}
     if attention:
         overrides["attention"] = {"WanTransformer3DModel": attention}
+    if args.backend:  # the spec's compiled blocks on another torch.compile backend, nothing else changed
+        overrides["compile"] = {"WanTransformerBlock": {"backend": args.backend}}
     gpu = "cpu" if args.smoke else "auto"
     t_build = time.perf_counter()
     h = magi_zoo.load(args.model, gpu=gpu, weights=None if args.smoke else "random", overrides=overrides or None)
@@ -202,7 +204,7 @@ def run_config(workload: str, world: int, par: dict[str, Any], args, ref: Path, 
                "--height", str(height), "--width", str(width), "--frames", str(frames),
                "--warmup", str(args.warmup), "--runs", str(args.runs), "--parallel", json.dumps(par),
                "--ref", str(ref), "--result", str(result)] + (["--smoke"] if smoke else []) \
-            + (["--profile"] if args.profile else [])
+            + (["--profile"] if args.profile else []) + (["--backend", args.backend] if args.backend else [])
         print(f"$ torchrun --standalone --nproc-per-node={world} -m benchmarks.parallel --worker --workload "
               f"{workload} --parallel '{json.dumps(par)}' ...", flush=True)
         # past the timeout the whole job goes (torchrun and its workers, which would otherwise
@@ -262,6 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--configs", choices=("all", "default"), default="all",
                    help="per GPU count: every configuration, or only the one `--nproc N` picks")
     p.add_argument("--smoke", action="store_true", help="CPU, 2 gloo processes, wan2.1-tiny (plumbing only)")
+    p.add_argument("--backend", default=None,
+                   help="the Wan blocks' torch.compile backend instead of the spec's (e.g. eager: dynamo alone, for "
+                        "a smoke run that checks the processes and the split, not generated code)")
     p.add_argument("--profile", action="store_true",
                    help="also profile one step per configuration on rank 0: ms of communication, attention, "
                         "matmul and other kernels (the row's profile_ms)")

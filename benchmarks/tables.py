@@ -155,12 +155,19 @@ HARNESS_NAMES = {"eager": "eager", "diffusers_regional": "diffusers `compile_rep
                  "magi_zoo_fp8": "**magi_zoo, fp8**",
                  "magi_zoo_graphs": "magi_zoo, forward in a CUDA graph",
                  "magi_zoo_sdpa": "magi_zoo, its attention regions on SDPA",
+                 "magi_zoo_fa3": "magi_zoo, its attention on FA3",
                  "magi_zoo_fp8_graphs": "magi_zoo, fp8, forward in a CUDA graph"}
 
 WAN_13B = "wan2.1-t2v-1.3b/wan2.1-t2v-1.3b_480x832x81_baselines_h100.json"  # the same-kernel baselines' run
 WAN_13B_FUSIONS = "wan2.1-t2v-1.3b/wan2.1-t2v-1.3b_480x832x81_fused_h100.json"  # + fusions off, error vs fp32
 WAN_13B_WARM = "wan2.1-t2v-1.3b/wan2.1-t2v-1.3b_480x832x81_fp8warm_final_h100.json"
-FLUX = "flux/flux.1-dev_1024x1024_fused2_h100.json"
+# The shipped plan beside its same-kernel baseline on the H100 (its last row, diffusers on SDPA,
+# was cut off by the device's time limit), then the two H100 runs of the same day that moved the
+# bf16 attention to FA3 (flux.toml): the plan on SDPA beside both diffusers rows and fp8, and the
+# plan on SDPA beside the plan on FA3 (`magi_zoo_fa3`).
+FLUX = "flux/flux.1-dev_1024x1024_shipped_h100.json"
+FLUX_SAME_DAY = ("flux/flux.1-dev_1024x1024_fa3_bf16_h100.json", "flux/flux.1-dev_1024x1024_samekernel_h100.json")
+FLUX_FUSIONS = "flux/flux.1-dev_1024x1024_fused2_h100.json"  # + fusions off, error vs fp32 (SDPA baseline only)
 FLUX_BASELINES = "flux/flux.1-dev_1024x1024_baselines_h100.json"  # the same-kernel baselines (a run cut short)
 # The same-kernel baselines beside the shipped plan in one run on an H200, whose plan takes FA3
 # in bf16 (no diffusers_fp8 row: its compile alone ran 436 s on the H100)
@@ -365,7 +372,31 @@ def wan_13b_fusions(link: Link) -> str:
 
 
 def flux(link: Link) -> str:
-    return harness(FLUX, ["eager", "diffusers_regional", "magi_zoo_unfused", "magi_zoo", "magi_zoo_fp8"], link)
+    """The shipped plan's run, then the earlier runs of the same day, each with the attention its
+    magi_zoo rows recorded (the plan's bf16 attention changed between them)."""
+    parts = []
+    for label, rel in (("The shipped plan", FLUX), *(("An earlier run", rel) for rel in FLUX_SAME_DAY)):
+        r = load(rel)
+        parts.append(_family_run(f"{label}, commit {r.commit}", rel, link) + "\n\n" + attention_note(r))
+    return "\n\n".join(parts)
+
+
+def attention_note(r: Result) -> str:
+    """The attention kernel each bf16 magi_zoo row of `r` recorded (benchmarks.run writes the
+    attention step's choice as `attention`; an fp8 row's precision step may move layers to fp8
+    attention after it, so fp8 rows are not described by it)."""
+    said = []
+    for x in r.rows():
+        s = x.get("strategy", "")
+        if s.startswith("magi_zoo") and "fp8" not in s and x.get("status") == "ok" and "attention" in x:
+            kernels = "; ".join(x["attention"]) or "the library default (SDPA), as diffusers' default rows"
+            said.append(f"{HARNESS_NAMES.get(s, s)}: {kernels}")
+    return "bf16 attention: " + (" -- ".join(said) if said else "not recorded by this run") + "."
+
+
+def flux_fusions(link: Link) -> str:
+    return harness(FLUX_FUSIONS, ["eager", "diffusers_regional", "magi_zoo_unfused", "magi_zoo", "magi_zoo_fp8"],
+                   link)
 
 
 def flux_baselines(link: Link) -> str:
@@ -894,7 +925,7 @@ def adapter_sizes(link: Link) -> str:
 
 TABLES: dict[str, Callable[[Link], str]] = {
     "headline": headline, "wan-1.3b": wan_13b, "wan-1.3b-fusions": wan_13b_fusions, "warm-start": warm_start,
-    "flux": flux, "flux-baselines": flux_baselines, "i2v-14b-loop": i2v_loop,
+    "flux": flux, "flux-fusions": flux_fusions, "flux-baselines": flux_baselines, "i2v-14b-loop": i2v_loop,
     "offload": offload, "offload-families": offload_families, "training": training, "training-multi-gpu": training_multi_gpu,
     "self-forcing": self_forcing, "vae-passes": vae_passes, "multi-gpu": multi_gpu, "unknown-commits": unknown_commits,
     "gpu-tests": gpu_tests, "serve": serve, "families": families,

@@ -131,10 +131,10 @@ def test_whole_generation_joins_the_calls_of_one_commit_and_card(tmp_path, monke
 def test_a_stale_or_unknown_table_is_found(tmp_path):
     (tmp_path / "docs").mkdir()
     doc = tmp_path / "docs" / "page.md"
-    fresh = tables.render("<!-- table:flux -->\n<!-- /table:flux -->\n", doc)
+    fresh = tables.render("<!-- table:flux-fusions -->\n<!-- /table:flux-fusions -->\n", doc)
     assert "| **magi_zoo, fp8** |" in fresh and "commit aaa18b9b17a6" in fresh
     doc.write_text(fresh.replace("| **magi_zoo, fp8** | 91.7 |", "| **magi_zoo, fp8** | 90.1 |"))  # typed in
-    assert tables.stale_blocks(tmp_path) == ["docs/page.md: flux"]
+    assert tables.stale_blocks(tmp_path) == ["docs/page.md: flux-fusions"]
     doc.write_text(fresh)
     assert tables.stale_blocks(tmp_path) == []
     doc.write_text("<!-- table:nonsense -->\n<!-- /table:nonsense -->\n")

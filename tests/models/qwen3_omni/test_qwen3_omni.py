@@ -203,7 +203,9 @@ def test_moe_breaks_eager_loop_vs_registered_op():
         region = rep.regions[0]
         counts[impl] = region.counters
         magi_zoo.engine.remove(tm)
-        oracle[impl] = _plain_compile_counts(tm.prefill, region.spec, input_ids=ids, use_cache=False)
+        if impl == "eager":  # the other two are held to exact numbers below; a plain compile of each
+            # (~9 s of dynamo tracing on 2 cores apiece) would only restate them
+            oracle[impl] = _plain_compile_counts(tm.prefill, region.spec, input_ids=ids, use_cache=False)
     set_experts_implementation(model, "grouped_mm")
     # Eager loop, 16 tokens x top-2 of 4 experts: each MoE layer's `expert_hit =
     # ....nonzero()` has the data as its output shape, which no dynamo captures by default,
@@ -218,8 +220,7 @@ def test_moe_breaks_eager_loop_vs_registered_op():
     eager_counts = counts["eager"]
     assert _data_dependent_breaks(eager_counts) >= 1, eager_counts.graph_breaks
     assert eager_counts.graphs > 1
-    for impl in counts:
-        _same_counts(counts[impl], oracle[impl])
+    _same_counts(eager_counts, oracle["eager"])
     # With magi_zoo::qwen3_omni_moe_experts (opaque to dynamo) or transformers' grouped_mm
     # (no data-dependent shapes): the whole prefill is 1 frame, 1 graph, 0 breaks.
     for impl in ("magi_zoo_op", "grouped_mm"):
