@@ -6,7 +6,10 @@ config (`Adapter.call_limits`); `check_call` applies the same rule to all of the
 - counts (steps, frames, sizes, token budgets) are positive integers (numpy's too); guidance
   scales are finite numbers >= 0; a seed is an integer a torch.Generator takes (0 to 2**64 - 1);
   a `generator` is a torch.Generator, or a list of them; a list of negative prompts has one
-  per prompt;
+  per prompt; an `output_type` is one the family's pipeline returns (`CallLimits.output_types`,
+  diffusers' four by default): the pipelines read it only after the last step, and then
+  diffusers' image pipelines turned another value into numpy arrays with a deprecation
+  warning, its video pipelines raised, BAGEL's returned a PIL image;
 - a count the family caps (`Adapter.count_caps`: the denoising steps at the scheduler's
   training timesteps, a token budget at the language model's position table) is at most its
   cap: past it a call would only fill the memory (a static KV cache sized by the budget, a
@@ -37,6 +40,9 @@ COUNTS = ("num_inference_steps", "num_frames", "height", "width", "max_new_token
           "talker_max_new_tokens", "max_sequence_length", "num_images_per_prompt", "num_videos_per_prompt")
 # Guidance scales: a negative one has no meaning (0 / 1 turn guidance off, per pipeline).
 SCALES = ("guidance_scale", "guidance_scale_2", "true_cfg_scale", "cfg_text_scale", "cfg_img_scale")
+# What diffusers' pipelines return: their image processor's and video processor's kinds, and
+# the latents themselves.
+OUTPUT_TYPES = ("pil", "np", "pt", "latent")
 SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed takes 64-bit seeds; a larger one overflows at generation
 
 
@@ -50,6 +56,7 @@ class CallLimits:
     why_grid: str = ""  # e.g. "its RoPE table has 32 positions per axis"
     frame_step: int | None = None  # video: num_frames = 1 + k * frame_step (the VAE's temporal factor)
     max_latent_frames: int | None = None  # latent frames at most (the position table, on the time axis)
+    output_types: tuple[str, ...] = OUTPUT_TYPES  # the `output_type` values the pipeline returns
 
 
 def host_memory_bytes() -> int | None:
@@ -105,6 +112,9 @@ def check_call(variant: str, call: Mapping[str, Any], limits: CallLimits | None,
     if g is not None and not (_is_generator(g) or (isinstance(g, (list, tuple)) and g and all(map(_is_generator, g)))):
         raise ValueError(f"{name('generator')} must be a torch.Generator or a list of them (one per output), got "
                          f"{type(g).__name__}; for a seeded one: torch.Generator().manual_seed(N)")
+    kind, kinds = call.get("output_type"), (limits or CallLimits()).output_types
+    if kind is not None and kind not in kinds:
+        raise ValueError(f"{name('output_type')} must be one of {', '.join(map(repr, kinds))}, got {kind!r}")
     seed = call.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX):
         raise ValueError(f"{name('seed')} must be an integer from 0 to 2**64 - 1 (a torch.Generator seed), got "

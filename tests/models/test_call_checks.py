@@ -76,6 +76,9 @@ def test_memory_estimate_is_against_the_machine():
     ({"num_videos_per_prompt": 10**9}, r"x 1000000000 outputs: .* GiB"),
     ({"prompt": ["x"] * 10**5, "height": 512, "width": 512, "num_frames": 81}, r"x 100000 outputs: .* GiB"),
     ({"height": 40}, "divisible by 16"),
+    # read only after the last step: Wan's video processor raised there, image pipelines coerce
+    ({"output_type": "bogus"}, "output_type must be one of 'pil', 'np', 'pt', 'latent', got 'bogus'"),
+    ({"output_type": ["np"]}, "output_type must be one of"),
 ])
 def test_python_call_is_checked_before_any_work(kwargs, match):
     h = magi_zoo.load("wan2.1-tiny", gpu="cpu", compile=False)
@@ -237,3 +240,19 @@ def test_z_image_caption_cap_is_the_rope_table_edge():
     h.pipe = type("P", (), {"__call__": boom})()
     with pytest.raises(ValueError, match="max_sequence_length=1024: z-image-tiny takes at most 992"):
         h(prompt=prompt, max_sequence_length=1024)
+
+
+def test_an_image_pipelines_output_type_is_checked_not_coerced():
+    """diffusers' image processor turned an unknown output_type into numpy arrays (with a
+    deprecation warning) after the whole generation; it is refused before, and every kind the
+    pipelines return passes."""
+    adapter, variant = adapters.lookup("flux-tiny")
+    with pytest.raises(ValueError, match="output_type must be one of"):
+        adapter.check_call(variant, {"output_type": "jpeg"})
+    for kind in ("pil", "np", "pt", "latent"):
+        adapter.check_call(variant, {"output_type": kind})
+    # BAGEL's own pipeline returns a tensor ("pt") or a PIL image: it turned "np" into PIL
+    bagel, variant = adapters.lookup("bagel-tiny")
+    with pytest.raises(ValueError, match="output_type must be one of 'pil', 'pt', got 'np'"):
+        bagel.check_call(variant, {"output_type": "np"})
+    bagel.check_call(variant, {"output_type": "pt"})

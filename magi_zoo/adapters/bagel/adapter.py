@@ -172,7 +172,8 @@ class BagelAdapter(Adapter):
         cfg = variant.config
         down, p, n = 2 ** (len(cfg["vae"]["block_out_channels"]) - 1), cfg["latent_patch_size"], cfg["max_latent_size"]
         return CallLimits(pixel_multiple=down * p, why_multiple=f"VAE {down}x down x {p}x{p} latent patches",
-                          max_grid=n, why_grid=f"its latent position embedding has {n} positions per side")
+                          max_grid=n, why_grid=f"its latent position embedding has {n} positions per side",
+                          output_types=("pil", "pt"))  # pipeline.decode_latents: a tensor, else PIL
 
     def check_run(self, variant: Variant, options: dict[str, Any], out: Path | None = None) -> dict[str, Any]:
         """Beyond the base checks: --task is one of generate / edit / understand and fits
