@@ -189,10 +189,16 @@ def _closest(key: str, candidates: Iterable[str], n: int = 5) -> list[str]:
 def _no_match_error(root: nn.Module, key: str, modules: dict[str, nn.Module], layer: str) -> PlanError:
     names = list(modules) + sorted({type(m).__name__ for m in modules.values()})
     close = _closest(key.replace("*", ""), [n for n in names if n])
+    # a misspelled section name ({"compiel": {...}}) makes the whole dict read as compile regions
+    # (PlanLayer.coerce): say so, where the key names no module but is near a section
+    section = difflib.get_close_matches(key, list(SECTIONS), n=1, cutoff=0.75)
+    hint = (f" {key!r} is close to the plan section {section[0]!r}: a plan with sections is "
+            f"{{section: {{key: spec}}}} with section names from {', '.join(SECTIONS)}; a dict of other "
+            "names is read as compile regions." if section else "")
     return PlanError(
         f"plan key {key!r} ({layer}) matches no submodule of {type(root).__name__}. "
         f"Closest submodules / classes: {', '.join(close) or '(none)'}. "
-        "Keys are dotted paths ('*' = one segment, '**' = one or more), '' for the root, or class names."
+        "Keys are dotted paths ('*' = one segment, '**' = one or more), '' for the root, or class names." + hint
     )
 
 

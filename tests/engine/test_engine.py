@@ -228,8 +228,12 @@ def test_glob_rules(net):
 def test_key_matching_nothing_names_closest(net):
     with pytest.raises(PlanError, match=r"'blocks\.\*\.lins'.*matches no submodule.*blocks\.\d\.lin"):
         magi_zoo.apply(net, {"blocks.*.lins": EAGER})
-    with pytest.raises(PlanError, match=r"'Blok'.*Closest.*Block"):
+    with pytest.raises(PlanError, match=r"'Blok'.*Closest.*Block") as e:
         magi_zoo.apply(net, {"Blok": EAGER})
+    assert "plan section" not in str(e.value)  # near no section name: no section hint
+    # a misspelled section makes the dict read as compile regions: the error says which section
+    with pytest.raises(PlanError, match=r"'compiel' is close to the plan section 'compile'"):
+        magi_zoo.apply(net, {"compiel": {"blocks.*": EAGER}})
 
 
 def test_missing_method_names_closest(net):
