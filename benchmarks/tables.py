@@ -244,7 +244,9 @@ FAMILIES = {"FLUX.2-dev": ("flux/flux.2-dev-4L_768x1360_h100.json",
                       # the same again at a commit the run recorded
                       "ltx-2/ltx-2-8L_512x768x121_fa3_rerun_h200.json"),
             # a fifth family, through the contributor guide (bf16 only: its spec declares no fp8 regions)
-            "Z-Image": ("z-image-turbo/z-image-turbo-10L_1024x1024_h100.json",)}
+            "Z-Image": ("z-image-turbo/z-image-turbo-10L_1024x1024_h100.json",
+                        # its attention on SDPA beside the shipped FA3 (the unfused row cut off)
+                        "z-image-turbo/z-image-turbo-10L_1024x1024_attention_h100.json")}
 
 
 # The baselines a speed claim may be made against (benchmarks/baselines.py): a bf16 row is compared

@@ -112,7 +112,7 @@ def check_call(variant: str, call: Mapping[str, Any], limits: CallLimits | None,
     if g is not None and not (_is_generator(g) or (isinstance(g, (list, tuple)) and g and all(map(_is_generator, g)))):
         raise ValueError(f"{name('generator')} must be a torch.Generator or a list of them (one per output), got "
                          f"{type(g).__name__}; for a seeded one: torch.Generator().manual_seed(N)")
-    kind, kinds = call.get("output_type"), (limits or CallLimits()).output_types
+    kind, kinds = call.get("output_type"), limits.output_types if limits else OUTPUT_TYPES
     if kind is not None and kind not in kinds:
         raise ValueError(f"{name('output_type')} must be one of {', '.join(map(repr, kinds))}, got {kind!r}")
     seed = call.get("seed")
