@@ -23,6 +23,7 @@ from .io import check_writable
 from .overrides import activation_reserves, has_auto_recompute, name_plan_source, spec_layers
 from .specs import PlanLayer, get_profile
 from .specs.gpu_profiles import GpuProfile
+from .specs.section import did_you_mean
 from .train import calibrate as calibrate_handle
 from .train import set_train_mode, trainable_module
 
@@ -116,13 +117,14 @@ class ZooPipeline:
     def check_call(self, call: dict[str, Any]) -> dict[str, Any]:
         """`call` with the call defaults filled in, checked against the family's limits before
         any work (`Adapter.check_call`: counts, sizes, the output against the memory)."""
-        call = {**self.call_defaults(), **call}
-        self.adapter.check_call(self.variant, call,
+        given, call = call, {**self.call_defaults(), **call}
+        self.adapter.check_call(self.variant, call, given=given,
                                 device_gib=self.profile.memory_gib if self.device.type == "cuda" else None)
         return call
 
     def __call__(self, *args, **kwargs):
         args, kwargs = _by_name(self.pipe.__call__, args, kwargs)
+        _check_keywords(self.pipe.__call__, kwargs, self.variant.name)
         out = self.pipe(*args, **self.check_call(kwargs))
         self._maybe_save_cache()
         return out
@@ -133,6 +135,7 @@ class ZooPipeline:
         if not callable(getattr(self.pipe, "stream", None)):
             raise TypeError(f"{self.variant.name} does not stream; call the handle instead")
         args, kwargs = _by_name(self.pipe.stream, args, kwargs)
+        _check_keywords(self.pipe.stream, kwargs, self.variant.name)
         yield from self.pipe.stream(*args, **self.check_call(kwargs))
         self._maybe_save_cache()
 
@@ -219,6 +222,25 @@ def _by_name(fn, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, 
         raise TypeError(f"{getattr(fn, '__qualname__', 'the pipeline call')}() got multiple values for "
                         f"argument {twice[0]!r} (by position and by name)")
     return (), {**bound.arguments, **kwargs}
+
+
+def _check_keywords(fn, kwargs: Mapping[str, Any], variant: str) -> None:
+    """A keyword `fn` does not take is a TypeError naming the closest one it does and all it
+    takes, before the defaults are merged or any work runs (Python's own error names neither).
+    Skipped where `fn` takes `**kwargs` or has no readable signature."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    takes = sorted(n for n, p in params.items()
+                   if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY))
+    unknown = [k for k in kwargs if k not in params]
+    if unknown:
+        guess = did_you_mean(unknown[0], takes)
+        raise TypeError(f"{variant}'s call takes no argument {unknown[0]!r}{guess}{'' if guess else '.'} "
+                        f"It takes: {', '.join(takes)}")
 
 
 def strict_arguments(fn: Any, values: Mapping[str, Any]) -> None:

@@ -39,7 +39,7 @@ from ..engine import Preparation
 from ..engine.compat.diffusers import keep_in_fp32_modules
 from ..specs import spec_path as shipped_spec_path
 from ._notices import quiet_library_notices
-from .call_checks import CallLimits, check_call
+from .call_checks import CallLimits, check_call, check_given_counts
 from .fast_init import parallel_fills
 from .weights_check import FAMILY_WEIGHTS, Identity, identify, identify_hub, path_reason
 
@@ -321,13 +321,22 @@ class Adapter:
         return {"num_inference_steps": (n, f"its scheduler has {n:,} training timesteps")}
 
     def check_call(self, variant: Variant, call: dict[str, Any], *, name=lambda k: k,
-                   device_gib: float | None = None) -> None:
+                   device_gib: float | None = None, given: dict[str, Any] | None = None) -> None:
         """A call (call defaults filled in) checked before any work, by the general rule of
         `call_checks.check_call` over `call_limits(variant)` and `count_caps(variant)`: the
         handle runs it before each call, `check_run` before the build. `name(key)` words the
-        argument (a CLI flag)."""
+        argument (a CLI flag). `given`: what the caller passed (before the defaults), for
+        `check_given`."""
         check_call(variant.name, call, self.call_limits(variant), name=name, device_gib=device_gib,
                    caps=self.count_caps(variant))
+        if given is not None:
+            check_given_counts(given, name)
+            self.check_given(variant, given, call, name=name)
+
+    def check_given(self, variant: Variant, given: dict[str, Any], call: dict[str, Any], *,
+                    name=lambda k: k) -> None:
+        """Raise a ValueError for an argument the caller gave that this call would ignore
+        (`call`: with the defaults filled in). Default: none known."""
 
     def prompt_truncation(self, native: Any, prompt: str, call: dict[str, Any]) -> dict[str, int]:
         """encoder -> token limit, for each text encoder of `native` that will read only the

@@ -10,6 +10,14 @@ config (`Adapter.call_limits`); `check_call` applies the same rule to all of the
   diffusers' four by default): the pipelines read it only after the last step, and then
   diffusers' image pipelines turned another value into numpy arrays with a deprecation
   warning, its video pipelines raised, BAGEL's returned a PIL image;
+- a prompt is a string or a non-empty list of strings (a negative prompt likewise, empty
+  strings allowed); `callback_on_step_end` is callable; the `*attention_kwargs` dicts are
+  dicts; `return_dict` is a bool (diffusers reads its truth: "no" returned the object); a
+  list of generators has one per output, and `latents` are a tensor (their shape is checked
+  by the pipeline's own `prepare_latents`, `latents_check`);
+- a custom schedule (`sigmas`, `timesteps`) is a non-empty list of finite numbers, and a
+  `num_inference_steps` given beside it is its length (the pipelines take the schedule's
+  length and drop the count without a word: `check_given_counts`);
 - a count the family caps (`Adapter.count_caps`: the denoising steps at the scheduler's
   training timesteps, a token budget at the language model's position table) is at most its
   cap: past it a call would only fill the memory (a static KV cache sized by the budget, a
@@ -43,6 +51,12 @@ SCALES = ("guidance_scale", "guidance_scale_2", "true_cfg_scale", "cfg_text_scal
 # What diffusers' pipelines return: their image processor's and video processor's kinds, and
 # the latents themselves.
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
+# Dicts the pipelines hand to the attention processors (a non-dict failed at the first step).
+MAPPINGS = ("attention_kwargs", "joint_attention_kwargs", "cross_attention_kwargs")
+# A custom schedule the pipelines hand to the scheduler (a string in it failed inside numpy).
+SCHEDULES = ("sigmas", "timesteps")
+# Flags the pipelines read by truth value: a string or a number passed for one is a mistake.
+FLAGS = ("return_dict",)
 SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed takes 64-bit seeds; a larger one overflows at generation
 
 
@@ -84,6 +98,35 @@ def outputs_of(call: Mapping[str, Any]) -> int:
     return n * int(per)
 
 
+def _check_prompts(call: Mapping[str, Any], name: Callable[[str], str]) -> None:
+    """A prompt is a string or a non-empty list of strings; a negative prompt may be empty.
+    The tokenizers fail on anything else only after the pipeline starts (an empty list was an
+    IndexError inside the tokenizer, a number in a list a TypeError inside the text cleaner)."""
+    for k in ("prompt", "negative_prompt"):
+        v = call.get(k)
+        if v is None or isinstance(v, str):
+            continue
+        if not isinstance(v, (list, tuple)):
+            raise TypeError(f"{name(k)} must be a string or a list of strings, got {type(v).__name__}")
+        if not v:
+            raise ValueError(f"{name(k)} is an empty list: give at least one prompt")
+        bad = next((x for x in v if not isinstance(x, str)), None)
+        if bad is not None:
+            raise TypeError(f"{name(k)}: every item must be a string, got {type(bad).__name__} ({bad!r})")
+
+
+def check_given_counts(given: Mapping[str, Any], name: Callable[[str], str] = lambda k: k) -> None:
+    """What the caller gave that contradicts itself: `num_inference_steps` beside a custom
+    schedule of another length (diffusers' `retrieve_timesteps` sets the step count from the
+    schedule and ignores the argument)."""
+    steps = given.get("num_inference_steps")
+    for k in SCHEDULES:
+        v = given.get(k)
+        if v is not None and steps is not None and hasattr(v, "__len__") and len(v) != steps:
+            raise ValueError(f"{name('num_inference_steps')}={steps!r} but {name(k)} has {len(v)} entries; the "
+                             f"pipeline runs one step per entry: drop {name('num_inference_steps')} or make them agree")
+
+
 def check_call(variant: str, call: Mapping[str, Any], limits: CallLimits | None, *,
                name: Callable[[str], str] = lambda k: k, device_gib: float | None = None,
                caps: Mapping[str, tuple[int, str]] | None = None) -> None:
@@ -108,10 +151,42 @@ def check_call(variant: str, call: Mapping[str, Any], limits: CallLimits | None,
     if isinstance(negatives, (list, tuple)) and len(negatives) != n:
         raise ValueError(f"{name('negative_prompt')}: {len(negatives)} negative prompts for {n} prompt(s); give one "
                          f"per prompt, or one string for all")
+    _check_prompts(call, name)
+    for k in ("callback_on_step_end",):
+        v = call.get(k)
+        if v is not None and not callable(v):
+            raise TypeError(f"{name(k)} must be callable (a function or a diffusers PipelineCallback), got "
+                            f"{type(v).__name__}")
+    for k in MAPPINGS:
+        v = call.get(k)
+        if v is not None and not isinstance(v, Mapping):
+            raise TypeError(f"{name(k)} must be a dict (e.g. {{'scale': 1.0}}), got {type(v).__name__}")
+    for k in FLAGS:
+        v = call.get(k)
+        if v is not None and not isinstance(v, bool):
+            raise TypeError(f"{name(k)} must be True or False, got {v!r}")
+    for k in SCHEDULES:
+        v = call.get(k)
+        if v is None:
+            continue
+        if isinstance(v, (str, bytes)) or not hasattr(v, "__len__") or not len(v):
+            raise TypeError(f"{name(k)} must be a non-empty list of numbers, got {v!r}")
+        items = v.tolist() if hasattr(v, "tolist") else v  # a numpy array or a 1-D tensor: its numbers
+        bad = next((x for x in items if isinstance(x, bool) or not isinstance(x, numbers.Real) or not math.isfinite(x)),
+                   None)
+        if bad is not None:
+            raise ValueError(f"{name(k)}: every item must be a finite number, got {bad!r}")
+    for k in ("latents", "audio_latents"):
+        v = call.get(k)
+        if v is not None and not isinstance(v, torch.Tensor):
+            raise TypeError(f"{name(k)} must be a torch.Tensor, got {type(v).__name__}")
     g = call.get("generator")
     if g is not None and not (_is_generator(g) or (isinstance(g, (list, tuple)) and g and all(map(_is_generator, g)))):
         raise ValueError(f"{name('generator')} must be a torch.Generator or a list of them (one per output), got "
                          f"{type(g).__name__}; for a seeded one: torch.Generator().manual_seed(N)")
+    if isinstance(g, (list, tuple)) and len(g) != outputs_of(call):
+        raise ValueError(f"{name('generator')}: {len(g)} generators for {outputs_of(call)} output(s) (prompts x outputs "
+                         f"per prompt); give one per output, or one generator for all")
     kind, kinds = call.get("output_type"), limits.output_types if limits else OUTPUT_TYPES
     if kind is not None and kind not in kinds:
         raise ValueError(f"{name('output_type')} must be one of {', '.join(map(repr, kinds))}, got {kind!r}")

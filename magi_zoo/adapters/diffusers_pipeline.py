@@ -16,6 +16,7 @@ from packaging.version import Version
 from ..engine import Preparation, cfg_parallel_active
 from . import fp8_checkpoint
 from .images import open_image
+from .latents_check import guard_latents
 from .base import Adapter, Output, Variant
 
 try:  # a corrupt safetensors file raises safetensors' own error type (releases without it raise OSError)
@@ -114,6 +115,28 @@ class DiffusersPipelineAdapter(Adapter):
             return False
         return self.cfg_option is not None and float(call.get(self.cfg_option) or 0.0) > self.cfg_threshold
 
+    def check_given(self, variant: Variant, given: dict[str, Any], call: dict[str, Any], *,
+                    name=lambda k: k) -> None:
+        """The guidance arguments a pipeline would drop without a word: a negative prompt in a
+        call that runs no classifier-free guidance (diffusers builds the unconditional branch
+        only when guidance is on), and a true-CFG scale without the negative prompt it needs
+        (FluxPipeline / QwenImagePipeline only log a warning). Checked where the family says
+        when its pipeline runs CFG (`cfg_option` or `cfg_config_key`)."""
+        if self.cfg_option is None and self.cfg_config_key is None:
+            return
+        opt, thr = self.cfg_option, self.cfg_threshold
+        low = opt is not None and float(call.get(opt) or 0.0) <= thr
+        if given.get("negative_prompt") is not None and not self.runs_cfg(call, variant):
+            has = f"has {opt}={call[opt]!r}" if call.get(opt) is not None else f"leaves {opt} at the pipeline's default"
+            why = (f"guidance runs at {opt} > {thr:g}, and this call {has}" if low
+                   else f"{variant.name} runs no classifier-free guidance")
+            fix = f"raise {name(opt)} above {thr:g}, or drop it" if low else "drop it"
+            raise ValueError(f"{name('negative_prompt')} would be ignored: {why}; {fix}")
+        if (self.cfg_needs_negative_prompt and opt in given and not low and call.get("negative_prompt") is None):
+            raise ValueError(f"{name(opt)}={given[opt]!r} would be ignored: {type(self).__name__.removesuffix('Adapter')}"
+                             f"'s true classifier-free guidance runs only with a negative prompt; pass "
+                             f"{name('negative_prompt')}, or drop {name(opt)}")
+
     def load_pretrained(self, variant: Variant, source: str, local: bool, dtype: torch.dtype,
                         device: torch.device):
         import diffusers  # lazy: diffusers costs seconds; the registry imports the families that use this class
@@ -137,6 +160,7 @@ class DiffusersPipelineAdapter(Adapter):
     def finish(self, pipe) -> None:
         super().finish(pipe)
         pipe.set_progress_bar_config(disable=True)
+        guard_latents(pipe)
 
     def components(self, pipe) -> dict[str, nn.Module]:
         return {n: getattr(pipe, n) for n in self.component_names if isinstance(getattr(pipe, n, None), nn.Module)}

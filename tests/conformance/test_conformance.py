@@ -351,3 +351,29 @@ def test_prompt_alone_is_a_call(tiny, eager):
     defaults = adapter.call_defaults(variant)
     assert {k: seen[k] for k in defaults if k in seen} == defaults, "the handle dropped call defaults"
     assert out is not None
+
+
+# -- 8. a caller's latents are checked against the pipeline's own ----------------------------------
+def test_latents_of_the_wrong_shape_are_refused_before_the_first_step(tiny, eager):
+    """A pipeline that takes `latents=` used a tensor of the wrong shape until the denoiser's
+    first forward failed inside a reshape or a matmul. Every `prepare_*latents` of a diffusers
+    pipeline is wrapped (`adapters.latents_check`): the tensor is compared with the pipeline's
+    own draw for the call, the denoiser never runs, and the global random state is left as it
+    was (the dry run draws inside `fork_rng`)."""
+    adapter, variant = tiny
+    h, _ = eager
+    import inspect
+    if "latents" not in inspect.signature(h.pipe.__call__).parameters:
+        pytest.skip(f"{variant.name}'s call takes no latents")
+    denoiser = adapter.denoiser(h.pipe)
+    ran = []
+    hook = denoiser.register_forward_pre_hook(lambda *a: ran.append(1))
+    state = torch.get_rng_state()
+    try:
+        with pytest.raises(ValueError, match=r"latents of shape \(1, 3, 5\) do not fit this call of .*Pipeline"):
+            # with a generator the pipeline's own draws (LTX-2's audio noise) leave the global state be
+            h(prompt="a corgi", latents=torch.zeros(1, 3, 5), generator=torch.Generator().manual_seed(0))
+    finally:
+        hook.remove()
+    assert not ran, "the denoiser ran before the latents were refused"
+    assert torch.equal(torch.get_rng_state(), state), "the check drew from the global random state"

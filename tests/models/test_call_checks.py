@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 import magi_zoo
 from magi_zoo import adapters
@@ -79,6 +80,21 @@ def test_memory_estimate_is_against_the_machine():
     # read only after the last step: Wan's video processor raised there, image pipelines coerce
     ({"output_type": "bogus"}, "output_type must be one of 'pil', 'np', 'pt', 'latent', got 'bogus'"),
     ({"output_type": ["np"]}, "output_type must be one of"),
+    # the tokenizers failed inside: an empty list as an IndexError, a number as a TypeError
+    ({"prompt": []}, "prompt is an empty list"),
+    ({"prompt": ["a", 3]}, r"prompt: every item must be a string, got int \(3\)"),
+    ({"prompt": 5}, "prompt must be a string or a list of strings, got int"),
+    ({"negative_prompt": b"x"}, "negative_prompt must be a string or a list of strings, got bytes"),
+    # failed after the first denoising step ("'int' object is not callable")
+    ({"callback_on_step_end": 5}, "callback_on_step_end must be callable"),
+    ({"attention_kwargs": 5}, "attention_kwargs must be a dict"),
+    # read by truth value: "no" returned the output object
+    ({"return_dict": "no"}, "return_dict must be True or False, got 'no'"),
+    ({"generator": [torch.Generator()] * 3}, r"generator: 3 generators for 1 output\(s\)"),
+    ({"latents": [1.0, 2.0]}, "latents must be a torch.Tensor, got list"),
+    # guidance_scale <= 1: WanPipeline builds no unconditional branch and drops the prompt
+    ({"negative_prompt": "blurry", "guidance_scale": 1.0},
+     "negative_prompt would be ignored: guidance runs at guidance_scale > 1, and this call has guidance_scale=1.0"),
 ])
 def test_python_call_is_checked_before_any_work(kwargs, match):
     h = magi_zoo.load("wan2.1-tiny", gpu="cpu", compile=False)
@@ -87,8 +103,74 @@ def test_python_call_is_checked_before_any_work(kwargs, match):
         raise AssertionError("the pipeline ran before the bad call was refused")
 
     h.pipe = type("P", (), {"__call__": boom})()
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises((ValueError, TypeError), match=match):
         h(**{"prompt": "x", **kwargs})
+
+
+def test_an_unknown_keyword_names_the_closest_and_all_taken():
+    """Python's own TypeError named neither; the check runs before the defaults merge."""
+    h = magi_zoo.load("wan2.1-tiny", gpu="cpu", compile=False)
+    with pytest.raises(TypeError, match="wan2.1-tiny's call takes no argument 'num_inference_step' -- did you mean "
+                                        "'num_inference_steps'\\? It takes: .*guidance_scale, .*num_frames"):
+        h(prompt="x", num_inference_step=2)
+    with pytest.raises(TypeError, match="takes no argument 'sigmas'\\. It takes"):  # nothing close: no guess
+        h(prompt="x", sigmas=[1.0, 0.5])
+
+
+def test_true_cfg_arguments_that_would_be_dropped_are_refused():
+    """FluxPipeline runs true CFG only with true_cfg_scale > 1 *and* a negative prompt, and
+    only logged a warning when one came without the other."""
+    adapter, variant = adapters.lookup("flux-tiny")
+    call = adapter.call_defaults(variant)
+    with pytest.raises(ValueError, match="negative_prompt would be ignored: .*leaves true_cfg_scale at the "
+                                         "pipeline's default; raise true_cfg_scale above 1"):
+        adapter.check_call(variant, {**call, "negative_prompt": "x"}, given={"negative_prompt": "x"})
+    with pytest.raises(ValueError, match="true_cfg_scale=4.0 would be ignored: .*pass negative_prompt"):
+        adapter.check_call(variant, {**call, "true_cfg_scale": 4.0}, given={"true_cfg_scale": 4.0})
+    both = {"true_cfg_scale": 4.0, "negative_prompt": "x"}
+    adapter.check_call(variant, {**call, **both}, given=both)
+    # a default negative prompt is the variant's, not the caller's: never refused
+    adapter.check_call(variant, {**call, "negative_prompt": "x"}, given={})
+
+
+def test_a_custom_schedule_is_numbers_and_sets_the_step_count():
+    adapter, variant = adapters.lookup("flux-tiny")
+    call = adapter.call_defaults(variant)
+    with pytest.raises(ValueError, match="sigmas: every item must be a finite number, got nan"):
+        adapter.check_call(variant, {**call, "sigmas": [1.0, float("nan")]})
+    with pytest.raises(TypeError, match="sigmas must be a non-empty list of numbers"):
+        adapter.check_call(variant, {**call, "sigmas": "1.0,0.5"})
+    given = {"sigmas": [1.0, 0.6, 0.3], "num_inference_steps": 2}
+    with pytest.raises(ValueError, match="num_inference_steps=2 but sigmas has 3 entries"):
+        adapter.check_call(variant, {**call, **given}, given=given)
+    import numpy as np
+    for sigmas in (np.array([1.0, 0.5]), torch.tensor([1.0, 0.5])):  # what the pipelines take, as they take it
+        adapter.check_call(variant, {**call, "sigmas": sigmas, "num_inference_steps": 2},
+                           given={"sigmas": sigmas, "num_inference_steps": 2})
+
+
+@pytest.mark.parametrize("model", ["wan2.1-tiny", "flux-tiny"])
+def test_latents_the_pipeline_drew_pass_the_check_unchanged(model):
+    """The latents check compares a given tensor with the pipeline's own draw; the tensor the
+    pipeline drew itself, passed back, makes the same output as the generator did."""
+    h = magi_zoo.load(model, gpu="cpu", compile=False)
+    drawn = []
+    prepare = h.pipe.prepare_latents
+
+    def spy(*a, **k):
+        out = prepare(*a, **k)
+        drawn.append((out[0] if isinstance(out, tuple) else out).clone())
+        return out
+
+    h.pipe.prepare_latents = spy
+    first = h(prompt="a corgi", num_inference_steps=1, generator=torch.Generator().manual_seed(0),
+              output_type="latent")
+    h.pipe.prepare_latents = prepare
+    again = h(prompt="a corgi", num_inference_steps=1, latents=drawn[0], output_type="latent")
+    key = "frames" if hasattr(first, "frames") else "images"
+    assert torch.equal(getattr(first, key), getattr(again, key))
+    with pytest.raises(ValueError, match=rf"do not fit this call of .*Pipeline: .*prepare to {re.escape(str(tuple(drawn[0].shape)))}"):
+        h(prompt="a corgi", num_inference_steps=1, latents=drawn[0][..., :-1])
 
 
 def test_numpy_counts_and_scales_are_numbers():
