@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import time
 import typing
@@ -124,7 +125,7 @@ class ZooPipeline:
 
     def __call__(self, *args, **kwargs):
         args, kwargs = _by_name(self.pipe.__call__, args, kwargs)
-        _check_keywords(self.pipe.__call__, kwargs, self.variant.name)
+        _check_keywords(self.pipe.__call__, kwargs, f"{self.variant.name}'s call")
         out = self.pipe(*args, **self.check_call(kwargs))
         self._maybe_save_cache()
         return out
@@ -135,7 +136,7 @@ class ZooPipeline:
         if not callable(getattr(self.pipe, "stream", None)):
             raise TypeError(f"{self.variant.name} does not stream; call the handle instead")
         args, kwargs = _by_name(self.pipe.stream, args, kwargs)
-        _check_keywords(self.pipe.stream, kwargs, self.variant.name)
+        _check_keywords(self.pipe.stream, kwargs, f"{self.variant.name}'s stream")
         yield from self.pipe.stream(*args, **self.check_call(kwargs))
         self._maybe_save_cache()
 
@@ -224,10 +225,11 @@ def _by_name(fn, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, 
     return (), {**bound.arguments, **kwargs}
 
 
-def _check_keywords(fn, kwargs: Mapping[str, Any], variant: str) -> None:
+def _check_keywords(fn, kwargs: Mapping[str, Any], what: str) -> None:
     """A keyword `fn` does not take is a TypeError naming the closest one it does and all it
-    takes, before the defaults are merged or any work runs (Python's own error names neither).
-    Skipped where `fn` takes `**kwargs` or has no readable signature."""
+    takes, before the defaults are merged or any work runs (Python's own error names neither);
+    `what` words the callee ("wan2.1-tiny's call"). Skipped where `fn` takes `**kwargs` or has
+    no readable signature."""
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
@@ -239,8 +241,18 @@ def _check_keywords(fn, kwargs: Mapping[str, Any], variant: str) -> None:
     unknown = [k for k in kwargs if k not in params]
     if unknown:
         guess = did_you_mean(unknown[0], takes)
-        raise TypeError(f"{variant}'s call takes no argument {unknown[0]!r}{guess}{'' if guess else '.'} "
+        raise TypeError(f"{what} takes no argument {unknown[0]!r}{guess}{'' if guess else '.'} "
                         f"It takes: {', '.join(takes)}")
+
+
+def named_keywords(fn):
+    """`fn` with an unknown keyword refused by `_check_keywords` (closest name, all it takes)
+    before Python's bare "unexpected keyword argument"; signature and docstring kept."""
+    @functools.wraps(fn)
+    def checked(*args, **kwargs):
+        _check_keywords(fn, kwargs, f"{fn.__name__}()")
+        return fn(*args, **kwargs)
+    return checked
 
 
 def strict_arguments(fn: Any, values: Mapping[str, Any]) -> None:
@@ -290,6 +302,7 @@ def _build_device(adapter, variant, layers, profile: GpuProfile, dev: torch.devi
     return torch.device("cpu")
 
 
+@named_keywords
 def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
          dtype: str | torch.dtype | None = None, device: str | torch.device | None = None,
          compile: Any = None, overrides: Any = None, precision: str | None = None,

@@ -96,6 +96,10 @@ class Adapter:
     image_sets_size: ClassVar[bool] = False
     # The smallest side (pixels) an input image may have (FLUX.2's conditioning image: 64); None: any.
     min_image_side: ClassVar[int | None] = None
+    # What an API call's `image=` may be ("PIL", "numpy", "tensor", "path"): by default the kinds
+    # diffusers' image processors read, a list of them too (FLUX.2's reads PIL images only; BAGEL
+    # and Qwen3-Omni read a PIL image or a file). Another kind is refused before any work.
+    image_kinds: ClassVar[tuple[str, ...]] = ("PIL", "numpy", "tensor")
 
     # -- build flow (owned here) ------------------------------------------------------------
     def build(self, variant: Variant, *, weights: str | Path | None, dtype: torch.dtype,
@@ -335,8 +339,31 @@ class Adapter:
 
     def check_given(self, variant: Variant, given: dict[str, Any], call: dict[str, Any], *,
                     name=lambda k: k) -> None:
-        """Raise a ValueError for an argument the caller gave that this call would ignore
-        (`call`: with the defaults filled in). Default: none known."""
+        """Raise for an argument the caller gave that this call would ignore or fail on late
+        (`call`: with the defaults filled in). Here: an API call's `image=` is of a kind the
+        pipeline reads (`image_kinds`; a path is the CLI's `--image`, read by `check_inputs`)
+        and has `min_image_side`. Families add their own (the diffusers base: guidance
+        arguments a call would drop)."""
+        image = given.get("image")
+        if image is None:
+            return
+        if isinstance(image, (str, os.PathLike)) and "path" in self.image_kinds:
+            self.check_inputs({"image": image})  # the file: exists, opens, big enough
+            return
+        items = list(image) if isinstance(image, (list, tuple)) else [image]
+        if not items:
+            raise ValueError(f"{name('image')} is an empty list: pass an image, or none")
+        import numpy as np  # lazy, as PIL: only a call with an image pays for them
+        import PIL.Image
+        kinds = {"PIL": PIL.Image.Image, "numpy": np.ndarray, "tensor": torch.Tensor}
+        words = {"PIL": "a PIL image", "numpy": "a numpy array", "tensor": "a torch.Tensor", "path": "a file's path"}
+        for item in items:
+            if not isinstance(item, tuple(kinds[k] for k in self.image_kinds if k in kinds)):
+                what = " or ".join(words[k] for k in self.image_kinds)
+                raise TypeError(f"{name('image')} must be {what}, got {type(item).__name__}"
+                                + ("; for a file, PIL.Image.open(path)" if "path" not in self.image_kinds else ""))
+            if isinstance(item, PIL.Image.Image):
+                self.check_inputs({"image": item})
 
     def prompt_truncation(self, native: Any, prompt: str, call: dict[str, Any]) -> dict[str, int]:
         """encoder -> token limit, for each text encoder of `native` that will read only the

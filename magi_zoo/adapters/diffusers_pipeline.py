@@ -121,7 +121,8 @@ class DiffusersPipelineAdapter(Adapter):
         call that runs no classifier-free guidance (diffusers builds the unconditional branch
         only when guidance is on), and a true-CFG scale without the negative prompt it needs
         (FluxPipeline / QwenImagePipeline only log a warning). Checked where the family says
-        when its pipeline runs CFG (`cfg_option` or `cfg_config_key`)."""
+        when its pipeline runs CFG (`cfg_option` or `cfg_config_key`); the base's image checks first."""
+        super().check_given(variant, given, call, name=name)
         if self.cfg_option is None and self.cfg_config_key is None:
             return
         opt, thr = self.cfg_option, self.cfg_threshold

@@ -117,6 +117,14 @@ def test_an_unknown_keyword_names_the_closest_and_all_taken():
         h(prompt="x", sigmas=[1.0, 0.5])
 
 
+def test_load_names_the_keyword_meant():
+    with pytest.raises(TypeError, match="load\\(\\) takes no argument 'complie' -- did you mean 'compile'\\? It takes: "
+                                        "cache_dir, calibrate, compile"):
+        magi_zoo.load("wan2.1-tiny", gpu="cpu", complie=False)
+    import inspect
+    assert "memory_budget_gib" in inspect.signature(magi_zoo.load).parameters  # help() still shows them
+
+
 def test_true_cfg_arguments_that_would_be_dropped_are_refused():
     """FluxPipeline runs true CFG only with true_cfg_scale > 1 *and* a negative prompt, and
     only logged a warning when one came without the other."""
@@ -338,3 +346,27 @@ def test_an_image_pipelines_output_type_is_checked_not_coerced():
     with pytest.raises(ValueError, match="output_type must be one of 'pil', 'pt', got 'np'"):
         bagel.check_call(variant, {"output_type": "np"})
     bagel.check_call(variant, {"output_type": "pt"})
+
+
+def test_an_api_image_is_a_kind_the_pipeline_reads():
+    """FLUX.2's image processor reads PIL images only and raised after the text encoder ran; an
+    empty list failed inside torch.cat. Both are refused first, with the minimum side too."""
+    from PIL import Image
+
+    adapter, variant = adapters.lookup("flux.2-tiny")
+    call = adapter.call_defaults(variant)
+    for bad, kind in ((5, "int"), ("in.png", "str"), (torch.zeros(3, 64, 64), "Tensor")):
+        with pytest.raises(TypeError, match=f"image must be a PIL image, got {kind}; for a file, PIL.Image.open"):
+            adapter.check_call(variant, {**call, "image": bad}, given={"image": bad})
+    with pytest.raises(ValueError, match="image is an empty list"):
+        adapter.check_call(variant, {**call, "image": []}, given={"image": []})
+    with pytest.raises(ValueError, match="2x2; flux2 takes input images of at least 64x64"):
+        adapter.check_call(variant, call, given={"image": [Image.new("RGB", (2, 2))]})
+    adapter.check_call(variant, call, given={"image": [Image.new("RGB", (64, 64))] * 2})
+    # BAGEL reads a file itself: a path is checked as the CLI's --image is (it must exist)
+    bagel, bvariant = adapters.lookup("bagel-tiny")
+    with pytest.raises(ValueError, match="no such file"):
+        bagel.check_call(bvariant, bagel.call_defaults(bvariant), given={"image": "/nonexistent/in.png"})
+    with pytest.raises(TypeError, match="image must be a PIL image or a file's path, got ndarray"):
+        import numpy as np
+        bagel.check_call(bvariant, bagel.call_defaults(bvariant), given={"image": np.zeros((8, 8, 3))})

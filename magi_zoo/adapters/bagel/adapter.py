@@ -69,6 +69,7 @@ class BagelAdapter(Adapter):
     aliases = {"bagel": "bagel-7b-mot", "bagel-7b": "bagel-7b-mot"}
     entry_points = ("denoise",)
     run_options = ("image", "task", "think", "num_inference_steps", "height", "width", "seed", "max_new_tokens")
+    image_kinds = ("PIL", "path")  # its pipeline reads a PIL image or opens a file
 
     def build_random(self, variant: Variant, dtype: torch.dtype, device: torch.device):
         return self._pipeline(variant, dict(variant.config), None, dtype, device)

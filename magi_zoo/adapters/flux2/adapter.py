@@ -50,6 +50,7 @@ class Flux2Adapter(DiffusersPipelineAdapter):
     run_options = DiffusersPipelineAdapter.run_options + ("image",)  # a conditioning image (editing)
     cfg_option = "guidance_scale"  # Flux2KleinPipeline: CFG at guidance_scale > 1 unless is_distilled
     min_image_side = 64  # Flux2Pipeline refuses smaller conditioning images
+    image_kinds = ("PIL",)  # Flux2ImageProcessor.check_image_input: "Image must be a PIL.Image.Image"
 
     def build_random(self, variant: Variant, dtype: torch.dtype, device: torch.device):
         return _random_pipeline(variant, dtype, device)
