@@ -100,6 +100,8 @@ class Adapter:
     # diffusers' image processors read, a list of them too (FLUX.2's reads PIL images only; BAGEL
     # and Qwen3-Omni read a PIL image or a file). Another kind is refused before any work.
     image_kinds: ClassVar[tuple[str, ...]] = ("PIL", "numpy", "tensor")
+    # Whether the pipeline takes a list of prompts (a batch) besides one string.
+    prompt_lists: ClassVar[bool] = True
 
     # -- build flow (owned here) ------------------------------------------------------------
     def build(self, variant: Variant, *, weights: str | Path | None, dtype: torch.dtype,
@@ -332,7 +334,7 @@ class Adapter:
         argument (a CLI flag). `given`: what the caller passed (before the defaults), for
         `check_given`."""
         check_call(variant.name, call, self.call_limits(variant), name=name, device_gib=device_gib,
-                   caps=self.count_caps(variant))
+                   caps=self.count_caps(variant), prompt_lists=self.prompt_lists)
         if given is not None:
             check_given_counts(given, name)
             self.check_given(variant, given, call, name=name)
@@ -348,13 +350,12 @@ class Adapter:
         if image is None:
             return
         if isinstance(image, (str, os.PathLike)) and "path" in self.image_kinds:
-            self.check_inputs({"image": image})  # the file: exists, opens, big enough
-            return
+            return  # the pipeline opens the file first thing, with its own errors (no such file, not an image)
         items = list(image) if isinstance(image, (list, tuple)) else [image]
         if not items:
             raise ValueError(f"{name('image')} is an empty list: pass an image, or none")
-        import numpy as np  # lazy, as PIL: only a call with an image pays for them
-        import PIL.Image
+        import numpy as np  # lazy: only a call with an image needs it
+        import PIL.Image  # lazy: PIL costs ~15 ms; only a call with an image needs it
         kinds = {"PIL": PIL.Image.Image, "numpy": np.ndarray, "tensor": torch.Tensor}
         words = {"PIL": "a PIL image", "numpy": "a numpy array", "tensor": "a torch.Tensor", "path": "a file's path"}
         for item in items:

@@ -98,14 +98,17 @@ def outputs_of(call: Mapping[str, Any]) -> int:
     return n * int(per)
 
 
-def _check_prompts(call: Mapping[str, Any], name: Callable[[str], str]) -> None:
-    """A prompt is a string or a non-empty list of strings; a negative prompt may be empty.
+def _check_prompts(call: Mapping[str, Any], name: Callable[[str], str], lists: bool = True) -> None:
+    """A prompt is a string or (`lists`: the pipeline batches prompts) a non-empty list of
+    strings; a negative prompt likewise, and may be an empty string.
     The tokenizers fail on anything else only after the pipeline starts (an empty list was an
     IndexError inside the tokenizer, a number in a list a TypeError inside the text cleaner)."""
     for k in ("prompt", "negative_prompt"):
         v = call.get(k)
         if v is None or isinstance(v, str):
             continue
+        if not lists:
+            raise TypeError(f"{name(k)} must be a string (one prompt per call), got {type(v).__name__}")
         if not isinstance(v, (list, tuple)):
             raise TypeError(f"{name(k)} must be a string or a list of strings, got {type(v).__name__}")
         if not v:
@@ -129,10 +132,11 @@ def check_given_counts(given: Mapping[str, Any], name: Callable[[str], str] = la
 
 def check_call(variant: str, call: Mapping[str, Any], limits: CallLimits | None, *,
                name: Callable[[str], str] = lambda k: k, device_gib: float | None = None,
-               caps: Mapping[str, tuple[int, str]] | None = None) -> None:
+               caps: Mapping[str, tuple[int, str]] | None = None, prompt_lists: bool = True) -> None:
     """Raise a ValueError naming the argument (`name(key)`: a CLI flag or the keyword) and
     what would work, for a call `variant` cannot make. `device_gib`: the card's memory when
-    the call runs on one (None: on the host). `caps`: count -> (largest value, why)."""
+    the call runs on one (None: on the host). `caps`: count -> (largest value, why).
+    `prompt_lists`: whether the pipeline takes a list of prompts (BAGEL's and Qwen3-Omni's do not)."""
     for k in COUNTS:
         v = call.get(k)
         if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1):
@@ -151,7 +155,7 @@ def check_call(variant: str, call: Mapping[str, Any], limits: CallLimits | None,
     if isinstance(negatives, (list, tuple)) and len(negatives) != n:
         raise ValueError(f"{name('negative_prompt')}: {len(negatives)} negative prompts for {n} prompt(s); give one "
                          f"per prompt, or one string for all")
-    _check_prompts(call, name)
+    _check_prompts(call, name, prompt_lists)
     for k in ("callback_on_step_end",):
         v = call.get(k)
         if v is not None and not callable(v):

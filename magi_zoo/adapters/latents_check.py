@@ -47,7 +47,7 @@ def guard_latents(pipe: Any) -> None:
         if not (name.startswith("prepare") and name.endswith("latents")):
             continue
         method = getattr(pipe, name, None)
-        if not callable(method) or getattr(method, "_magi_latents_guard", False):
+        if not callable(method) or getattr(method, "magi_zoo_latents_guard", False):
             continue
         try:
             sig = inspect.signature(method)
@@ -84,7 +84,7 @@ def _guarded(method, sig: inspect.Signature, owner: str, name: str):
             raise _mismatch(owner, arg, given, expected, f"they prepare to {tuple(got.shape)}")
         return out
 
-    prepare._magi_latents_guard = True  # type: ignore[attr-defined]
+    prepare.magi_zoo_latents_guard = True  # type: ignore[attr-defined]  # (idempotence)
     return prepare
 
 

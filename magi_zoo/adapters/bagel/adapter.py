@@ -70,6 +70,7 @@ class BagelAdapter(Adapter):
     entry_points = ("denoise",)
     run_options = ("image", "task", "think", "num_inference_steps", "height", "width", "seed", "max_new_tokens")
     image_kinds = ("PIL", "path")  # its pipeline reads a PIL image or opens a file
+    prompt_lists = False  # one conversation per call
 
     def build_random(self, variant: Variant, dtype: torch.dtype, device: torch.device):
         return self._pipeline(variant, dict(variant.config), None, dtype, device)

@@ -149,6 +149,7 @@ class Qwen3OmniAdapter(Adapter):
     entry_points = ("prefill", "decode_step")
     run_options = ("max_new_tokens", "audio_out", "seed", "audio", "image", "voice")
     image_kinds = ("PIL", "path")  # its pipeline reads a PIL image or opens a file
+    prompt_lists = False  # one conversation per call
     output_suffixes = (".txt",)
 
     def build_random(self, variant: Variant, dtype: torch.dtype, device: torch.device) -> Qwen3OmniPipeline:

@@ -191,11 +191,11 @@ class SelfForcingAdapter(Adapter):
                           why_grid=f"its RoPE table has {rope} positions per axis")
 
     def check_call(self, variant: Variant, call: dict[str, Any], *, name=lambda k: k,
-                   device_gib: float | None = None) -> None:
+                   device_gib: float | None = None, given: dict[str, Any] | None = None) -> None:
         """The general checks, then Self-Forcing's frame rule: whole blocks of 3 latent frames,
         12 m - 3 video frames. Here, not only in `check_run`, so the handle (`pipe(...)`) refuses
         81 + 1 frames before any work as the CLI does."""
-        super().check_call(variant, call, name=name, device_gib=device_gib)
+        super().check_call(variant, call, name=name, device_gib=device_gib, given=given)
         n = call.get("num_frames")
         if isinstance(n, int) and n > 0 and n not in valid_frame_counts(max(n, 81) + 24):
             raise ValueError(f"{name('num_frames')} {n}: Self-Forcing makes whole blocks of 3 latent frames, i.e. "

@@ -383,7 +383,10 @@ def test_image_by_path_is_read_and_anything_else_is_refused(tiny, tmp_path):
     (tmp_path / "text.png").write_text("not an image")
     with pytest.raises(ValueError, match="not an image PIL can read"):
         tiny("x", image=tmp_path / "text.png")
-    with pytest.raises(TypeError, match="image: a PIL image or an image file's path, got ndarray"):
+    # refused by the handle's checks before the pipeline (`Adapter.image_kinds`, `prompt_lists`)
+    with pytest.raises(TypeError, match="image must be a PIL image or a file's path, got ndarray"):
         tiny("x", image=np.zeros((8, 8, 3)))
-    with pytest.raises(TypeError, match="prompt: a string, got int"):
+    with pytest.raises(TypeError, match="prompt must be a string \\(one prompt per call\\), got int"):
         tiny(5)
+    with pytest.raises(TypeError, match="image: a PIL image or an image file's path, got ndarray"):
+        tiny.pipe("x", image=np.zeros((8, 8, 3)))  # the pipeline's own check, for callers of `.pipe`
