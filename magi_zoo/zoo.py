@@ -49,6 +49,25 @@ def _dtype(dtype: str | torch.dtype | None, profile: GpuProfile) -> torch.dtype:
     return DTYPES[dtype.lower()]
 
 
+def _device(device: str | torch.device | None, profile: GpuProfile, gpu: str) -> torch.device:
+    """The device to build on: `device=` if given, else the profile's; one this machine has,
+    checked before the build (torch's own errors came from deep inside it, or named no fix)."""
+    try:
+        dev = torch.device(device if device is not None else profile.device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device={device!r} is not a torch device ({e}); pass 'cpu', 'cuda' or 'cuda:N'") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device={device!r}: models are built on 'cpu' or 'cuda' ('cuda:N' for card N)")
+    asked = f"device={device!r}" if device is not None else f"gpu={gpu!r}"
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"{asked} needs CUDA, which is not available here; use gpu='cpu'"
+                           + (" and no device= (or device='cpu')" if device is not None else ""))
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        n = torch.cuda.device_count()
+        raise ValueError(f"{asked}: this machine has {n} CUDA device(s), cuda:0 to cuda:{n - 1}")
+    return dev
+
+
 class ZooPipeline:
     """What `load` returns: call it like the native pipeline.
 
@@ -379,11 +398,7 @@ def load(name: str, *, gpu: str = "auto", weights: str | Path | None = None,
     adapter.weights_source(variant, weights)  # a missing local path, another family's weights: refused now
     profile = get_profile(gpu)
     dt = _dtype(dtype, profile)
-    dev = torch.device(device if device is not None else profile.device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        asked = f"device={device!r}" if device is not None else f"gpu={gpu!r}"
-        raise RuntimeError(f"{asked} needs CUDA, which is not available here; use gpu='cpu'"
-                           + (" and no device= (or device='cpu')" if device is not None else ""))
+    dev = _device(device, profile, gpu)
     if precision is None and profile.fp8 and weights is not None and Path(str(weights)).is_dir() \
             and read_manifest(weights) is not None:
         precision = "fp8"  # an fp8 checkpoint: its regions' plan is fp8 (fusions included), on a card with fp8

@@ -369,3 +369,16 @@ def test_an_api_image_is_a_kind_the_pipeline_reads():
     with pytest.raises(TypeError, match="image must be a PIL image or a file's path, got ndarray"):
         import numpy as np
         bagel.check_call(bvariant, bagel.call_defaults(bvariant), given={"image": np.zeros((8, 8, 3))})
+
+
+def test_load_device_is_one_this_machine_has(monkeypatch):
+    """torch's "Invalid device string" named no fix, and a card index past the machine's failed
+    inside the build; both are refused first, with what to pass."""
+    with pytest.raises(ValueError, match="device='gpu0' is not a torch device .*pass 'cpu', 'cuda' or 'cuda:N'"):
+        magi_zoo.load("wan2.1-tiny", gpu="cpu", device="gpu0")
+    with pytest.raises(ValueError, match="device='meta': models are built on 'cpu' or 'cuda'"):
+        magi_zoo.load("wan2.1-tiny", gpu="cpu", device="meta")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(ValueError, match="device='cuda:7': this machine has 2 CUDA device\\(s\\), cuda:0 to cuda:1"):
+        magi_zoo.load("wan2.1-tiny", gpu="cpu", device="cuda:7")
