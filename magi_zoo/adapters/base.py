@@ -343,8 +343,8 @@ class Adapter:
                     name=lambda k: k) -> None:
         """Raise for an argument the caller gave that this call would ignore or fail on late
         (`call`: with the defaults filled in). Here: an API call's `image=` is of a kind the
-        pipeline reads (`image_kinds`; a path is the CLI's `--image`, read by `check_inputs`)
-        and has `min_image_side`. Families add their own (the diffusers base: guidance
+        pipeline reads (`image_kinds`; a path only where the pipeline opens files itself) and
+        a PIL image has `min_image_side`. Families add their own (the diffusers base: guidance
         arguments a call would drop)."""
         image = given.get("image")
         if image is None:

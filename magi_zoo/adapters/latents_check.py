@@ -70,11 +70,12 @@ def _guarded(method, sig: inspect.Signature, owner: str, name: str):
             return method(*args, **kwargs)
         if not isinstance(given, torch.Tensor):
             raise TypeError(f"{arg} must be a torch.Tensor, got {type(given).__name__}")
-        dry = dict(bound.arguments, latents=None)
-        if "generator" in dry:
-            dry["generator"] = None
-        with _rng_kept(dry.get("device")), torch.no_grad():
-            expected = _first_tensor(method(**dry))
+        dry = sig.bind(*args, **kwargs)
+        dry.arguments["latents"] = None
+        if "generator" in dry.arguments:
+            dry.arguments["generator"] = None
+        with _rng_kept(dry.arguments.get("device")), torch.no_grad():
+            expected = _first_tensor(method(*dry.args, **dry.kwargs))
         try:
             out = method(*args, **kwargs)
         except (ValueError, RuntimeError, IndexError, TypeError) as e:
