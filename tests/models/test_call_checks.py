@@ -193,9 +193,12 @@ def test_numpy_counts_and_scales_are_numbers():
 
 
 def test_defaults_of_every_variant_pass_their_own_checks():
+    """Also when a caller passes them explicitly: the checks on what was given (`check_given`:
+    a negative prompt without guidance, true CFG without one) never refuse a variant's defaults."""
     for name in adapters.list_models():
         adapter, variant = adapters.lookup(name)
         adapter.check_call(variant, adapter.call_defaults(variant))
+        adapter.check_call(variant, adapter.call_defaults(variant), given=adapter.call_defaults(variant))
 
 
 def test_limits_come_from_the_config():
