@@ -342,12 +342,16 @@ class Adapter:
     def check_given(self, variant: Variant, given: dict[str, Any], call: dict[str, Any], *,
                     name=lambda k: k) -> None:
         """Raise for an argument the caller gave that this call would ignore or fail on late
-        (`call`: with the defaults filled in). Here: an API call's `image=` is of a kind the
+        (`call`: with the defaults filled in). Here: an image-to-video variant's call has an
+        `image=`, and an API call's `image=` is of a kind the
         pipeline reads (`image_kinds`; a path only where the pipeline opens files itself) and
         a PIL image has `min_image_side`. Families add their own (the diffusers base: guidance
         arguments a call would drop)."""
         image = given.get("image")
         if image is None:
+            if self.image_to_video(variant):  # the pipeline's own error was Python's "missing argument"
+                raise ValueError(f"{variant.name} is image-to-video: pass {name('image')}= (the first frame, "
+                                 f"e.g. PIL.Image.open(path))")
             return
         if isinstance(image, (str, os.PathLike)) and "path" in self.image_kinds:
             return  # the pipeline opens the file first thing, with its own errors (no such file, not an image)
