@@ -156,11 +156,10 @@ def check_call(variant: str, call: Mapping[str, Any], limits: CallLimits | None,
         raise ValueError(f"{name('negative_prompt')}: {len(negatives)} negative prompts for {n} prompt(s); give one "
                          f"per prompt, or one string for all")
     _check_prompts(call, name, prompt_lists)
-    for k in ("callback_on_step_end",):
-        v = call.get(k)
-        if v is not None and not callable(v):
-            raise TypeError(f"{name(k)} must be callable (a function or a diffusers PipelineCallback), got "
-                            f"{type(v).__name__}")
+    callback = call.get("callback_on_step_end")
+    if callback is not None and not callable(callback):
+        raise TypeError(f"{name('callback_on_step_end')} must be callable (a function or a diffusers "
+                        f"PipelineCallback), got {type(callback).__name__}")
     for k in MAPPINGS:
         v = call.get(k)
         if v is not None and not isinstance(v, Mapping):

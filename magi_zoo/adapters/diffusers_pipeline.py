@@ -113,7 +113,12 @@ class DiffusersPipelineAdapter(Adapter):
             return variant is not None and float(variant.config.get(self.cfg_config_key) or 0.0) > 1.0
         if self.cfg_needs_negative_prompt and call.get("negative_prompt") is None:
             return False
-        return self.cfg_option is not None and float(call.get(self.cfg_option) or 0.0) > self.cfg_threshold
+        return self.cfg_option is not None and not self.cfg_scale_off(call)
+
+    def cfg_scale_off(self, call: dict[str, Any]) -> bool:
+        """Whether this call's `cfg_option` is at or below `cfg_threshold` (left out, it counts as
+        0): the setting that turns guidance off, which the errors about guidance name."""
+        return self.cfg_option is not None and float(call.get(self.cfg_option) or 0.0) <= self.cfg_threshold
 
     def check_given(self, variant: Variant, given: dict[str, Any], call: dict[str, Any], *,
                     name=lambda k: k) -> None:
@@ -126,16 +131,18 @@ class DiffusersPipelineAdapter(Adapter):
         if self.cfg_option is None and self.cfg_config_key is None:
             return
         opt, thr = self.cfg_option, self.cfg_threshold
-        low = opt is not None and float(call.get(opt) or 0.0) <= thr
+        low = self.cfg_scale_off(call)
         if given.get("negative_prompt") is not None and not self.runs_cfg(call, variant):
-            has = f"has {opt}={call[opt]!r}" if call.get(opt) is not None else f"leaves {opt} at the pipeline's default"
+            has = (f"has {opt}={call[opt]!r}" if call.get(opt) is not None
+                   else f"leaves {opt} at the pipeline's default")
             why = (f"guidance runs at {opt} > {thr:g}, and this call {has}" if low
                    else f"{variant.name} runs no classifier-free guidance")
             fix = f"raise {name(opt)} above {thr:g}, or drop it" if low else "drop it"
             raise ValueError(f"{name('negative_prompt')} would be ignored: {why}; {fix}")
         if (self.cfg_needs_negative_prompt and opt in given and not low and call.get("negative_prompt") is None):
-            raise ValueError(f"{name(opt)}={given[opt]!r} would be ignored: {type(self).__name__.removesuffix('Adapter')}"
-                             f"'s true classifier-free guidance runs only with a negative prompt; pass "
+            family = type(self).__name__.removesuffix("Adapter")
+            raise ValueError(f"{name(opt)}={given[opt]!r} would be ignored: {family}'s true classifier-free "
+                             f"guidance runs only with a negative prompt; pass "
                              f"{name('negative_prompt')}, or drop {name(opt)}")
 
     def load_pretrained(self, variant: Variant, source: str, local: bool, dtype: torch.dtype,
@@ -193,8 +200,8 @@ class DiffusersPipelineAdapter(Adapter):
         call = {**handle.call_defaults(), **options}
         self.check_shape(handle.pipe, call)
         if cfg_parallel_active(handle.plan) and not self.runs_cfg(call, handle.variant):
-            low = self.cfg_option is not None and float(call.get(self.cfg_option) or 0.0) <= self.cfg_threshold
-            why = f"{self.cfg_option} <= {self.cfg_threshold:g}" if low else "not with these settings"
+            off = self.cfg_scale_off(call)
+            why = f"{self.cfg_option} <= {self.cfg_threshold:g}" if off else "not with these settings"
             raise ValueError(f"cfg parallel splits classifier-free guidance, which this call of {handle.variant.name} "
                              f"does not run ({why}); drop cfg parallel (--no-cfg-parallel)")
         handle.pipe.set_progress_bar_config(disable=not progress)
