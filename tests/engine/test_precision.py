@@ -177,6 +177,23 @@ def test_fp8_attention_quantization_is_exact_where_promised_and_smoothing_helps(
     assert err_smooth < 3e-2 and err_smooth < err_tensor / 3, (err_smooth, err_tensor)
 
 
+def test_smoothed_scale_from_one_pass_equals_the_two_pass_amax():
+    """`quantize_per_head(smooth=True)` takes the scale from the per-channel mean, max and min
+    (one reduction pass) instead of amax(|x - mean|) after the mean (two): the same bits."""
+    from magi_zoo.engine.kernels import fa3
+
+    for seed in range(4):
+        g = torch.Generator().manual_seed(seed)
+        x = (torch.randn(2, 257, 3, 32, generator=g) * torch.rand(1, 1, 3, 32, generator=g) * 10
+             + torch.randn(1, 1, 3, 32, generator=g) * 5).bfloat16()
+        mean = x.float().mean(dim=1, keepdim=True)
+        two_pass = (x.float() - mean).abs().amax(dim=(1, 3)).clamp(min=1e-12) / fa3.FP8_MAX
+        q8, descale, m = fa3.quantize_per_head(x, smooth=True)
+        assert torch.equal(descale, two_pass) and torch.equal(m, mean)
+        want = ((x.float() - mean) / two_pass[:, None, :, None]).clamp(-448, 448).to(torch.float8_e4m3fn)
+        assert torch.equal(q8.view(torch.uint8), want.view(torch.uint8))
+
+
 def test_fp8_attention_switches_fa3_layers_traces_whole_and_undoes(wan, monkeypatch, fresh_dynamo):
     """On the fa3 layers of an fp8 region the precision step swaps in fp8 FA3 (a CPU stand-in
     of the kernel here: FA3's op signature, dequantize-then-SDPA), fullgraph, undone exactly."""

@@ -344,9 +344,19 @@ def quantize_per_head(x: torch.Tensor, *, smooth: bool) -> tuple[torch.Tensor, t
     """x (B, S, H, D) -> (fp8 e4m3 tensor, descale (B, H) fp32, mean over tokens or None), with
     x ~= fp8 * descale[:, None, :, None] + mean. `smooth` subtracts the per-head, per-channel
     mean over tokens first (see above: exact for K and V)."""
-    mean = x.float().mean(dim=1, keepdim=True) if smooth else None
-    xs = x.float() - mean if smooth else x.float()
-    descale = xs.abs().amax(dim=(1, 3)).clamp(min=_FP8_EPS) / FP8_MAX  # (B, H)
+    xf = x.float()
+    if smooth:
+        # max over tokens and channels of |x - m| is, per channel, the larger of (max x - m) and
+        # (m - min x): the mean, max and min are one pass over x (one fused reduction), where
+        # amax(|x - mean|) was a second pass after the mean's. Equal bit for bit: rounding
+        # x - m is monotonic in x, so the largest difference is the difference of the largest.
+        mean = xf.mean(dim=1, keepdim=True)
+        spread = torch.maximum(xf.amax(dim=1, keepdim=True) - mean, mean - xf.amin(dim=1, keepdim=True))
+        descale = spread.amax(dim=(1, 3)).clamp(min=_FP8_EPS) / FP8_MAX  # (B, H)
+        xs = xf - mean
+    else:
+        mean, xs = None, xf
+        descale = xf.abs().amax(dim=(1, 3)).clamp(min=_FP8_EPS) / FP8_MAX  # (B, H)
     q = (xs / descale[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
     return q, descale.contiguous(), mean
 
