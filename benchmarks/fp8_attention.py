@@ -73,7 +73,7 @@ def _dequant(t8, s):
 def bench(device, shapes, runs: int, warmup: int) -> list[dict]:
     import torch
 
-    from magi_zoo.engine.kernels import fa3
+    from magi_zoo.engine.kernels import fa3, fp8_scales
 
     cuda = device.type == "cuda"
     if cuda:
@@ -90,11 +90,11 @@ def bench(device, shapes, runs: int, warmup: int) -> list[dict]:
                 qt, qts = _per_tensor(q)
                 kt, kts = _per_tensor(k)
                 vt, vts = _per_tensor(v)
-                qh, qhs, _ = fa3.quantize_per_head(q, smooth=False)
-                kh, khs, _ = fa3.quantize_per_head(k, smooth=False)
-                vh, vhs, _ = fa3.quantize_per_head(v, smooth=False)
-                ks8, kss, _ = fa3.quantize_per_head(k, smooth=True)
-                vs8, vss, vm = fa3.quantize_per_head(v, smooth=True)
+                qh, qhs, _ = fp8_scales.quantize_per_head(q, smooth=False)
+                kh, khs, _ = fp8_scales.quantize_per_head(k, smooth=False)
+                vh, vhs, _ = fp8_scales.quantize_per_head(v, smooth=False)
+                ks8, kss, _ = fp8_scales.quantize_per_head(k, smooth=True)
+                vs8, vss, vm = fp8_scales.quantize_per_head(v, smooth=True)
                 variants = {}
                 if cuda:
                     fwd = fa3._forward
@@ -113,7 +113,7 @@ def bench(device, shapes, runs: int, warmup: int) -> list[dict]:
                     variants = {
                         "fp8_tensor": lambda: _sdpa32(_dequant(qt, qts), _dequant(kt, kts), _dequant(vt, vts)),
                         "fp8_head": lambda: _sdpa32(_dequant(qh, qhs), _dequant(kh, khs), _dequant(vh, vhs)),
-                        "fp8_head_smooth": lambda: fa3.fp8_reference(q, k, v),
+                        "fp8_head_smooth": lambda: fp8_scales.fp8_reference(q, k, v),
                     }
                 for name, fn in variants.items():
                     row = {"shape": shape_name, "inputs": kind, "variant": name, "B": b, "S": s, "H": h, "D": d}

@@ -154,10 +154,10 @@ def _sdpa(q, k, v):
 
 
 def test_fp8_attention_quantization_is_exact_where_promised_and_smoothing_helps():
-    from magi_zoo.engine.kernels import fa3
+    from magi_zoo.engine.kernels import fp8_scales
 
     q, k, v = _attn_inputs(offset=8.0)
-    q8, qs, mean = fa3.quantize_per_head(q, smooth=False)
+    q8, qs, mean = fp8_scales.quantize_per_head(q, smooth=False)
     assert q8.dtype == torch.float8_e4m3fn and qs.shape == (1, 2) and mean is None
     # per-head scale: each head's largest element maps to the top of e4m3's range
     torch.testing.assert_close((q8.float().abs().amax(dim=(1, 3))), torch.full((1, 2), 448.0))
@@ -167,7 +167,7 @@ def test_fp8_attention_quantization_is_exact_where_promised_and_smoothing_helps(
     torch.testing.assert_close(_sdpa(q, k - km, v - vm) + vm, ref, rtol=1e-4, atol=1e-5)
     # ... and it lets the per-head scales resolve the part that varies: error well below one
     # scale per tensor on the same inputs (docs/precision.md#fp8-attention; measured 5.4e-2 on the GPU)
-    err_smooth = _rel(fa3.fp8_reference(q, k, v), ref)
+    err_smooth = _rel(fp8_scales.fp8_reference(q, k, v), ref)
 
     def per_tensor(t):
         s = t.abs().amax() / 448.0
@@ -180,15 +180,15 @@ def test_fp8_attention_quantization_is_exact_where_promised_and_smoothing_helps(
 def test_smoothed_scale_from_one_pass_equals_the_two_pass_amax():
     """`quantize_per_head(smooth=True)` takes the scale from the per-channel mean, max and min
     (one reduction pass) instead of amax(|x - mean|) after the mean (two): the same bits."""
-    from magi_zoo.engine.kernels import fa3
+    from magi_zoo.engine.kernels import fp8_scales
 
     for seed in range(4):
         g = torch.Generator().manual_seed(seed)
         x = (torch.randn(2, 257, 3, 32, generator=g) * torch.rand(1, 1, 3, 32, generator=g) * 10
              + torch.randn(1, 1, 3, 32, generator=g) * 5).bfloat16()
         mean = x.float().mean(dim=1, keepdim=True)
-        two_pass = (x.float() - mean).abs().amax(dim=(1, 3)).clamp(min=1e-12) / fa3.FP8_MAX
-        q8, descale, m = fa3.quantize_per_head(x, smooth=True)
+        two_pass = (x.float() - mean).abs().amax(dim=(1, 3)).clamp(min=1e-12) / fp8_scales.FP8_MAX
+        q8, descale, m = fp8_scales.quantize_per_head(x, smooth=True)
         assert torch.equal(descale, two_pass) and torch.equal(m, mean)
         want = ((x.float() - mean) / two_pass[:, None, :, None]).clamp(-448, 448).to(torch.float8_e4m3fn)
         assert torch.equal(q8.view(torch.uint8), want.view(torch.uint8))

@@ -53,6 +53,7 @@ import torch
 from ..compat import diffusers as diffusers_compat
 from ..compat import torch as torch_compat
 from ..custom_ops import register_custom_op
+from .fp8_scales import quantize_qkv
 
 NAME = "fa3"
 MODULE = "fa3_fwd_interface"  # what the fa3-fwd wheel installs
@@ -318,65 +319,12 @@ def _backward(ctx, grad_out, grad_lse):
 fa3_attention_trainable.register_autograd(_backward, setup_context=_setup_context)
 
 
-# -- fp8 attention -----------------------------------------------------------------------------
+# -- fp8 attention (its operands' scales: fp8_scales.py) -----------------------------------
 #
-# FA3 runs QK^T and PV in float8 e4m3 when q, k, v are fp8 and one descale per (batch, head)
-# is passed. One scale per *tensor* costs 5.4e-2 relative error per call (docs/precision.md);
-# two exact rewrites make the per-head scales fine enough:
-# - K smoothing (SageAttention): softmax(q.(k_j - m)) = softmax(q.k_j) for any m shared by all
-#   keys, so K minus its mean over tokens attends identically while its range (what the
-#   scale must cover) shrinks to the spread around that mean.
-# - V smoothing: every row of softmax(QK^T) sums to 1, so P(V - m) + m = PV; V minus its mean
-#   over tokens is quantized, and the mean is added back in bf16 after the kernel.
-# Q gets its own per-head scale. What FA3 cannot take is a scale per token block, so this is
-# as fine as the kernel allows; `benchmarks/fp8_attention.py` measures each choice.
-
-FP8_MAX = 448.0  # largest finite float8_e4m3fn
-_FP8_EPS = 1e-12
-
 # The diffusers member whose registry slot carries fp8 FA3 (`diffusers_compat.fa3_hub_member()`).
 # `AttentionBackendName` cannot gain members; ``_FLASH_3_HUB`` means "FlashAttention-3 fetched
 # from the kernels hub at run time", which this project never does (no network at run time). It
 # is taken unless diffusers' own Hub kernel already serves it in this process (`register_fp8`).
-
-
-def quantize_per_head(x: torch.Tensor, *, smooth: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """x (B, S, H, D) -> (fp8 e4m3 tensor, descale (B, H) fp32, mean over tokens or None), with
-    x ~= fp8 * descale[:, None, :, None] + mean. `smooth` subtracts the per-head, per-channel
-    mean over tokens first (see above: exact for K and V)."""
-    xf = x.float()
-    if smooth:
-        # max over tokens and channels of |x - m| is, per channel, the larger of (max x - m) and
-        # (m - min x): the mean, max and min are one pass over x (one fused reduction), where
-        # amax(|x - mean|) was a second pass after the mean's. Equal bit for bit: rounding
-        # x - m is monotonic in x, so the largest difference is the difference of the largest.
-        mean = xf.mean(dim=1, keepdim=True)
-        spread = torch.maximum(xf.amax(dim=1, keepdim=True) - mean, mean - xf.amin(dim=1, keepdim=True))
-        descale = spread.amax(dim=(1, 3)).clamp(min=_FP8_EPS) / FP8_MAX  # (B, H)
-        xs = xf - mean
-    else:
-        mean, xs = None, xf
-        descale = xf.abs().amax(dim=(1, 3)).clamp(min=_FP8_EPS) / FP8_MAX  # (B, H)
-    q = (xs / descale[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    return q, descale.contiguous(), mean
-
-
-def _quantize_qkv(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor):
-    """Q per head; K and V per head after smoothing. Returns (q8, qs, k8, ks, v8, vs, V's mean)."""
-    q8, qs, _ = quantize_per_head(query, smooth=False)
-    k8, ks, _ = quantize_per_head(key, smooth=True)
-    v8, vs, vm = quantize_per_head(value, smooth=True)
-    return q8, qs, k8, ks, v8, vs, vm
-
-
-def fp8_reference(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                  scale: float | None = None) -> torch.Tensor:
-    """What `fa3_fp8_attention` computes, from the dequantized operands in fp32 with SDPA (for
-    tests and for separating quantization error from kernel error). Inputs (B, S, H, D)."""
-    q8, qs, k8, ks, v8, vs, vm = _quantize_qkv(query, key, value)
-    deq = lambda t, s: (t.float() * s[:, None, :, None]).transpose(1, 2)  # noqa: E731
-    out = torch.nn.functional.scaled_dot_product_attention(deq(q8, qs), deq(k8, ks), deq(v8, vs), scale=scale)
-    return (out.transpose(1, 2) + vm).to(query.dtype)
 
 
 def fa3_fp8_attention(
@@ -414,7 +362,7 @@ def fa3_fp8_attention(
                            "attention backend with a backward for training")
     if _forward is None:
         raise RuntimeError(f"fp8 attention was dispatched before the fa3 kernel was registered ({INSTALL})")
-    q8, qs, k8, ks, v8, vs, vm = _quantize_qkv(query, key, value)
+    q8, qs, k8, ks, v8, vs, vm = quantize_qkv(query, key, value)
     out, *_ = _forward(q8, k8, v8, q_descale=qs, k_descale=ks, v_descale=vs,
                        softmax_scale=softmax_scale(query, scale), causal=is_causal)
     return (out.float() + vm).to(query.dtype)
