@@ -1,0 +1,112 @@
+"""LayerNorm + modulation reductions as inductor writes them: its looped reduction against its
+persistent one.
+
+    pip install -e ".[hopper]"    # on a CUDA machine
+    python -m benchmarks.norm_reductions
+
+Why: a DiT block normalises its residual stream three times (Wan: norm1 + modulation before
+self-attention, the residual add + norm2 before cross-attention, the residual add + norm3 +
+modulation before the FFN), each a reduction over the model width per token. Inductor keeps a
+row in registers (a persistent reduction) only up to 1,024 elements (`choices.py`,
+`should_use_persistent_reduction`); wider rows -- 1,536 (Wan-1.3B), 3,072 (Flux.1), 5,120
+(Wan-14B), 6,144 (FLUX.2) -- get a looped reduction that reads each row twice (statistics, then
+the normalised write). In the shipped Wan-1.3B profile on an H200 the norm1 kernel ran ~1.1 TB/s
+(benchmarks/results/profiles/profile_wan2.1-t2v-1.3b_shipped_h200.json). Inductor's multi-kernel
+mode (`triton.multi_kernel`) compiles both kinds up to 16x the threshold and picks the faster at
+the first call by timing them; `triton.multi_kernel=2` forces the persistent one.
+
+Each pattern is diffusers' WanTransformerBlock arithmetic (0.42) at 480x832x81 (32,760 tokens),
+and the same at Flux.1's and FLUX.2's widths and token counts; bf16 activations, fp32
+modulation. Times are GPU time from CUDA-graph replays; GB/s counts each tensor read or written
+once (the floor a fused kernel must move). Each variant is checked against eager.
+"""
+
+from __future__ import annotations
+
+from benchmarks import common
+
+SHAPES = {  # name: (tokens, width)
+    "wan2.1-1.3b (32760 x 1536)": (32760, 1536),
+    "wan2.1-14b (32760 x 5120)": (32760, 5120),
+    "flux.1 (4608 x 3072)": (4608, 3072),
+    "flux.2 (4592 x 6144)": (4592, 6144),
+}
+VARIANTS = {  # name: inductor options for the compiled pattern
+    "inductor default (looped above 1,024)": {},
+    "inductor multi-kernel (timed pick)": {"triton.multi_kernel": 1},
+    "inductor persistent (multi-kernel forced)": {"triton.multi_kernel": 2},
+}
+
+
+def patterns():
+    """name: (function, number of token-width tensors it reads + writes), as WanTransformerBlock."""
+    import torch.nn.functional as F
+
+    def norm_modulate(x, scale, shift):  # norm1 (no affine) + the self-attention's modulation
+        n = F.layer_norm(x.float(), (x.shape[-1],), eps=1e-6)
+        return (n * (1 + scale) + shift).type_as(x)
+
+    def gate_add_norm(x, a, gate, w, b):  # residual + gated attention output, then norm2 (affine)
+        h = (x.float() + a * gate).type_as(x)
+        return h, F.layer_norm(h.float(), (x.shape[-1],), w, b, eps=1e-6).type_as(x)
+
+    def add_norm_modulate(x, a, scale, shift):  # residual + cross-attention output, norm3 + modulation
+        h = x + a
+        n = F.layer_norm(h.float(), (x.shape[-1],), eps=1e-6)
+        return h, (n * (1 + scale) + shift).type_as(x)
+
+    return {"norm1 + modulation": (norm_modulate, 2), "gated add + norm2": (gate_add_norm, 4),
+            "add + norm3 + modulation": (add_norm_modulate, 4)}
+
+
+def main(argv=None):
+    import torch
+    import triton.testing
+
+    args, dev, env = common.kernel_bench_start(__doc__, argv)
+    rows: list[dict] = []
+    g = torch.Generator(device=dev).manual_seed(0)
+    for shape, (tokens, width) in SHAPES.items():
+        x = torch.randn(1, tokens, width, device=dev, generator=g).to(torch.bfloat16)
+        a = torch.randn(1, tokens, width, device=dev, generator=g).to(torch.bfloat16)
+        vec = lambda: 0.1 * torch.randn(1, 1, width, device=dev, generator=g)  # noqa: E731 -- fp32, as temb
+        scale, shift, gate = vec(), vec(), vec()
+        w, b = 1 + vec().flatten(), vec().flatten()
+        inputs = {"norm1 + modulation": (x, scale, shift), "gated add + norm2": (x, a, gate, w, b),
+                  "add + norm3 + modulation": (x, a, scale, shift)}
+        for pattern, (fn, tensors) in patterns().items():
+            args_ = inputs[pattern]
+            with torch.no_grad():
+                want = fn(*args_)
+            nbytes = tensors * x.numel() * x.element_size()
+            for variant, options in VARIANTS.items():
+                torch.compiler.reset()  # each variant compiles afresh with its options
+                compiled = torch.compile(fn, fullgraph=True, dynamic=False, options=options or None)
+                try:
+                    with torch.no_grad():
+                        got = compiled(*args_)
+                        err = max(float(((o.float() - r.float()).norm() / r.float().norm()).item())
+                                  for o, r in zip(_tuple(got), _tuple(want)))
+                        ms = triton.testing.do_bench_cudagraph(lambda: compiled(*args_), rep=40)
+                except Exception as e:  # a variant that does not compile is a row, not a crash
+                    rows.append({"shape": shape, "pattern": pattern, "variant": variant, "median_ms": None,
+                                 "gb_per_s": None, "rel_err_vs_eager": f"{type(e).__name__}: {str(e)[:80]}"})
+                    continue
+                rows.append({"shape": shape, "pattern": pattern, "variant": variant, "median_ms": round(ms, 4),
+                             "gb_per_s": round(nbytes / (ms * 1e-3) / 1e9), "rel_err_vs_eager": float(f"{err:.3g}")})
+                print(rows[-1], flush=True)
+    md = (f"# LayerNorm + modulation reductions: inductor's looped against its persistent kind\n\n"
+          f"{common.env_line(env)}\n\ncommand: `python -m benchmarks.norm_reductions`\n\n"
+          + common.results_table(rows, ["shape", "pattern", "variant", "median_ms", "gb_per_s", "rel_err_vs_eager"])
+          + "\n")
+    for path in common.write_results(args.out, f"norm_reductions_{common.card_tag(env)}", {"env": env, "rows": rows},
+                                      md):
+        print("wrote", path)
+
+
+def _tuple(x):
+    return x if isinstance(x, tuple) else (x,)
+
+
+if __name__ == "__main__":
+    main()
