@@ -10,7 +10,8 @@ modulation before the FFN), each a reduction over the model width per token. Ind
 row in registers (a persistent reduction) only up to 1,024 elements (`choices.py`,
 `should_use_persistent_reduction`); wider rows -- 1,536 (Wan-1.3B), 3,072 (Flux.1), 5,120
 (Wan-14B), 6,144 (FLUX.2) -- get a looped reduction that reads each row twice (statistics, then
-the normalised write). In the shipped Wan-1.3B profile on an H200 the norm1 kernel ran ~1.1 TB/s
+the normalised write). In the shipped Wan-1.3B profile on an H200 the first LayerNorm kernel took
+182 us a call, ~1.1 TB/s if it moves only its input and output
 (benchmarks/results/profiles/profile_wan2.1-t2v-1.3b_shipped_h200.json). Inductor's multi-kernel
 mode (`triton.multi_kernel`) compiles both kinds up to 16x the threshold and picks the faster at
 the first call by timing them; `triton.multi_kernel=2` forces the persistent one.

@@ -1,6 +1,7 @@
 """fp8 attention's operands: per-head scales for FA3's float8 e4m3 QK^T and PV, with K and V
-smoothed -- the quantization `kernels/fa3.py`'s `fa3_fp8_attention` runs before the kernel, and
-`fp8_reference`, the same arithmetic dequantized on torch's SDPA (tests, `benchmarks/fp8_attention.py`).
+smoothed -- the quantization `kernels/fa3.py`'s `fa3_fp8_attention` runs before the kernel --
+and `fp8_reference`, the same arithmetic dequantized on torch's SDPA (for the tests and
+`benchmarks/fp8_attention.py`).
 
 FA3 runs QK^T and PV in float8 e4m3 when q, k, v are fp8 and one descale per (batch, head)
 is passed. One scale per *tensor* costs 5.4e-2 relative error per call (docs/precision.md);
@@ -53,8 +54,9 @@ def quantize_qkv(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor):
 
 def fp8_reference(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                   scale: float | None = None) -> torch.Tensor:
-    """What `kernels/fa3.py`'s `fa3_fp8_attention` computes, from the dequantized operands in fp32 with SDPA (for
-    tests and for separating quantization error from kernel error). Inputs (B, S, H, D)."""
+    """What `kernels/fa3.py`'s `fa3_fp8_attention` computes, from the dequantized operands in
+    fp32 with SDPA (for tests and for separating quantization error from kernel error). Inputs
+    (B, S, H, D)."""
     q8, qs, k8, ks, v8, vs, vm = quantize_qkv(query, key, value)
     deq = lambda t, s: (t.float() * s[:, None, :, None]).transpose(1, 2)  # noqa: E731
     out = torch.nn.functional.scaled_dot_product_attention(deq(q8, qs), deq(k8, ks), deq(v8, vs), scale=scale)
