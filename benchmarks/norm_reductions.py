@@ -14,7 +14,9 @@ the normalised write). In the shipped Wan-1.3B profile on an H200 the first Laye
 182 us a call, ~1.1 TB/s if it moves only its input and output
 (benchmarks/results/profiles/profile_wan2.1-t2v-1.3b_shipped_h200.json). Inductor's multi-kernel
 mode (`triton.multi_kernel`) compiles both kinds up to 16x the threshold and picks the faster at
-the first call by timing them; `triton.multi_kernel=2` forces the persistent one.
+the first call by timing them; `triton.multi_kernel=2` forces the persistent one. A hand-written
+Triton kernel (one program per row, the row in registers) is the candidate beside them: what a
+fused op of the engine's own would do if inductor's persistent kind falls short.
 
 Each pattern is diffusers' WanTransformerBlock arithmetic (0.42) at 480x832x81 (32,760 tokens),
 and the same at Flux.1's and FLUX.2's widths and token counts; bf16 activations, fp32
@@ -23,6 +25,8 @@ once (the floor a fused kernel must move). Each variant is checked against eager
 """
 
 from __future__ import annotations
+
+import functools
 
 from benchmarks import common
 
@@ -62,7 +66,6 @@ def patterns():
 
 def main(argv=None):
     import torch
-    import triton.testing
 
     args, dev, env = common.kernel_bench_start(__doc__, argv)
     rows: list[dict] = []
@@ -83,19 +86,9 @@ def main(argv=None):
             for variant, options in VARIANTS.items():
                 torch.compiler.reset()  # each variant compiles afresh with its options
                 compiled = torch.compile(fn, fullgraph=True, dynamic=False, options=options or None)
-                try:
-                    with torch.no_grad():
-                        got = compiled(*args_)
-                        err = max(float(((o.float() - r.float()).norm() / r.float().norm()).item())
-                                  for o, r in zip(_tuple(got), _tuple(want)))
-                        ms = triton.testing.do_bench_cudagraph(lambda: compiled(*args_), rep=40)
-                except Exception as e:  # a variant that does not compile is a row, not a crash
-                    rows.append({"shape": shape, "pattern": pattern, "variant": variant, "median_ms": None,
-                                 "gb_per_s": None, "rel_err_vs_eager": f"{type(e).__name__}: {str(e)[:80]}"})
-                    continue
-                rows.append({"shape": shape, "pattern": pattern, "variant": variant, "median_ms": round(ms, 4),
-                             "gb_per_s": round(nbytes / (ms * 1e-3) / 1e9), "rel_err_vs_eager": float(f"{err:.3g}")})
-                print(rows[-1], flush=True)
+                measure(rows, shape, pattern, variant, lambda: compiled(*args_), want, nbytes)
+            measure(rows, shape, pattern, "hand Triton kernel (one row in registers)",
+                    lambda: hand_kernel(pattern, *args_), want, nbytes)
     md = (f"# LayerNorm + modulation reductions: inductor's looped against its persistent kind\n\n"
           f"{common.env_line(env)}\n\ncommand: `python -m benchmarks.norm_reductions`\n\n"
           + common.results_table(rows, ["shape", "pattern", "variant", "median_ms", "gb_per_s", "rel_err_vs_eager"])
@@ -103,6 +96,86 @@ def main(argv=None):
     for path in common.write_results(args.out, f"norm_reductions_{common.card_tag(env)}", {"env": env, "rows": rows},
                                       md):
         print("wrote", path)
+
+
+def measure(rows: list[dict], shape: str, pattern: str, variant: str, run, want, nbytes: int) -> None:
+    """One row: GPU ms from CUDA-graph replays of `run`, GB/s over `nbytes`, the worst relative
+    error of its outputs against `want`; a variant that fails to compile or run is a row with
+    its error, not a crash."""
+    import torch
+    import triton.testing
+
+    try:
+        with torch.no_grad():
+            got = run()
+            err = max(float(((o.float() - r.float()).norm() / r.float().norm()).item())
+                      for o, r in zip(_tuple(got), _tuple(want), strict=True))
+            ms = triton.testing.do_bench_cudagraph(run, rep=40)
+    except Exception as e:
+        rows.append({"shape": shape, "pattern": pattern, "variant": variant, "median_ms": None,
+                     "gb_per_s": None, "rel_err_vs_eager": f"{type(e).__name__}: {str(e)[:80]}"})
+        return
+    rows.append({"shape": shape, "pattern": pattern, "variant": variant, "median_ms": round(ms, 4),
+                 "gb_per_s": round(nbytes / (ms * 1e-3) / 1e9), "rel_err_vs_eager": float(f"{err:.3g}")})
+    print(rows[-1], flush=True)
+
+
+@functools.cache
+def _row_kernel():
+    """A candidate beside inductor's kinds: one program per token row, the whole row in
+    registers -- read once, the residual (if any) written once, the normalised row written once."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def row_norm_kernel(x_ptr, a_ptr, gate_ptr, w_ptr, b_ptr, scale_ptr, shift_ptr, h_ptr, out_ptr, width, eps,
+                        HAS_A: tl.constexpr, HAS_GATE: tl.constexpr, AFFINE: tl.constexpr, MOD: tl.constexpr,
+                        BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK)
+        m = cols < width
+        x = tl.load(x_ptr + row * width + cols, mask=m, other=0.0).to(tl.float32)
+        if HAS_A:
+            a = tl.load(a_ptr + row * width + cols, mask=m, other=0.0).to(tl.float32)
+            if HAS_GATE:
+                a = a * tl.load(gate_ptr + cols, mask=m, other=0.0)
+            h = (x + a).to(h_ptr.dtype.element_ty)  # the residual in the activations' dtype, as diffusers' type_as
+            tl.store(h_ptr + row * width + cols, h, mask=m)
+            x = h.to(tl.float32)
+        mean = tl.sum(x, axis=0) / width
+        d = tl.where(m, x - mean, 0.0)
+        y = d / tl.sqrt(tl.sum(d * d, axis=0) / width + eps)
+        if AFFINE:
+            y = y * tl.load(w_ptr + cols, mask=m, other=0.0) + tl.load(b_ptr + cols, mask=m, other=0.0)
+        if MOD:
+            y = y * (1.0 + tl.load(scale_ptr + cols, mask=m, other=0.0)) + tl.load(shift_ptr + cols, mask=m, other=0.0)
+        tl.store(out_ptr + row * width + cols, y.to(out_ptr.dtype.element_ty), mask=m)
+
+    return row_norm_kernel
+
+
+def hand_kernel(pattern: str, x, *rest):
+    """`patterns()[pattern]` on `_row_kernel`: the same outputs, from one launch."""
+    import torch
+    import triton
+
+    tokens, width = x.shape[1], x.shape[2]
+    a = gate = w = b = scale = shift = None
+    if pattern == "norm1 + modulation":
+        scale, shift = rest
+    elif pattern == "gated add + norm2":
+        a, gate, w, b = rest
+    else:
+        a, scale, shift = rest
+    out = torch.empty_like(x)
+    h = torch.empty_like(x) if a is not None else out
+    block = triton.next_power_of_2(width)
+    _row_kernel()[(tokens,)](x, a if a is not None else x, gate if gate is not None else x,
+                             w if w is not None else x, b if b is not None else x,
+                             scale if scale is not None else x, shift if shift is not None else x, h, out, width,
+                             1e-6, HAS_A=a is not None, HAS_GATE=gate is not None, AFFINE=w is not None,
+                             MOD=scale is not None, BLOCK=block, num_warps=max(4, min(16, block // 512)))
+    return (h, out) if a is not None else out
 
 
 def _tuple(x):
