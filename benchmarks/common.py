@@ -398,6 +398,37 @@ def kernel_bench_start(doc: str, argv=None):
     return args, dev, environment(dev)
 
 
+def kernel_row(run: Callable[[], Any], want: Any, nbytes: int, err_key: str, **labels) -> dict[str, Any]:
+    """One row of a single-kernel benchmark: `labels`, then GPU ms from CUDA-graph replays of
+    `run` (the host's launch cost not counted), GB/s over `nbytes`, and under `err_key` the worst
+    relative error of its output(s) -- a tensor or a tuple of them -- against `want`. A variant
+    that fails to compile or run is a row with its error, not a crash. Printed as it lands."""
+    import torch
+    import triton.testing
+
+    as_tuple = lambda x: x if isinstance(x, tuple) else (x,)  # noqa: E731
+    try:
+        with torch.no_grad():
+            got = run()
+            err = max(float(((o.float() - r.float()).norm() / r.float().norm()).item())
+                      for o, r in zip(as_tuple(got), as_tuple(want), strict=True))
+            ms = triton.testing.do_bench_cudagraph(run, rep=40)
+    except Exception as e:
+        return {**labels, "median_ms": None, "gb_per_s": None, err_key: f"{type(e).__name__}: {str(e)[:80]}"}
+    row = {**labels, "median_ms": round(ms, 4), "gb_per_s": round(nbytes / (ms * 1e-3) / 1e9),
+           err_key: float(f"{err:.3g}")}
+    print(row, flush=True)
+    return row
+
+
+def write_kernel_rows(args, env: dict[str, Any], rows: list[dict], stem: str, title: str, command: str,
+                      columns: list[str]) -> None:
+    """A single-kernel benchmark's rows as `<stem>_<card>.json` and `.md` under `--out`."""
+    md = (f"# {title}\n\n{env_line(env)}\n\ncommand: `{command}`\n\n" + results_table(rows, columns) + "\n")
+    for path in write_results(args.out, f"{stem}_{card_tag(env)}", {"env": env, "rows": rows}, md):
+        print("wrote", path)
+
+
 def upcast(x):
     """`x` with every floating tensor inside (dicts, lists, tuples: Z-Image's per-image latents,
     KV caches, per-block keys) copied to fp32."""

@@ -86,38 +86,15 @@ def main(argv=None):
             for variant, options in VARIANTS.items():
                 torch.compiler.reset()  # each variant compiles afresh with its options
                 compiled = torch.compile(fn, fullgraph=True, dynamic=False, options=options or None)
-                measure(rows, shape, pattern, variant, lambda: compiled(*args_), want, nbytes)
-            measure(rows, shape, pattern, "hand Triton kernel (one row in registers)",
-                    lambda: hand_kernel(pattern, *args_), want, nbytes)
-    md = (f"# LayerNorm + modulation reductions: inductor's looped against its persistent kind\n\n"
-          f"{common.env_line(env)}\n\ncommand: `python -m benchmarks.norm_reductions`\n\n"
-          + common.results_table(rows, ["shape", "pattern", "variant", "median_ms", "gb_per_s", "rel_err_vs_eager"])
-          + "\n")
-    for path in common.write_results(args.out, f"norm_reductions_{common.card_tag(env)}", {"env": env, "rows": rows},
-                                      md):
-        print("wrote", path)
-
-
-def measure(rows: list[dict], shape: str, pattern: str, variant: str, run, want, nbytes: int) -> None:
-    """One row: GPU ms from CUDA-graph replays of `run`, GB/s over `nbytes`, the worst relative
-    error of its outputs against `want`; a variant that fails to compile or run is a row with
-    its error, not a crash."""
-    import torch
-    import triton.testing
-
-    try:
-        with torch.no_grad():
-            got = run()
-            err = max(float(((o.float() - r.float()).norm() / r.float().norm()).item())
-                      for o, r in zip(_tuple(got), _tuple(want), strict=True))
-            ms = triton.testing.do_bench_cudagraph(run, rep=40)
-    except Exception as e:
-        rows.append({"shape": shape, "pattern": pattern, "variant": variant, "median_ms": None,
-                     "gb_per_s": None, "rel_err_vs_eager": f"{type(e).__name__}: {str(e)[:80]}"})
-        return
-    rows.append({"shape": shape, "pattern": pattern, "variant": variant, "median_ms": round(ms, 4),
-                 "gb_per_s": round(nbytes / (ms * 1e-3) / 1e9), "rel_err_vs_eager": float(f"{err:.3g}")})
-    print(rows[-1], flush=True)
+                rows.append(common.kernel_row(lambda: compiled(*args_), want, nbytes, "rel_err_vs_eager",
+                                              shape=shape, pattern=pattern, variant=variant))
+            rows.append(common.kernel_row(lambda: hand_kernel(pattern, *args_), want, nbytes, "rel_err_vs_eager",
+                                          shape=shape, pattern=pattern,
+                                          variant="hand Triton kernel (one row in registers)"))
+    common.write_kernel_rows(args, env, rows, "norm_reductions",
+                             "LayerNorm + modulation reductions: inductor's looped against its persistent kind",
+                             "python -m benchmarks.norm_reductions",
+                             ["shape", "pattern", "variant", "median_ms", "gb_per_s", "rel_err_vs_eager"])
 
 
 @functools.cache
@@ -176,10 +153,6 @@ def hand_kernel(pattern: str, x, *rest):
                              1e-6, HAS_A=a is not None, HAS_GATE=gate is not None, AFFINE=w is not None,
                              MOD=scale is not None, BLOCK=block, num_warps=max(4, min(16, block // 512)))
     return (h, out) if a is not None else out
-
-
-def _tuple(x):
-    return x if isinstance(x, tuple) else (x,)
 
 
 if __name__ == "__main__":

@@ -53,24 +53,9 @@ def heads_inputs(dev, t: int, s: int, h: int, d: int):
 
 
 def measure(rows: list[dict], shape: str, variants, want, nbytes: int) -> None:
-    """One row per (name, fn) variant: GPU ms from CUDA-graph replays, GB/s over `nbytes`, the
-    relative error against `want`; a variant that fails to compile is a row with its error."""
-    import torch
-    import triton.testing
-
-    for variant, fn in variants:
-        try:
-            with torch.no_grad():
-                got = fn()
-                err = float(((got.float() - want.float()).norm() / want.float().norm()).item())
-                ms = triton.testing.do_bench_cudagraph(fn, rep=40)
-        except Exception as e:  # a candidate that does not compile is a row, not a crash
-            rows.append({"shape": shape, "variant": variant, "median_ms": None, "gb_per_s": None,
-                         "rel_err_vs_definition": f"{type(e).__name__}: {str(e)[:80]}"})
-            continue
-        rows.append({"shape": shape, "variant": variant, "median_ms": round(ms, 4),
-                     "gb_per_s": round(nbytes / (ms * 1e-3) / 1e9), "rel_err_vs_definition": float(f"{err:.3g}")})
-        print(rows[-1], flush=True)
+    """One row per (name, fn) variant (`common.kernel_row`), its error against the definition."""
+    rows.extend(common.kernel_row(fn, want, nbytes, "rel_err_vs_definition", shape=shape, variant=variant)
+                for variant, fn in variants)
 
 
 def main(argv=None):
@@ -110,10 +95,8 @@ def main(argv=None):
 
 def write(args, env, rows: list[dict], stem: str, title: str, command: str) -> None:
     """The rows as `<stem>_<card>.json` and `.md` under `--out`."""
-    md = (f"# {title}\n\n{common.env_line(env)}\n\ncommand: `{command}`\n\n"
-          + common.results_table(rows, ["shape", "variant", "median_ms", "gb_per_s", "rel_err_vs_definition"]) + "\n")
-    for path in common.write_results(args.out, f"{stem}_{common.card_tag(env)}", {"env": env, "rows": rows}, md):
-        print("wrote", path)
+    common.write_kernel_rows(args, env, rows, stem, title, command,
+                             ["shape", "variant", "median_ms", "gb_per_s", "rel_err_vs_definition"])
 
 
 if __name__ == "__main__":
