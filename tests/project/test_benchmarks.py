@@ -761,6 +761,35 @@ def test_profile_forward_profiles_a_baseline_beside_the_shipped_plan(tmp_path):
         main(["--smoke", "--out", str(tmp_path), "--baseline", "diffusers_regional_fa3"])
 
 
+def test_multikernel_rows_give_the_block_regions_inductors_option_and_keep_their_spec():
+    """`magi_zoo[_fp8]_multikernel`: the one change is `triton.multi_kernel=1` on the compile
+    regions of the repeated blocks (not the text encoder or the VAE); merged into the card's
+    section, each region keeps its fullgraph / dynamic, and the option passes the plan's check
+    against inductor's config (a misspelt option would raise here)."""
+    import magi_zoo
+    from benchmarks.run import _zoo_kwargs
+    from magi_zoo import adapters
+    from magi_zoo.engine import preview
+    from magi_zoo.overrides import spec_layers
+    from magi_zoo.specs import get_profile
+
+    option = {"options": {"triton.multi_kernel": 1}}
+    wan, _ = adapters.lookup("wan2.1-t2v-1.3b")
+    assert _zoo_kwargs("magi_zoo_multikernel", wan, "h100") == {
+        "overrides": {"compile": {"WanTransformerBlock": option}}}
+    flux, _ = adapters.lookup("flux.1-dev")
+    assert _zoo_kwargs("magi_zoo_fp8_multikernel", flux, "h100") == {
+        "precision": "fp8",
+        "overrides": {"compile": {"FluxSingleTransformerBlock": option, "FluxTransformerBlock": option}}}
+    # the H100 plan on the tiny Wan (the published one's module tree, four blocks)
+    h = magi_zoo.load("wan2.1-tiny", gpu="cpu", compile=False)
+    layers = spec_layers(h.adapter, get_profile("h100"), **_zoo_kwargs("magi_zoo_multikernel", h.adapter, "h100"))
+    specs = {(t.key, t.method): t.spec for t in preview(h.modules, layers).targets}
+    block = specs[("WanTransformerBlock", "forward")]
+    assert (block.fullgraph, block.dynamic, block.options) == (True, False, {"triton.multi_kernel": 1})
+    assert all(s.options is None for (key, _), s in specs.items() if key != "WanTransformerBlock")
+
+
 def test_fa3_row_takes_the_repeated_blocks_where_the_spec_names_no_attention():
     """`magi_zoo_fa3` on a spec without an attention section (Flux.1's on an A100: only its
     Hopper profiles name one) puts FA3 on the regions its precision section names -- the row
