@@ -14,7 +14,12 @@ the normalised write). In the shipped Wan-1.3B profile on an H200 the first Laye
 182 us a call, ~1.1 TB/s if it moves only its input and output
 (benchmarks/results/profiles/profile_wan2.1-t2v-1.3b_shipped_h200.json). Inductor's multi-kernel
 mode (`triton.multi_kernel`) compiles both kinds up to 16x the threshold and picks the faster at
-the first call by timing them; `triton.multi_kernel=2` forces the persistent one. A hand-written
+the first call by timing them; `triton.multi_kernel=2` forces the persistent one. A whole-model
+profile with multi-kernel on (Wan-1.3B bf16 on an H100, 6d35eab:
+benchmarks/results/profiles/profile_wan2.1-t2v-1.3b_bf16_mk_h100.md, beside ..._bf16_h100.md of
+fe0bfa1) shows norm1's kernel turned persistent, 5.37 -> 3.18 ms per forward, while the two
+kernels that also write the residual stayed looped (5.5 and 5.6 ms); this script times each
+pattern under each kind on its own, at every width. A hand-written
 Triton kernel (one program per row, the row in registers) is the candidate beside them: what a
 fused op of the engine's own would do if inductor's persistent kind falls short.
 
