@@ -55,12 +55,12 @@ CPU), batch 1 unless `--shape batch=N`. Strategies are the real thing:
                       BAGEL's MoT attention, which ships on SDPA): what FA3 would buy; a spec
                       with no attention section (Flux.1's) gets `fa3` on the regions its
                       precision section names, the denoiser's repeated blocks.
-- magi_zoo_multikernel / magi_zoo_fp8_multikernel: magi_zoo / magi_zoo_fp8 with inductor's
-                      multi-kernel reductions in the repeated blocks' compile regions (a row
-                      wider than 1,024 gets a persistent kernel beside the looped one, the
-                      faster picked at the first call): what the LayerNorm + modulation and
-                      quantization reductions would gain (benchmarks/norm_reductions.py times
-                      the same choice per kernel);
+- magi_zoo[_fp8]_multikernel / magi_zoo[_fp8]_persistent: magi_zoo / magi_zoo_fp8 with
+                      inductor's multi-kernel reductions in the repeated blocks' compile regions
+                      (a row wider than 1,024 gets a persistent kernel beside the looped one, the
+                      faster picked at the first call), or the persistent kind forced: what the
+                      LayerNorm + modulation and quantization reductions would gain
+                      (benchmarks/norm_reductions.py times the same kinds per kernel);
 - magi_zoo_lora / magi_zoo_fp8_lora: magi_zoo / magi_zoo_fp8 with a LoRA fused at load
                       (`load(..., lora=[file])`): a rank-64 LoRA on every linear of the
                       repeated blocks, written by the harness in diffusers' peft layout with
@@ -111,12 +111,16 @@ from benchmarks import baselines, common
 STRATEGIES = ("eager", "torch_compile", "diffusers_regional", *baselines.BASELINES, "magi_zoo", "magi_zoo_fp8", "magi_zoo_fp8_matmul",
               "magi_zoo_sdpa", "magi_zoo_fa3", "magi_zoo_graphs", "magi_zoo_fp8_graphs", "magi_zoo_nographs",
               "magi_zoo_fp8_nographs", "magi_zoo_unfused", "magi_zoo_multikernel", "magi_zoo_fp8_multikernel",
-              "magi_zoo_lora", "magi_zoo_fp8_lora")
+              "magi_zoo_persistent", "magi_zoo_fp8_persistent", "magi_zoo_lora", "magi_zoo_fp8_lora")
 ZOO_STRATEGIES = ("magi_zoo", "magi_zoo_fp8", "magi_zoo_fp8_matmul", "magi_zoo_sdpa", "magi_zoo_fa3",
                   "magi_zoo_graphs", "magi_zoo_fp8_graphs", "magi_zoo_nographs", "magi_zoo_fp8_nographs",
-                  "magi_zoo_unfused", "magi_zoo_multikernel", "magi_zoo_fp8_multikernel", "magi_zoo_lora",
-                  "magi_zoo_fp8_lora")  # load(), shipped spec + one change
+                  "magi_zoo_unfused", "magi_zoo_multikernel", "magi_zoo_fp8_multikernel", "magi_zoo_persistent",
+                  "magi_zoo_fp8_persistent", "magi_zoo_lora", "magi_zoo_fp8_lora")  # load(), shipped spec + one change
 LORA_RANK = 64  # the rank of LightX2V's published distill LoRAs (e.g. ..._lora_rank64.safetensors)
+# Row suffix: inductor's `triton.multi_kernel` mode in the repeated blocks. 1: each reduction wider
+# than inductor's persistent limit (1,024) is compiled both looped and persistent, and the faster
+# is picked by timing at the first call; 2: the persistent kind always.
+REDUCTION_KINDS = {"_multikernel": 1, "_persistent": 2}
 
 
 def _zoo_kwargs(strategy: str, adapter, gpu: str) -> dict[str, Any]:
@@ -133,8 +137,9 @@ def _zoo_kwargs(strategy: str, adapter, gpu: str) -> dict[str, Any]:
                                 "(key its step method in a cuda_graphs override instead)")
             base = _zoo_kwargs(strategy[: -len(suffix)], adapter, gpu)
             return {**base, "overrides": {"cuda_graphs": {"transformer": on}}}
-    if strategy.endswith("_multikernel"):
-        return _with_multi_kernel(_zoo_kwargs(strategy[: -len("_multikernel")], adapter, gpu), adapter, gpu)
+    for suffix, mode in REDUCTION_KINDS.items():  # inductor's multi-kernel reductions in the blocks
+        if strategy.endswith(suffix):
+            return _with_multi_kernel(_zoo_kwargs(strategy[: -len(suffix)], adapter, gpu), adapter, gpu, mode)
     if strategy == "magi_zoo_fp8":  # fp8 matmuls and fp8 attention (where attention runs on fa3)
         return {"precision": "fp8"}
     if strategy == "magi_zoo_fp8_matmul":  # fp8 matmuls only, attention as the spec sets it
@@ -155,18 +160,16 @@ def _zoo_kwargs(strategy: str, adapter, gpu: str) -> dict[str, Any]:
     return {}
 
 
-def _with_multi_kernel(kwargs: dict[str, Any], adapter, gpu: str) -> dict[str, Any]:
-    """`kwargs` with inductor's multi-kernel reductions (`triton.multi_kernel=1`) in the compile
-    regions of the denoiser's repeated blocks (the compile keys the precision section also names):
-    each reduction wider than inductor's persistent limit (1,024) is compiled both looped and
-    persistent, and the faster is picked by timing at the first call. The whole-model side of
-    `benchmarks/norm_reductions.py`; the spec's other compile fields stay."""
+def _with_multi_kernel(kwargs: dict[str, Any], adapter, gpu: str, mode: int) -> dict[str, Any]:
+    """`kwargs` with `triton.multi_kernel=mode` (REDUCTION_KINDS) in the compile regions of the
+    denoiser's repeated blocks (the compile keys the precision section also names). The
+    whole-model side of `benchmarks/norm_reductions.py`; the spec's other compile fields stay."""
     keys = sorted(set(common.fp8_keys(adapter, gpu)) & common.spec_keys(adapter, gpu, "compile"))
     if not keys:
         raise TypeError(f"{adapter.family}: the spec compiles no repeated-block region here to give "
                         "multi-kernel reductions")
     overrides = {**kwargs.get("overrides", {}),
-                 "compile": {k: {"options": {"triton.multi_kernel": 1}} for k in keys}}
+                 "compile": {k: {"options": {"triton.multi_kernel": mode}} for k in keys}}
     return {**kwargs, "overrides": overrides}
 
 

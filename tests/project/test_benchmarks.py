@@ -762,7 +762,7 @@ def test_profile_forward_profiles_a_baseline_beside_the_shipped_plan(tmp_path):
 
 
 def test_multikernel_rows_give_the_block_regions_inductors_option_and_keep_their_spec():
-    """`magi_zoo[_fp8]_multikernel`: the one change is `triton.multi_kernel=1` on the compile
+    """`magi_zoo[_fp8]_multikernel` / `_persistent`: the one change is `triton.multi_kernel` on the compile
     regions of the repeated blocks (not the text encoder or the VAE); merged into the card's
     section, each region keeps its fullgraph / dynamic, and the option passes the plan's check
     against inductor's config (a misspelt option would raise here)."""
@@ -781,6 +781,9 @@ def test_multikernel_rows_give_the_block_regions_inductors_option_and_keep_their
     assert _zoo_kwargs("magi_zoo_fp8_multikernel", flux, "h100") == {
         "precision": "fp8",
         "overrides": {"compile": {"FluxSingleTransformerBlock": option, "FluxTransformerBlock": option}}}
+    persistent = {"options": {"triton.multi_kernel": 2}}  # the persistent kind forced
+    assert _zoo_kwargs("magi_zoo_persistent", flux, "h100") == {
+        "overrides": {"compile": {"FluxSingleTransformerBlock": persistent, "FluxTransformerBlock": persistent}}}
     # the H100 plan on the tiny Wan (the published one's module tree, four blocks)
     h = magi_zoo.load("wan2.1-tiny", gpu="cpu", compile=False)
     layers = spec_layers(h.adapter, get_profile("h100"), **_zoo_kwargs("magi_zoo_multikernel", h.adapter, "h100"))
