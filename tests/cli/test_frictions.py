@@ -5,6 +5,7 @@ title, close-match-only suggestions, and no cursor-up codes from progress bars."
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -172,19 +173,62 @@ def test_multi_process_errors_print_once(capsys):
     assert failed  # the launcher knows a rank printed its error (and adds no second error line)
 
 
+def _torchrun_failure(entries: list[tuple[int, int]]) -> str:
+    """torchrun's ChildFailedError traceback and failure summary (torch.distributed.elastic's
+    layout), one entry per (rank, exit code), the first as the root cause."""
+    def entry(i, rank, code):
+        return (f"[{i}]:\n  time      : 2026-12-08_03:50:00\n  host      : h\n  rank      : {rank} (local_rank: {rank})\n"
+                f"  exitcode  : {code} (pid: {100 + rank})\n  error_file: <N/A>\n  traceback : -\n")
+    (r0, c0), *rest = entries
+    return ("Traceback (most recent call last):\n  File \"run.py\", line 1, in <module>\n    main()\n"
+            "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n" + "=" * 60 + "\n"
+            "magi_zoo.cli FAILED\n" + "-" * 60 + "\nFailures:\n"
+            + "".join(entry(i + 1, r, c) for i, (r, c) in enumerate(rest)) + "-" * 60 + "\n"
+            "Root Cause (first observed failure):\n" + entry(0, r0, c0) + "=" * 60 + "\n")
+
+
+@pytest.mark.parametrize("entries, summary_shown", [
+    ([(1, 2), (0, -15)], False),  # rank 1 said why and exited 2; torchrun stopped rank 0 (SIGTERM)
+    ([(1, 2), (0, 1)], True),     # rank 0 failed on its own without a line: the summary names it
+    ([(1, -9)], True),            # rank 1 killed without a line
+])
+def test_torchrun_summary_only_when_a_rank_failed_without_saying_why(capsys, entries, summary_shown):
+    """The failure summary of torchrun follows the ranks' error lines only when some rank's
+    exit is not explained by its own line or by torchrun stopping it after the first failure."""
+    import io
+
+    from magi_zoo.cli.launch import relay_stderr
+
+    said = "magi-zoo: error: [rank 1/2] MAGI_ZOO_DIST_TIMEOUT='soon': expected seconds (a positive number)\n"
+    lines = said if entries[0][1] == 2 else ""
+    assert relay_stderr(io.StringIO(lines + _torchrun_failure(entries))) is bool(lines)
+    err = capsys.readouterr().err
+    assert ("Root Cause" in err) is summary_shown, err
+    assert "ChildFailedError" not in err and "Traceback" not in err, err  # torchrun's own traceback never shows
+    assert err.count("magi-zoo: error:") == (1 if lines else 0), err
+
+
 @pytest.mark.slow
 def test_a_failure_on_every_rank_prints_one_error(tmp_path):
     """`magi-zoo run --nproc 2` whose ranks all fail alike (here a bad MAGI_ZOO_DIST_TIMEOUT,
-    read as each rank starts its process group) says why once, naming the ranks, with no
-    torchrun summary and no second launcher line."""
+    read as each rank starts its process group) says why once, naming the ranks that said it,
+    with no torchrun summary and no second launcher line."""
     env = dict(os.environ, OMP_NUM_THREADS="1", MAGI_ZOO_DIST_TIMEOUT="soon")
     proc = subprocess.run([sys.executable, "-m", "magi_zoo.cli", "run", "wan2.1-tiny", "--gpu", "cpu",
                            "--prompt", "a corgi", "--out", str(tmp_path / "x.mp4"), "--nproc", "2",
                            "--no-compile", "--steps", "1"],
                           capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 2
-    assert proc.stderr.count("magi-zoo: error:") == 1, proc.stderr
-    assert "magi-zoo: error: [ranks 0, 1 of 2] MAGI_ZOO_DIST_TIMEOUT='soon'" in proc.stderr, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("magi-zoo: error:")]
+    assert len(errors) == 1, proc.stderr
+    # Both ranks fail at the same check, but torchrun stops the rest when the first exits: a rank
+    # still importing torch by then is terminated (SIGTERM) before it gets there and prints
+    # nothing (CI, 2 cores under the suite's load: "[rank 1/2]" alone). So the one line names
+    # both ranks or the one that got there; the terminated rank is explained, so torchrun's
+    # failure summary stays out either way. The merging itself, both ranks' lines in the
+    # stream, is test_multi_process_errors_print_once's (deterministic).
+    assert re.fullmatch(r"magi-zoo: error: \[(ranks 0, 1 of 2|rank [01]/2)\] MAGI_ZOO_DIST_TIMEOUT='soon': "
+                        r"expected seconds \(a positive number\)", errors[0]), proc.stderr
     assert "Root Cause" not in proc.stderr, proc.stderr
 
 
